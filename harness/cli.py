@@ -1,0 +1,109 @@
+"""Argument parsing and dispatch only; each subcommand's work lives in its stage module."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+from harness import __version__
+from harness.errors import FatalError
+
+FORMATS_MATRIX = ("ids", "json", "github")
+FORMATS_REPORT = ("pr-comment", "summary", "terminal", "html")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="harness",
+        description="Multi-GPU regression harness: EP and FSDP2 load and gradient tests per matrix cell.",
+    )
+    parser.add_argument("--version", action="version", version=f"harness {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for fatal errors")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    matrix = commands.add_parser("matrix", help="expand a matrix into cells and print them")
+    matrix.add_argument("--matrix", required=True, metavar="NAME_OR_PATH",
+                        help="a name under matrices/ (e.g. nightly) or a path to a YAML file")
+    matrix.add_argument("--format", choices=FORMATS_MATRIX, default="ids",
+                        help="ids: one cell id a line; json: the cells; github: {'include': [...]}")
+    matrix.add_argument("--cell", action="append", metavar="GLOB",
+                        help="keep only cells whose id matches (fnmatch, braces); repeatable")
+
+    run = commands.add_parser("run", help="run the suite for each selected cell that fits this machine")
+    run.add_argument("--matrix", metavar="NAME_OR_PATH",
+                     help="matrix to run (default: the embedded default for this machine)")
+    run.add_argument("--cell", action="append", metavar="GLOB", help="keep only matching cells; repeatable")
+    run.add_argument("--results", default="results", metavar="DIR", help="where cell folders go")
+    run.add_argument("--env-dir", metavar="DIR",
+                     help="cache of per-cell environments (default $HARNESS_ENV_DIR or ~/.cache/harness/envs)")
+    run.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
+    run.add_argument("--force", action="store_true",
+                     help="run cells this machine does not match (wrong GPU type or too few GPUs)")
+    run.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="-- PYTEST_ARGS",
+                     help="extra arguments for pytest, after --")
+
+    report = commands.add_parser("report", help="render results folders as a PR comment, summary, table or HTML")
+    report.add_argument("results", nargs="+", metavar="RESULTS", help="cell folders, or folders holding them")
+    report.add_argument("--baseline", metavar="RESULTS_OR_DIGEST",
+                        help="previous results folder, or a file holding a previous comment's digest")
+    report.add_argument("--format", choices=FORMATS_REPORT, default="terminal")
+    report.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    report.add_argument("--sha", help="commit the results belong to (shown in the verdict line)")
+    report.add_argument("--matrix", dest="matrix_name", help="matrix name shown in the verdict line")
+
+    gh = commands.add_parser("gh", help="GitHub glue: authorize '/ok to test', post the comment")
+    gh_commands = gh.add_subparsers(dest="gh_command", required=True, metavar="GH_COMMAND")
+    authorize = gh_commands.add_parser("authorize", help="decide whether an issue_comment may start GPU jobs")
+    authorize.add_argument("--event", required=True, metavar="PATH", help="the webhook event file")
+    authorize.add_argument("--matrix", default="pr", help="matrix an accepted request runs")
+    comment = gh_commands.add_parser("comment", help="create or edit the one harness comment on a PR")
+    comment.add_argument("--pr", required=True, type=int)
+    comment.add_argument("--body", required=True, metavar="FILE")
+    return parser
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    # Stage modules are imported lazily so `harness matrix` never pays for the others.
+    if args.command == "matrix":
+        from harness import matrix
+
+        return matrix.command(args)
+    if args.command == "run":
+        from harness import run
+
+        if args.pytest_args and args.pytest_args[0] == "--":
+            args.pytest_args = args.pytest_args[1:]
+        return run.command(args)
+    if args.command == "report":
+        from harness import report
+
+        return report.command(args)
+    if args.command == "gh":
+        from harness import github
+
+        return github.command(args)
+    raise AssertionError(f"unhandled command {args.command}")
+
+
+def report_fatal(error: FatalError) -> None:
+    message = str(error).replace("\n", " ")
+    if os.environ.get("GITHUB_ACTIONS") == "true":
+        print(f"::error::{message}", file=sys.stderr)
+    else:
+        print(f"harness: error: {message}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return dispatch(args)
+    except FatalError as error:
+        if args.debug:
+            traceback.print_exc()
+        report_fatal(error)
+        return error.return_code
+    except KeyboardInterrupt:
+        print("harness: interrupted", file=sys.stderr)
+        return 130

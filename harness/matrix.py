@@ -1,0 +1,297 @@
+"""Matrices: schema, validation, expansion into cells, and selection by glob.
+
+Expansion is pure: ``expand(spec, runners)`` is the product of the axes, minus
+every cell that matches an ``exclude`` entry, plus the ``include`` cells. Every
+problem is a `ConfigError` naming the file and the key or value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import itertools
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+AXES = ("gpu", "gpus", "torch", "transformers")
+MATRIX_KEYS = {"description", "axes", "exclude", "include", "suite", "timeout_minutes", "reruns",
+               "test_timeout_seconds"}
+RUNNER_KEYS = {"labels", "gpus", "nvml_name", "ranks"}
+CPU = "cpu"
+DEFAULT_MATRIX = "cpu"
+# PEP 440 release versions as pip pins them: 2.11.0, 5.0.0rc1, 2.14.0.dev20261101, 2.11.0+cu130.
+VERSION_PATTERN = re.compile(r"\d+(\.\d+){1,3}((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?(\+[a-z0-9.]+)?")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Runner:
+    """A GPU type: where its jobs land and how many devices (or CPU ranks) one runner offers."""
+
+    name: str
+    labels: tuple[str, ...]
+    gpus: int
+    nvml_name: str | None = None
+    ranks: int = 0
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.gpus == 0
+
+    @property
+    def capacity(self) -> int:
+        return self.ranks if self.is_cpu else self.gpus
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Cell:
+    """One job: a GPU type and count crossed with a torch and a transformers release."""
+
+    gpu: str
+    gpus: int
+    torch: str
+    transformers: str
+    matrix: str
+    labels: tuple[str, ...]
+    timeout_minutes: int
+    reruns: int
+    suite: tuple[str, ...]
+    test_timeout_seconds: int = 600
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.gpu == CPU
+
+    @property
+    def id(self) -> str:
+        unit = "rank" if self.is_cpu else "gpu"
+        return f"{self.gpu}-{self.gpus}{unit}-torch{self.torch}-tf{self.transformers}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, **{k: list(v) if isinstance(v, tuple) else v
+                                  for k, v in dataclasses.asdict(self).items()}}
+
+    def to_github(self) -> dict[str, Any]:
+        """One entry of ``strategy.matrix.include``."""
+        return {"id": self.id, "gpu": self.gpu, "gpus": self.gpus, "torch": self.torch,
+                "transformers": self.transformers, "matrix": self.matrix, "runs_on": list(self.labels),
+                "timeout_minutes": self.timeout_minutes, "reruns": self.reruns}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Matrix:
+    name: str
+    path: Path
+    description: str
+    cells: tuple[Cell, ...]
+
+
+def matrices_dir() -> Path:
+    return Path(os.environ.get("HARNESS_MATRICES_DIR", REPO_ROOT / "matrices"))
+
+
+def resolve_matrix_path(name_or_path: str) -> Path:
+    """A bare name means ``matrices/<name>.yaml``; anything with a suffix or a slash is a path."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml") or os.sep in name_or_path:
+        if not candidate.is_file():
+            raise ConfigError(f"{name_or_path}: no such matrix file")
+        return candidate
+    path = matrices_dir() / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in matrices_dir().glob("*.yaml") if p.stem != "runners")
+        raise ConfigError(f"unknown matrix {name_or_path!r}: no {path}; known: {', '.join(known)}")
+    return path
+
+
+def read_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ConfigError(f"{path}{where}: YAML does not parse: {problem}") from None
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read: {error.strerror}") from None
+
+
+def load_runners(path: Path | None = None) -> dict[str, Runner]:
+    path = path or matrices_dir() / "runners.yaml"
+    data = read_yaml(path)
+    if not isinstance(data, dict) or not data:
+        raise ConfigError(f"{path}: expected a mapping of GPU type to runner")
+    runners = {}
+    for name, entry in data.items():
+        where = f"{path}: {name}"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where}: expected a mapping with labels and gpus")
+        unknown = set(entry) - RUNNER_KEYS
+        if unknown:
+            raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(RUNNER_KEYS))})")
+        labels = entry.get("labels")
+        if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
+            raise ConfigError(f"{where}.labels: expected a non-empty list of strings")
+        gpus = _non_negative_int(entry.get("gpus"), f"{where}.gpus")
+        ranks = _non_negative_int(entry.get("ranks", 0), f"{where}.ranks")
+        if gpus == 0 and ranks == 0:
+            raise ConfigError(f"{where}: a runner with gpus: 0 needs ranks (CPU ranks it can run)")
+        runners[name] = Runner(name=name, labels=tuple(labels), gpus=gpus,
+                               nvml_name=entry.get("nvml_name"), ranks=ranks)
+    return runners
+
+
+def load_matrix(name_or_path: str, runners: Mapping[str, Runner] | None = None) -> Matrix:
+    path = resolve_matrix_path(name_or_path)
+    spec = read_yaml(path)
+    runners = runners if runners is not None else load_runners()
+    name = path.stem
+    cells = expand(spec, runners, name=name, source=str(path))
+    return Matrix(name=name, path=path, description=str(spec.get("description", "")), cells=tuple(cells))
+
+
+def expand(spec: Any, runners: Mapping[str, Runner], *, name: str, source: str) -> list[Cell]:
+    """The product of the axes, minus excludes, plus includes; validated; deterministic order."""
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{source}: expected a mapping with axes, include, exclude, suite")
+    unknown = set(spec) - MATRIX_KEYS
+    if unknown:
+        raise ConfigError(f"{source}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(MATRIX_KEYS))})")
+    axes = spec.get("axes")
+    if not isinstance(axes, dict):
+        raise ConfigError(f"{source}: axes: expected a mapping of {', '.join(AXES)} to lists")
+    for key in axes:
+        if key not in AXES:
+            raise ConfigError(f"{source}: axes.{key}: unknown axis (known: {', '.join(AXES)})")
+    values = {}
+    for axis in AXES:
+        listed = axes.get(axis)
+        if not isinstance(listed, list) or not listed:
+            raise ConfigError(f"{source}: axes.{axis}: expected a non-empty list")
+        values[axis] = [_axis_value(axis, v, f"{source}: axes.{axis}") for v in listed]
+
+    excludes = [_partial_cell(e, f"{source}: exclude[{i}]") for i, e in enumerate(_list(spec, "exclude", source))]
+    includes = [_partial_cell(e, f"{source}: include[{i}]") for i, e in enumerate(_list(spec, "include", source))]
+    for i, entry in enumerate(includes):
+        missing = [axis for axis in AXES if axis not in entry]
+        if missing:
+            raise ConfigError(f"{source}: include[{i}]: missing {', '.join(missing)}")
+
+    product = [dict(zip(AXES, combo)) for combo in itertools.product(*(values[a] for a in AXES))]
+    kept = [c for c in product if not any(_matches(c, e) for e in excludes)]
+    combos = kept + [c for c in includes if c not in kept]
+    if not combos:
+        raise ConfigError(f"{source}: the matrix is empty: every cell of axes is excluded")
+
+    suite = spec.get("suite", ["tests/gpu"])
+    if not isinstance(suite, list) or not suite or not all(isinstance(s, str) for s in suite):
+        raise ConfigError(f"{source}: suite: expected a non-empty list of test paths")
+    settings = {
+        "timeout_minutes": _positive_int(spec.get("timeout_minutes", 30), f"{source}: timeout_minutes"),
+        "reruns": _non_negative_int(spec.get("reruns", 0), f"{source}: reruns"),
+        "test_timeout_seconds": _positive_int(spec.get("test_timeout_seconds", 600),
+                                              f"{source}: test_timeout_seconds"),
+    }
+    cells = []
+    for combo in combos:
+        runner = runners.get(combo["gpu"])
+        if runner is None:
+            raise ConfigError(f"{source}: gpu {combo['gpu']!r}: unknown GPU type "
+                              f"(known: {', '.join(sorted(runners))})")
+        if combo["gpus"] > runner.capacity:
+            what = "CPU ranks" if runner.is_cpu else "GPUs"
+            raise ConfigError(f"{source}: gpus {combo['gpus']} for gpu {combo['gpu']!r}: its runner has "
+                              f"{runner.capacity} {what}; exclude the cell or lower gpus")
+        cells.append(Cell(matrix=name, labels=runner.labels, suite=tuple(suite), **combo, **settings))
+    return cells
+
+
+def select(cells: Iterable[Cell], patterns: list[str] | None) -> list[Cell]:
+    """Cells whose id matches any pattern (fnmatch with brace expansion); all cells without patterns."""
+    if not patterns:
+        return list(cells)
+    expanded = [p for pattern in patterns for p in expand_braces(pattern)]
+    return [cell for cell in cells if any(fnmatch.fnmatchcase(cell.id, p) for p in expanded)]
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """``'ada-*-tf{5.9,5.24}*'`` -> two patterns; nested braces expand from the innermost."""
+    match = re.search(r"\{([^{}]*)\}", pattern)
+    if not match:
+        return [pattern]
+    head, tail = pattern[: match.start()], pattern[match.end():]
+    expanded = [p for option in match.group(1).split(",") for p in expand_braces(head + option + tail)]
+    return list(dict.fromkeys(expanded))  # innermost-first expansion repeats outer options
+
+
+def format_cells(cells: list[Cell], fmt: str) -> str:
+    if fmt == "ids":
+        return "\n".join(cell.id for cell in cells)
+    if fmt == "json":
+        return json.dumps([cell.to_json() for cell in cells], indent=2)
+    if fmt == "github":
+        return json.dumps({"include": [cell.to_github() for cell in cells]}, separators=(",", ":"))
+    raise ConfigError(f"unknown format {fmt!r}")
+
+
+def command(args) -> int:
+    matrix = load_matrix(args.matrix)
+    cells = select(matrix.cells, args.cell)
+    if not cells:
+        raise ConfigError(f"{matrix.path}: no cell matches --cell {' '.join(args.cell)}")
+    print(format_cells(cells, args.format))
+    return 0
+
+
+def _axis_value(axis: str, value: Any, where: str) -> Any:
+    if axis == "gpus":
+        return _positive_int(value, f"{where}: {value!r}")
+    if axis == "gpu":
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{where}: {value!r}: expected a GPU type name")
+        return value
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: {value!r}: versions must be quoted strings (YAML reads 2.10 as a number)")
+    if not VERSION_PATTERN.fullmatch(value):
+        raise ConfigError(f"{where}: {value!r}: malformed version (expected e.g. 2.11.0)")
+    return value
+
+
+def _partial_cell(entry: Any, where: str) -> dict[str, Any]:
+    if not isinstance(entry, dict) or not entry:
+        raise ConfigError(f"{where}: expected a mapping of axis to value")
+    for key in entry:
+        if key not in AXES:
+            raise ConfigError(f"{where}.{key}: unknown axis (known: {', '.join(AXES)})")
+    return {key: _axis_value(key, value, f"{where}.{key}") for key, value in entry.items()}
+
+
+def _matches(cell: Mapping[str, Any], partial: Mapping[str, Any]) -> bool:
+    return all(cell[key] == value for key, value in partial.items())
+
+
+def _list(spec: Mapping[str, Any], key: str, source: str) -> list[Any]:
+    value = spec.get(key) or []
+    if not isinstance(value, list):
+        raise ConfigError(f"{source}: {key}: expected a list of partial cells")
+    return value
+
+
+def _non_negative_int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{where}: expected a whole number >= 0, got {value!r}")
+    return value
+
+
+def _positive_int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{where}: expected a whole number >= 1, got {value!r}")
+    return value

@@ -11,6 +11,7 @@ import dataclasses
 import fnmatch
 import itertools
 import json
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -28,6 +29,8 @@ MATRIX_KEYS = {"description", "axes", "exclude", "include", "suite", "timeout_mi
 RUNNER_KEYS = {"labels", "gpus", "nvml_name", "ranks"}
 CPU = "cpu"
 DEFAULT_MATRIX = "cpu"
+# A job's timeout is the cell's pytest budget plus this much for checkout and building its environment.
+JOB_SETUP_MINUTES = 20
 # PEP 440 release versions as pip pins them: 2.11.0, 5.0.0rc1, 2.14.0.dev20261101, 2.11.0+cu130.
 VERSION_PATTERN = re.compile(r"\d+(\.\d+){1,3}((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?(\+[a-z0-9.]+)?")
 
@@ -61,7 +64,7 @@ class Cell:
     transformers: str
     matrix: str
     labels: tuple[str, ...]
-    timeout_minutes: int
+    timeout_minutes: float  # pytest's budget for the whole cell; the job adds JOB_SETUP_MINUTES
     reruns: int
     suite: tuple[str, ...]
     test_timeout_seconds: int = 600
@@ -83,7 +86,7 @@ class Cell:
         """One entry of ``strategy.matrix.include``."""
         return {"id": self.id, "gpu": self.gpu, "gpus": self.gpus, "torch": self.torch,
                 "transformers": self.transformers, "matrix": self.matrix, "runs_on": list(self.labels),
-                "timeout_minutes": self.timeout_minutes, "reruns": self.reruns}
+                "timeout_minutes": math.ceil(self.timeout_minutes) + JOB_SETUP_MINUTES, "reruns": self.reruns}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -195,7 +198,7 @@ def expand(spec: Any, runners: Mapping[str, Runner], *, name: str, source: str) 
     if not isinstance(suite, list) or not suite or not all(isinstance(s, str) for s in suite):
         raise ConfigError(f"{source}: suite: expected a non-empty list of test paths")
     settings = {
-        "timeout_minutes": _positive_int(spec.get("timeout_minutes", 30), f"{source}: timeout_minutes"),
+        "timeout_minutes": _positive_number(spec.get("timeout_minutes", 30), f"{source}: timeout_minutes"),
         "reruns": _non_negative_int(spec.get("reruns", 0), f"{source}: reruns"),
         "test_timeout_seconds": _positive_int(spec.get("test_timeout_seconds", 600),
                                               f"{source}: test_timeout_seconds"),
@@ -288,6 +291,12 @@ def _list(spec: Mapping[str, Any], key: str, source: str) -> list[Any]:
 def _non_negative_int(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"{where}: expected a whole number >= 0, got {value!r}")
+    return value
+
+
+def _positive_number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(f"{where}: expected a number > 0, got {value!r}")
     return value
 
 

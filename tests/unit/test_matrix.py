@@ -76,7 +76,8 @@ def test_cpu_cells_count_ranks():
     ({"include": [{"gpu": "ada", "gpus": 2, "torch": "2.11.0", "transformers": "five"}]},
      "m.yaml: include[0].transformers: 'five': malformed version"),
     ({"reruns": -1}, "m.yaml: reruns: expected a whole number >= 0"),
-    ({"timeout_minutes": "soon"}, "m.yaml: timeout_minutes: expected a whole number >= 1"),
+    ({"timeout_minutes": "soon"}, "m.yaml: timeout_minutes: expected a number > 0"),
+    ({"test_timeout_seconds": 0}, "m.yaml: test_timeout_seconds: expected a whole number >= 1"),
     ({"suite": []}, "m.yaml: suite: expected a non-empty list"),
 ])
 def test_invalid_matrices_name_the_file_and_key(overrides, message):

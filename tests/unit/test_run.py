@@ -1,0 +1,182 @@
+"""The run loop against small throwaway suites: pass, fail, crash, hang, broken environment."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+
+TORCH = importlib.metadata.version("torch").split("+")[0]
+TRANSFORMERS = importlib.metadata.version("transformers").split("+")[0]
+
+SUITES = {
+    "passing": """
+        def test_one():
+            assert 1 + 1 == 2
+
+        def test_two(record_property):
+            record_property("max_rel_grad_error", 0.001)
+    """,
+    "failing": """
+        def test_ok():
+            pass
+
+        def test_broken():
+            assert 1 == 2, "one is not two"
+    """,
+    "crashing": """
+        import os, signal
+
+        def test_dies():
+            os.kill(os.getpid(), signal.SIGKILL)
+    """,
+    "hanging": """
+        import os, subprocess, sys, time
+
+        def test_hangs():
+            # a child like a rank process: the cell's timeout must take it down too
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+            open(os.environ["CHILD_PID_FILE"], "w").write(str(child.pid))
+            time.sleep(300)
+    """,
+    "empty": """
+        x = 1
+    """,
+}
+
+
+def write_matrix(tmp_path: Path, suite: str, *, torch: str = TORCH, timeout_minutes: float = 5) -> str:
+    suite_dir = tmp_path / f"suite_{suite}"
+    suite_dir.mkdir(exist_ok=True)
+    (suite_dir / f"test_{suite}.py").write_text(textwrap.dedent(SUITES[suite]))
+    path = tmp_path / f"{suite}.yaml"
+    path.write_text(textwrap.dedent(f"""
+        axes: {{gpu: [cpu], gpus: [2], torch: ["{torch}"], transformers: ["{TRANSFORMERS}"]}}
+        suite: ["{suite_dir}"]
+        timeout_minutes: {timeout_minutes}
+        test_timeout_seconds: 120
+    """))
+    return str(path)
+
+
+def cell_folder(results: Path, torch: str = TORCH) -> Path:
+    return results / f"cpu-2rank-torch{torch}-tf{TRANSFORMERS}"
+
+
+def read_env(folder: Path) -> dict:
+    return json.loads((folder / "env.json").read_text())
+
+
+def run(tmp_path: Path, matrix: str, *extra: str) -> int:
+    return main(["run", "--matrix", matrix, "--results", str(tmp_path / "results"),
+                 "--env-dir", str(tmp_path / "envs"), *extra])
+
+
+def test_passing_cell_leaves_a_complete_folder(tmp_path):
+    assert run(tmp_path, write_matrix(tmp_path, "passing")) == 0
+    folder = cell_folder(tmp_path / "results")
+    assert {p.name for p in folder.iterdir()} >= {"junit.xml", "env.json", "pytest.log", "memory.json"}
+    env = read_env(folder)
+    assert env["status"] == "passed" and env["exit_code"] == 0 and env["error"] is None
+    assert env["cell"]["id"] == folder.name
+    assert env["versions"]["torch"].startswith(TORCH) and env["versions"]["python"]
+    assert env["start"] <= env["end"] and env["duration_s"] >= 0
+    assert "--cell" in env["reproduce"]
+    assert 'name="max_rel_grad_error"' in (folder / "junit.xml").read_text()
+    assert "2 passed" in (folder / "pytest.log").read_text()
+    memory = json.loads((folder / "memory.json").read_text())
+    assert memory["available"] is False and memory["reason"]
+
+
+def test_failing_cell_is_failed_and_exits_1(tmp_path):
+    assert run(tmp_path, write_matrix(tmp_path, "failing")) == 1
+    env = read_env(cell_folder(tmp_path / "results"))
+    assert env["status"] == "failed" and env["exit_code"] == 1
+
+
+def test_crashing_pytest_is_errored(tmp_path):
+    assert run(tmp_path, write_matrix(tmp_path, "crashing")) == 1
+    env = read_env(cell_folder(tmp_path / "results"))
+    assert env["status"] == "errored"
+    assert env["error"] == "pytest crashed: killed by signal SIGKILL"
+
+
+def test_no_tests_is_errored_not_green(tmp_path):
+    assert run(tmp_path, write_matrix(tmp_path, "empty")) == 1
+    env = read_env(cell_folder(tmp_path / "results"))
+    assert env["status"] == "errored" and "no tests collected" in env["error"]
+
+
+def test_hang_past_the_cell_timeout_is_killed_with_its_children(tmp_path, monkeypatch):
+    pid_file = tmp_path / "child.pid"
+    monkeypatch.setenv("CHILD_PID_FILE", str(pid_file))
+    monkeypatch.setattr("harness.run.INTERRUPT_GRACE_SECONDS", 3)
+    assert run(tmp_path, write_matrix(tmp_path, "hanging", timeout_minutes=0.1)) == 1
+    env = read_env(cell_folder(tmp_path / "results"))
+    assert env["status"] == "errored" and env["error"].startswith("timed out after 0.1 min")
+    child = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)
+
+
+def test_broken_environment_is_errored_with_the_installer_message(tmp_path, monkeypatch):
+    monkeypatch.setenv("HARNESS_INSTALLER", "uv")
+    monkeypatch.setenv("HARNESS_INSTALLER_ARGS", "--offline")
+    assert run(tmp_path, write_matrix(tmp_path, "passing", torch="0.0.1")) == 1
+    folder = cell_folder(tmp_path / "results", torch="0.0.1")
+    env = read_env(folder)
+    assert env["status"] == "errored" and env["exit_code"] is None
+    assert env["error"].startswith("environment: uv exited") and "torch" in env["error"]
+    assert (folder / "memory.json").is_file() and (folder / "install.log").is_file()
+
+
+def test_one_broken_cell_does_not_stop_the_next(tmp_path, monkeypatch):
+    monkeypatch.setenv("HARNESS_INSTALLER", "uv")
+    monkeypatch.setenv("HARNESS_INSTALLER_ARGS", "--offline")
+    suite_dir = tmp_path / "suite_passing"
+    write_matrix(tmp_path, "passing")
+    matrix = tmp_path / "two.yaml"
+    matrix.write_text(textwrap.dedent(f"""
+        axes: {{gpu: [cpu], gpus: [2], torch: ["0.0.1", "{TORCH}"], transformers: ["{TRANSFORMERS}"]}}
+        suite: ["{suite_dir}"]
+    """))
+    assert run(tmp_path, str(matrix)) == 1
+    assert read_env(cell_folder(tmp_path / "results", torch="0.0.1"))["status"] == "errored"
+    assert read_env(cell_folder(tmp_path / "results"))["status"] == "passed"
+
+
+def test_stale_files_of_an_earlier_run_are_cleared(tmp_path):
+    folder = cell_folder(tmp_path / "results")
+    folder.mkdir(parents=True)
+    (folder / "junit.xml").write_text("stale")
+    (folder / "leftover.txt").write_text("stale")
+    assert run(tmp_path, write_matrix(tmp_path, "crashing")) == 1
+    assert not (folder / "leftover.txt").exists()
+    assert not (folder / "junit.xml").exists()  # the killed pytest wrote none; the stale one is gone
+
+
+def test_gpu_cell_on_a_cpu_machine_is_refused_with_exit_3(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("harness.run.detect_host",
+                        lambda: __import__("harness.run").run.Host(gpus=(), gpu_type=None, driver=None))
+    assert run(tmp_path, "h200-2gpu") == 3
+    err = capsys.readouterr().err
+    assert "cannot host 2 of 2 cells" in err and "needs 2 h200 GPUs, this machine has none" in err
+    assert not (tmp_path / "results").exists()
+
+
+def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path, capsys):
+    assert run(tmp_path, write_matrix(tmp_path, "passing"), "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert "environment: this interpreter" in out and "--junitxml=" in out
+    assert not (tmp_path / "results").exists()
+
+
+def test_pytest_args_after_double_dash_reach_pytest(tmp_path):
+    assert run(tmp_path, write_matrix(tmp_path, "failing"), "--", "-k", "test_ok") == 0
+    assert "1 passed, 1 deselected" in (cell_folder(tmp_path / "results") / "pytest.log").read_text()

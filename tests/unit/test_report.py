@@ -1,0 +1,335 @@
+"""harness.report: golden renderings of real pytest output, escaping of everything a test writes,
+the comment size limit, and the `harness report` command."""
+
+from __future__ import annotations
+
+import html.parser
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import report
+from harness.cli import main
+from harness.report import (
+    COMMENT_LIMIT,
+    COMMENT_MARKER,
+    code_span,
+    fence_for,
+    html_text,
+    markdown_text,
+    one_line,
+    render,
+)
+from harness.results import (
+    CellInfo,
+    CellResult,
+    CellStatus,
+    Counts,
+    GpuMemory,
+    Outcome,
+    ResultSet,
+    TestResult,
+    decode_digest,
+    digest,
+    load_baseline,
+    load_results,
+)
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def load_regenerate():
+    spec = importlib.util.spec_from_file_location("golden_regenerate", GOLDEN / "regenerate.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+REGENERATE = load_regenerate()
+
+
+# ---------------------------------------------------------------------------------------------
+# Golden files
+
+
+@pytest.mark.parametrize(("expected", "results", "baseline", "fmt"), REGENERATE.GOLDEN_CASES,
+                         ids=[case[0] for case in REGENERATE.GOLDEN_CASES])
+def test_golden(expected, results, baseline, fmt):
+    rendered = REGENERATE.render_case(results, baseline, fmt)
+    wanted = (GOLDEN / "expected" / expected).read_text(encoding="utf-8")
+    assert rendered == wanted, (f"{expected} differs; if the change is intended, run "
+                                "`python tests/unit/golden/regenerate.py --render` and review the diff")
+
+
+def test_every_sample_cell_folder_holds_its_pytest_log():
+    # The crashed cell's log tail is in the expected output; a log lost on the way to git must fail here.
+    folders = [path.parent for path in (GOLDEN / "samples").rglob("env.json")]
+    assert len(folders) == 10
+    assert all((folder / "pytest.log").is_file() for folder in folders)
+
+
+def test_a_baseline_read_back_from_a_comment_equals_the_folder_it_came_from(tmp_path):
+    samples = GOLDEN / "samples"
+    comment = tmp_path / "previous-comment.md"
+    comment.write_text(render(load_results([samples / "baseline"]), "pr-comment"))
+    current = load_results([samples / "run"])
+    from_comment = render(current, "pr-comment", baseline=load_baseline(comment))
+    assert from_comment == render(current, "pr-comment", baseline=load_baseline(samples / "baseline"))
+    assert "#### Changes since `0a9b8c7d6e5f`" in from_comment
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthetic result sets
+
+
+def make_test(index: int, outcome: Outcome = Outcome.PASSED, *, name: str | None = None,
+                message: str | None = None, **properties: float) -> TestResult:
+    name = name or f"test_case_{index}[2-bf16]"
+    return TestResult(test_id=f"tests/gpu/test_ep.py::{name}", name=name, outcome=outcome, message=message,
+                      excerpt="E   " + (message or "") if outcome is Outcome.FAILED else None,
+                      properties=tuple((key, str(value)) for key, value in properties.items()))
+
+
+def cell(cell_id: str, *tests: TestResult, status: CellStatus | None = None, reason: str | None = None,
+         peaks: tuple[float | None, ...] = (), gpu: str = "h200", torch: str = "2.11.0") -> CellResult:
+    counts = Counts.of(tests)
+    if status is None:
+        status = CellStatus.FAILED if counts.failed or counts.errored else CellStatus.PASSED
+    memory = tuple(GpuMemory(index=index, peak_used_mib=peak, total_mib=143771.0)
+                   for index, peak in enumerate(peaks))
+    info = CellInfo(id=cell_id, gpu=gpu, gpus=len(peaks) or 2, torch=torch, transformers="5.18.0")
+    return CellResult(info=info, status=status, reason=reason, tests=tests, memory=memory,
+                      duration_s=61.0, reproduce=f"harness run --cell '{cell_id}'")
+
+
+HOSTILE = "a|b`c``<script>alert(1)</script>\n| x | y |\n@octocat [l](javascript:x) ```\x1b[31m\u202eevil"
+
+
+def hostile_set() -> ResultSet:
+    tests = (
+        make_test(0, Outcome.FAILED, name=f"test_x[{HOSTILE}]", message=HOSTILE,
+                    max_rel_grad_error=0.05, grad_error_bound=0.03),
+        make_test(1, Outcome.SKIPPED, message=HOSTILE),
+        make_test(2, Outcome.FLAKY, name=f"test_y[{HOSTILE}]"),
+    )
+    return ResultSet((cell("h200-2gpu", *tests, gpu=HOSTILE, torch=HOSTILE, peaks=(100.0, 200.0)),))
+
+
+def without_fences(markdown: str) -> str:
+    return re.sub(r"^(`{3,})[a-z]*\n.*?^\1$", "", markdown, flags=re.MULTILINE | re.DOTALL)
+
+
+def without_code_spans(markdown: str) -> str:
+    # A span opens on a backtick run that is not escaped, and closes on a run of the same length.
+    return re.sub(r"(?<![\\`])(`+)(?!`).*?(?<!`)\1(?!`)", "", markdown)
+
+
+def outside_code(markdown: str) -> str:
+    """What GitHub renders as Markdown: without fenced blocks and code spans, where text is literal."""
+    return without_code_spans(without_fences(markdown))
+
+
+def table_rows(markdown: str) -> list[str]:
+    return [line for line in without_fences(markdown).splitlines() if line.startswith("|")]
+
+
+def cell_count(row: str) -> int:
+    """Cells GitHub sees in a table row: pipes that are not escaped (in code spans too)."""
+    return len(re.findall(r"(?<!\\)\|", without_code_spans(row))) - 1
+
+
+@pytest.mark.parametrize("fmt", ["pr-comment", "summary"])
+def test_nothing_from_a_test_breaks_a_markdown_table_or_adds_markup(fmt):
+    text = render(hostile_set(), fmt)
+    rows = table_rows(text)
+    assert len(rows) == 2 + 1 + 2 + 1 + 2 + 1  # cells, metrics and skip tables: header, rule, one row each
+    for header, *body in (rows[0:3], rows[3:6], rows[6:9]):
+        assert {cell_count(row) for row in body} == {cell_count(header)}
+    prose = outside_code(text)
+    assert not re.search(r"(?<!\\)<(script|img)", prose)  # every '<' from a test is escaped
+    assert prose.count("<details>") == prose.count("</details>")
+    assert "@octocat" not in prose.replace("@&#8203;octocat", "")
+    assert not re.search(r"(?<!\\)\[[^\]]*(?<!\\)\]\(javascript", prose)  # no link
+    assert "\x1b" not in text and "\u202e" not in text
+
+
+def test_a_message_cannot_close_its_code_fence():
+    text = render(hostile_set(), "pr-comment")
+    fences = re.findall(r"^(`{3,})text$", text, flags=re.MULTILINE)
+    assert fences and all(len(fence) > 3 for fence in fences)  # longer than the ``` inside the message
+
+
+class TagCollector(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags: set[str] = set()
+        self.urls: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.add(tag)
+        self.urls += [value for key, value in attrs if key in ("src", "href") and value]
+
+
+def test_html_escapes_tests_and_needs_nothing_from_outside():
+    text = render(hostile_set(), "html")
+    parser = TagCollector()
+    parser.feed(text)
+    assert "script" not in parser.tags and "img" not in parser.tags and "link" not in parser.tags
+    assert parser.urls == []
+    assert re.findall(r"https?://[^\s\"']+", text) == ["http://www.w3.org/2000/svg"] * 2  # the SVG namespaces
+    assert {"svg", "circle", "rect", "table"} <= parser.tags
+
+
+def test_terminal_output_holds_no_control_characters():
+    text = render(hostile_set(), "terminal")
+    assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f\u202e]", text)
+
+
+@pytest.mark.parametrize(("function", "text", "expected"), [
+    (markdown_text, "a|b *c* _d_ <e> [f](g) @h", r"a\|b \*c\* \_d\_ \<e\> \[f\](g) @&#8203;h"),
+    (markdown_text, None, "—"),
+    (code_span, "x`y", "``x`y``"),
+    (code_span, "`x", "`` `x ``"),
+    (code_span, "a|b", "`a|b`"),
+    (html_text, '<b a="1">@x</b>', "&lt;b a=&#34;1&#34;&gt;@&#8203;x&lt;/b&gt;"),
+    (one_line, "a\nb\r\n\tc\x1b[0m", "a b c"),
+    (one_line, "x" * 400, "x" * 299 + "…"),
+    (fence_for, "no ticks", "```"),
+    (fence_for, "has ```` four", "`````"),
+])
+def test_escaping(function, text, expected):
+    assert function(text) == expected
+
+
+def test_code_span_in_a_table_escapes_pipes():
+    assert code_span("a|b", table=True) == r"`a\|b`"
+
+
+# ---------------------------------------------------------------------------------------------
+# Content
+
+
+@pytest.mark.parametrize(("cells", "verdict"), [
+    ((cell("a", make_test(0)),), "✅ **the only cell passed**"),
+    ((cell("a", make_test(0)), cell("b", make_test(0))), "✅ **all 2 cells passed**"),
+    ((cell("a", make_test(0, Outcome.FAILED, message="m")), cell("b", status=CellStatus.ERRORED, reason="r"),
+      cell("c", make_test(0))), "❌ **1 of 3 cells failed, 1 errored**"),
+    ((cell("a", status=CellStatus.ERRORED, reason="r"), cell("b", make_test(0))),
+     "💥 **1 of 2 cells errored**"),
+])
+def test_verdict_line_comes_right_after_the_marker(cells, verdict):
+    lines = render(ResultSet(cells), "pr-comment", sha="0123456789abcdef", matrix_name="pr").splitlines()
+    assert lines[0] == COMMENT_MARKER
+    assert lines[1] == f"{verdict} · `0123456789ab` · matrix `pr`"
+
+
+def test_flaky_tests_are_shown_in_the_verdict_and_listed():
+    text = render(ResultSet((cell("a", make_test(0), make_test(1, Outcome.FLAKY)),)), "pr-comment")
+    assert "✅ **the only cell passed** · ⚠️ 1 flaky test" in text
+    assert "- `tests/gpu/test_ep.py::test_case_1[2-bf16]` in `a`: passed on attempt 1" in text
+
+
+def test_metrics_put_the_case_closest_to_its_bound_first():
+    set_ = ResultSet((
+        cell("a", make_test(0, max_rel_grad_error=0.001, grad_error_bound=0.03),
+             make_test(1, max_rel_grad_error=0.02, grad_error_bound=0.03, min_routing_margin=0.2)),
+        cell("b", make_test(0, max_rel_grad_error=0.004, grad_error_bound=0.03),
+             make_test(1, max_rel_grad_error=0.01, grad_error_bound=0.03)),
+    ))
+    rows = [row for row in table_rows(render(set_, "pr-comment")) if "test_case_" in row]
+    assert rows == [
+        "| `tests/gpu/test_ep.py::test_case_1[2-bf16]` | `a` | 2.00e-02 | 3.00e-02 | 33% | 0.2 | — |",
+        "| `tests/gpu/test_ep.py::test_case_0[2-bf16]` | `b` | 4.00e-03 | 3.00e-02 | 87% | — | — |",
+    ]
+
+
+def test_failures_shared_by_cells_are_one_section():
+    failing = make_test(0, Outcome.FAILED, message="routing differs: layer 1")
+    text = render(ResultSet((cell("a", failing), cell("b", failing))), "pr-comment")
+    assert text.count("<details><summary>❌") == 1
+    assert "Failed in `a`, `b`." in text
+
+
+def test_memory_column_shows_each_gpu_and_unknowns():
+    text = render(ResultSet((cell("a", make_test(0), peaks=(12595.3, 12390.1, None)),)), "pr-comment")
+    assert "| 12.3 / 12.1 / ? GiB |" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# Size limits
+
+
+def big_set(cells: int, tests: int, message_chars: int = 400) -> ResultSet:
+    return ResultSet(tuple(
+        cell(f"h200-{c}gpu-torch2.11.0-tf5.18.0",
+             *(make_test(t, Outcome.FAILED if t % 7 == 0 else Outcome.PASSED,
+                           message=f"{c}-{t} " + "x" * message_chars,
+                           max_rel_grad_error=1e-3 * (t % 13 + 1), grad_error_bound=3e-2)
+               for t in range(tests)),
+             peaks=(1000.0 * c, 900.0 * c))
+        for c in range(cells)
+    ))
+
+
+def test_a_huge_comment_is_shortened_says_what_was_cut_and_keeps_its_digest():
+    results = big_set(40, 300)
+    text = render(results, "pr-comment")
+    assert len(text.encode("utf-16-le")) // 2 <= COMMENT_LIMIT
+    assert text.startswith(COMMENT_MARKER + "\n")
+    assert "✂️ Shortened to fit GitHub's 65,536-character comment limit" in text
+    assert re.search(r"…and [\d,]+ more failures not shown", text)
+    assert decode_digest(text).cells.keys() == digest(results).cells.keys()
+
+
+def test_past_the_last_step_the_text_is_cut_but_the_digest_survives(monkeypatch):
+    monkeypatch.setattr(report, "COMMENT_LIMIT", 6_000)
+    results = big_set(60, 5, message_chars=10)
+    text = render(results, "pr-comment")
+    assert len(text) <= 6_000
+    assert "✂️ Cut at 6,000 characters" in text
+    assert decode_digest(text) == decode_digest(render(results, "pr-comment").split("\n", 1)[1])
+
+
+def test_summary_is_measured_in_bytes(monkeypatch):
+    monkeypatch.setattr(report, "SUMMARY_LIMIT_BYTES", 40_000)
+    text = render(big_set(10, 200), "summary")
+    assert len(text.encode("utf-8")) <= 40_000
+    assert text.startswith("### harness report") and "✂️ Shortened to fit the 1 MB job summary limit" in text
+    assert "harness-digest" not in text and COMMENT_MARKER not in text
+
+
+def test_unknown_format_is_refused():
+    with pytest.raises(ValueError, match="unknown report format 'pdf'"):
+        render(ResultSet(()), "pdf")
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+
+
+def test_report_command_writes_each_format(tmp_path, capsys):
+    run = str(GOLDEN / "samples" / "run")
+    assert main(["report", run, "--format", "terminal"]) == 0
+    assert capsys.readouterr().out.startswith("harness: 1 of 5 cells failed, 2 errored · 4f1c2a9e7d3b")
+    out = tmp_path / "deep" / "comment.md"
+    assert main(["report", run, "--format", "pr-comment", "--sha", "feedbeef", "--matrix", "pr",
+                 "-o", str(out)]) == 0
+    assert out.read_text().splitlines()[1].endswith("· `feedbeef` · matrix `pr`")
+    page = tmp_path / "r.html"
+    assert main(["report", run, "--baseline", str(out), "--format", "html", "-o", str(page)]) == 0
+    assert "Changes since" in page.read_text()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["nowhere"], "results path nowhere is not a folder"),
+    ([str(GOLDEN / "samples" / "run"), "--baseline", str(GOLDEN / "expected" / "terminal.txt")],
+     "expected/terminal.txt: no '<!-- harness-digest v1 ... -->' digest in it"),
+])
+def test_report_command_bad_input_exits_2(capsys, args, message):
+    assert main(["report", *args]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("harness: error:") and message in error

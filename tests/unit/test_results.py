@@ -1,0 +1,369 @@
+"""harness.results: cell folders (real pytest output in golden/samples, broken files written here),
+the digest a PR comment carries, and the comparison with a baseline."""
+
+from __future__ import annotations
+
+import gc
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from harness.errors import ConfigError
+from harness.results import (
+    DIGEST_TAG,
+    CellResult,
+    CellStatus,
+    Outcome,
+    ResultSet,
+    TestResult,
+    compare,
+    decode_digest,
+    digest,
+    encode_digest,
+    find_cell_folders,
+    load_baseline,
+    load_results,
+    natural_key,
+    paused_gc,
+    read_cell,
+)
+
+SAMPLES = Path(__file__).parent / "golden" / "samples"
+RUN = SAMPLES / "run"
+BASELINE = SAMPLES / "baseline"
+ADA = RUN / "results-ada-2gpu-torch2.11.0-tf5.9.0"  # the artifact folder is the cell folder
+CPU = RUN / "results-cpu-2rank-torch2.13.0-tf5.24.0" / "cpu-2rank-torch2.13.0-tf5.24.0"
+
+JUNIT_OK = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" tests="1" time="1.5">
+<testcase classname="tests.gpu.test_ep" name="test_ok" file="tests/gpu/test_ep.py" time="1.5"/>
+</testsuite></testsuites>
+"""
+
+
+def env_json(**overrides) -> str:
+    record = {"schema": 1, "cell": {"id": "ada-2gpu-torch2.11.0-tf5.9.0", "gpu": "ada", "gpus": 2,
+                                    "torch": "2.11.0", "transformers": "5.9.0", "matrix": "pr"},
+              "status": "passed", "error": None, "exit_code": 0, "duration_s": 12.0,
+              "versions": {"torch": "2.11.0", "cuda": None}, "git_sha": "abc",
+              "reproduce": "harness run --matrix pr --cell 'ada-2gpu-torch2.11.0-tf5.9.0'"}
+    record.update(overrides)
+    return json.dumps(record)
+
+
+def write_cell(folder: Path, **files: str | None) -> Path:
+    """A cell folder; `files` maps junit/env/memory/log to text (None: leave the file out)."""
+    defaults = {"junit": JUNIT_OK, "env": env_json(), "memory": None, "log": "log line\n"}
+    names = {"junit": "junit.xml", "env": "env.json", "memory": "memory.json", "log": "pytest.log"}
+    folder.mkdir(parents=True, exist_ok=True)
+    for key, text in {**defaults, **files}.items():
+        if text is not None:
+            (folder / names[key]).write_text(text)
+    return folder
+
+
+# ---------------------------------------------------------------------------------------------
+# Real pytest output (golden samples)
+
+
+def outcomes(cell: CellResult) -> dict[str, tuple[str, int]]:
+    return {test.test_id: (test.outcome.value, test.attempts) for test in cell.tests}
+
+
+def test_reruns_that_flake_stay_red_and_error_are_told_apart():
+    cell = read_cell(ADA)
+    seen = outcomes(cell)
+    assert seen["tests/gpu/test_fsdp.py::test_fsdp_rank_barrier"] == ("flaky", 2)
+    assert seen["tests/gpu/test_fsdp.py::test_fsdp_checkpoint_reload"] == ("failed", 3)
+    assert seen["tests/gpu/test_fsdp.py::test_fsdp_gradients[2]"] == ("errored", 3)  # broken fixture
+    assert seen["tests/gpu/test_fsdp.py::test_fsdp_gradients[4]"] == ("skipped", 1)
+    assert seen["tests/gpu/test_ep.py::test_ep_load[2]"] == ("passed", 1)
+    assert cell.counts.total == len(seen) == 17  # every test once, however often it ran
+    assert (cell.status, cell.reason) == (CellStatus.FAILED, None)
+
+
+def test_failure_keeps_first_line_and_the_end_of_the_traceback():
+    routing = next(t for t in read_cell(ADA).tests if t.test_id.endswith("::test_ep_routing"))
+    assert routing.message == ("routing differs: layer 1 sends 1 of 32 tokens to other experts "
+                               "than the whole model")
+    assert routing.excerpt.endswith("tests/gpu/test_ep.py:31: AssertionError")
+    assert routing.property_value("min_routing_margin") == "0.18"
+
+
+def test_skips_xfail_and_properties_from_a_passing_cell():
+    cell = read_cell(CPU)
+    by_id = {test.test_id: test for test in cell.tests}
+    assert by_id["tests/gpu/test_ep.py::test_ep_load[4]"].message == "needs 4 CPU ranks"
+    xfail = by_id["tests/gpu/test_fsdp.py::test_fsdp_fp8"]
+    assert (xfail.outcome, xfail.message) == (Outcome.XFAILED, "fp8 fake quant is not implemented for gloo")
+    gradients = by_id["tests/gpu/test_fsdp.py::test_fsdp_gradients[2]"]
+    assert gradients.number("max_rel_grad_error") == pytest.approx(2.2e-3)
+    assert gradients.number("grad_error_bound") == pytest.approx(3e-2)
+    assert gradients.peak_allocated_mib == pytest.approx(4216.0)  # the larger of rank0 and rank1
+    assert (cell.status, cell.memory, cell.memory_note) == (CellStatus.PASSED, (), "cpu cell: no GPU")
+
+
+def test_crashed_cell_without_junit_is_errored_with_the_log_tail():
+    cell = read_cell(RUN / "results-h200-8gpu-torch2.11.0-tf5.18.0" / "h200-8gpu-torch2.11.0-tf5.18.0")
+    assert (cell.status, cell.reason) == (CellStatus.ERRORED, "pytest crashed: killed by signal SIGKILL")
+    assert cell.tests == ()
+    assert cell.log_tail.endswith("tests/gpu/test_ep.py .........")
+    assert [gpu.peak_used_mib for gpu in cell.memory][-1] == 41984.0
+
+
+def test_truncated_junit_is_an_errored_row_not_an_exception():
+    cell = read_cell(RUN / "results-gb200-4gpu-torch2.12.0-tf5.24.0" / "gb200-4gpu-torch2.12.0-tf5.24.0")
+    assert cell.status is CellStatus.ERRORED
+    assert cell.reason.startswith("junit.xml: malformed or truncated XML")
+    assert [gpu.peak_used_mib for gpu in cell.memory] == [30100.0, 29850.0, None, 30012.0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding folders
+
+
+def test_downloaded_artifacts_nested_one_level(tmp_path):
+    write_cell(tmp_path / "artifact-a" / "ada-2gpu-torch2.11.0-tf5.9.0")
+    write_cell(tmp_path / "artifact-b", env=env_json(cell={"id": "h200-2gpu-torch2.11.0-tf5.18.0"}))
+    (tmp_path / "unrelated" / "deeper").mkdir(parents=True)
+    ids = [cell.id for cell in load_results([tmp_path]).cells]
+    assert ids == ["ada-2gpu-torch2.11.0-tf5.9.0", "h200-2gpu-torch2.11.0-tf5.18.0"]
+
+
+def test_the_golden_run_is_found_in_both_artifact_layouts():
+    assert [cell.id for cell in load_results([RUN]).cells] == [
+        "ada-2gpu-torch2.11.0-tf5.9.0", "cpu-2rank-torch2.13.0-tf5.24.0", "gb200-4gpu-torch2.12.0-tf5.24.0",
+        "h200-2gpu-torch2.11.0-tf5.18.0", "h200-8gpu-torch2.11.0-tf5.18.0",
+    ]
+
+
+def test_a_folder_given_twice_is_read_once_and_a_cell_folder_directly(tmp_path):
+    folder = write_cell(tmp_path / "cell")
+    assert find_cell_folders(folder) == [folder]
+    assert len(load_results([folder, tmp_path, str(folder)]).cells) == 1
+
+
+def test_two_folders_for_one_cell_keep_both_rows_and_say_so(tmp_path):
+    write_cell(tmp_path / "a")
+    write_cell(tmp_path / "b")
+    first, second = load_results([tmp_path]).cells
+    assert first.id == second.id and not [p for p in first.problems if "also read" in p.message]
+    assert any("also read from" in problem.message for problem in second.problems)
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda root: root / "missing", "is not a folder"),
+    (lambda root: root, "no cell folders under"),
+])
+def test_bad_results_paths_are_config_errors(tmp_path, make, message):
+    with pytest.raises(ConfigError, match=message):
+        load_results([make(tmp_path)])
+
+
+def test_cells_sort_by_numbers_inside_their_ids():
+    ids = ["h200-8gpu-torch2.11.0-tf5.9.0", "h200-2gpu-torch2.11.0-tf5.18.0", "h200-2gpu-torch2.9.0-tf5.9.0"]
+    assert sorted(ids, key=natural_key) == [
+        "h200-2gpu-torch2.9.0-tf5.9.0", "h200-2gpu-torch2.11.0-tf5.18.0", "h200-8gpu-torch2.11.0-tf5.9.0"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Broken files: values, never exceptions
+
+BROKEN_CELLS = [
+    # (files, status, reason or problem that must appear)
+    ({"junit": None}, "errored", "junit.xml: missing"),
+    ({"junit": ""}, "errored", "junit.xml: empty"),
+    ({"junit": JUNIT_OK[:90]}, "errored", "junit.xml: malformed or truncated XML"),
+    ({"junit": "<html><body>502 Bad Gateway</body></html>"}, "errored", "junit.xml: not JUnit XML"),
+    ({"junit": JUNIT_OK.replace('1.5"/>', 'soon"/>')}, "errored", "junit.xml: malformed attribute"),
+    ({"junit": "\x00\x01binary"}, "errored", "junit.xml: malformed or truncated XML"),
+    ({"env": json.dumps({"schema": 1, "status": "errored", "error": "environment: no torch==9.9 wheel"})},
+     "errored", "environment: no torch==9.9 wheel"),
+    ({"env": env_json(status="errored", error=None)}, "errored", "env.json says errored and gives no reason"),
+    ({"env": env_json(status="failed", exit_code=2)}, "failed", "pytest exited with code 2"),
+    ({"env": None}, "passed", "env.json: missing"),
+    ({"env": "{not json"}, "passed", "env.json: malformed JSON"),
+    ({"env": "[1, 2]"}, "passed", "env.json: expected an object, found list"),
+    ({"env": env_json(duration_s="ten")}, "passed", "key 'duration_s' is 'ten', expected a number"),
+    ({"env": env_json(exit_code=True)}, "passed", "key 'exit_code' is True, expected an integer"),
+    ({"env": env_json(status="mostly")}, "passed", "key 'status' is 'mostly', expected passed or failed or"),
+    ({"env": env_json(schema=7)}, "passed", "env.json: schema 7, this reader knows 1"),
+    ({"memory": '{"schema": 1, "available": true, "gpus": [{"index": 0, "peak_used_mib": "lots"}]}'},
+     "passed", "memory.json: gpus[0]: key 'peak_used_mib' is 'lots', expected a number"),
+    ({"memory": '{"schema": 1, "available": true, "gpus": ["GPU 0"]}'},
+     "passed", "memory.json: gpus[0]: value is 'GPU 0', expected an object"),
+]
+
+
+@pytest.mark.parametrize(("files", "status", "text"), BROKEN_CELLS)
+def test_broken_files_become_values(tmp_path, files, status, text):
+    cell = read_cell(write_cell(tmp_path / "ada-2gpu-torch2.11.0-tf5.9.0", **files))
+    assert cell.status.value == status
+    told = [cell.reason or "", *map(str, cell.problems)]
+    assert any(text in line for line in told), told
+
+
+def test_without_env_json_the_id_still_tells_the_cell(tmp_path):
+    cell = read_cell(write_cell(tmp_path / "gb200-4gpu-torch2.12.0-tf5.24.0", env=None))
+    info = cell.info
+    assert (info.gpu, info.gpus, info.torch, info.transformers) == ("gb200", 4, "2.12.0", "5.24.0")
+    assert cell.duration_s == 1.5  # from the testsuite's time
+    assert cell.reproduce == "harness run --cell gb200-4gpu-torch2.12.0-tf5.24.0"
+
+
+def test_memory_nulls_stay_unknown(tmp_path):
+    memory = {"schema": 1, "available": True, "reason": None, "gpus": [
+        {"index": 1, "total_mib": None, "used_before_mib": None, "peak_used_mib": 100.0},
+        {"index": 0, "total_mib": 1000.0, "used_before_mib": 5.0, "peak_used_mib": None}]}
+    cell = read_cell(write_cell(tmp_path / "c", memory=json.dumps(memory)))
+    seen = [(gpu.index, gpu.peak_used_mib, gpu.total_mib) for gpu in cell.memory]
+    assert seen == [(0, None, 1000.0), (1, 100.0, None)]
+    assert cell.problems == ()
+
+
+def test_collection_error_names_the_module_and_the_exception(tmp_path):
+    junit = """<testsuites><testsuite name="pytest" time="0.1">
+    <testcase classname="" name="tests.gpu.test_c" file="tests/gpu/test_c.py" time="0.0">
+    <error message="collection failure">Traceback:
+E   ModuleNotFoundError: No module named 'nonexistent'</error></testcase></testsuite></testsuites>"""
+    (test,) = read_cell(write_cell(tmp_path / "c", junit=junit)).tests
+    assert (test.test_id, test.outcome) == ("tests/gpu/test_c.py", Outcome.ERRORED)
+    assert test.message == "collection failure: ModuleNotFoundError: No module named 'nonexistent'"
+
+
+# ---------------------------------------------------------------------------------------------
+# Reproduce commands
+
+
+def cell_with(*tests: TestResult, reproduce: str = "harness run --matrix pr --cell 'c'") -> CellResult:
+    from harness.results import CellInfo
+
+    return CellResult(info=CellInfo(id="c"), status=CellStatus.FAILED, tests=tests,
+                      reproduce=reproduce)
+
+
+def failed(name: str) -> TestResult:
+    return TestResult(test_id=f"tests/gpu/test_x.py::{name}", name=name, outcome=Outcome.FAILED)
+
+
+@pytest.mark.parametrize(("names", "expected"), [
+    (["test_b[2-bf16]", "test_a"], "harness run --matrix pr --cell 'c' -- -k 'test_a or test_b[2-bf16]'"),
+    (["test_p[a b]", "test_p[x=1]"], "harness run --matrix pr --cell 'c' -- -k test_p"),  # not -k idents
+    ([f"test_{n}" for n in range(9)], "harness run --matrix pr --cell 'c'"),  # too many: the whole cell
+])
+def test_reproduce_selects_the_failing_tests(names, expected):
+    assert cell_with(*map(failed, names)).reproduce_command() == expected
+
+
+@pytest.mark.parametrize("recorded", ["rm -rf /", "harness run --cell `id`", "harness run\n--cell x", None])
+def test_a_suspicious_recorded_command_is_rebuilt(tmp_path, recorded):
+    env = env_json(reproduce=recorded, cell={"id": "x'; rm -rf ~", "matrix": "pr"})
+    cell = read_cell(write_cell(tmp_path / "c", env=env))
+    assert cell.reproduce == "harness run --matrix pr --cell 'x'\"'\"'; rm -rf ~'"
+
+
+# ---------------------------------------------------------------------------------------------
+# Digest and comparison
+
+
+def test_digest_round_trips_through_comment_text():
+    results = load_results([RUN])
+    summary = digest(results)
+    payload = encode_digest(summary, 10_000)
+    text = f"<!-- harness-report -->\nquoted: <!-- {DIGEST_TAG} AAAA -->\n<!-- {DIGEST_TAG} {payload} -->"
+    assert decode_digest(text) == summary  # the last digest counts: a test's message may quote a fake
+    assert summary.git_sha == "4f1c2a9e7d3b8a6c5e0f1d2c3b4a59687766aabb" and summary.matrix == "nightly"
+
+
+def test_a_small_budget_drops_skipped_ids_then_failing_ids():
+    summary = digest(load_results([RUN]))
+    sizes = {"full": len(encode_digest(summary, 10**6))}
+    without_skips = decode_digest(f"{DIGEST_TAG} {encode_digest(summary, sizes['full'] - 1)}")
+    assert all(cell.skipped is None and cell.failing is not None for cell in without_skips.cells.values())
+    bare = decode_digest(f"{DIGEST_TAG} {encode_digest(summary, 10)}")
+    assert all(cell.failing is None for cell in bare.cells.values())
+    assert bare.cells["ada-2gpu-torch2.11.0-tf5.9.0"].peak_used_mib == (12595.0, 12390.0)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("no digest here", "no '<!-- harness-digest v1"),
+    (f"{DIGEST_TAG} AAAA", "the digest is unreadable"),
+    (f"{DIGEST_TAG} eJyrVkrLz1eyUkpKLFKqBQAdegQ0", "the digest is unreadable"),  # JSON without cells
+])
+def test_unreadable_digests_say_why(text, message):
+    with pytest.raises(ValueError, match=message):
+        decode_digest(text)
+
+
+def test_comparison_with_the_night_before():
+    comparison = compare(load_results([RUN]), load_baseline(BASELINE))
+    changes = {change.cell_id: change for change in comparison.cells}
+    assert comparison.baseline_sha == "0a9b8c7d6e5f40312233445566778899aabbccdd"
+    ada = changes["ada-2gpu-torch2.11.0-tf5.9.0"]
+    assert [test_id.split("::")[1].split("[pipe")[0] for test_id in ada.new_failures] == [
+        "test_ep_gradients[2-bf16]", "test_ep_routing", "test_hostile_names"]
+    assert ada.fixed == ("tests/gpu/test_fsdp.py::test_fsdp_fp8",)
+    assert [(m.gpu_index, m.before_mib, m.after_mib) for m in ada.memory] == [(0, 11059.0, 12595.3)]
+    cpu = changes["cpu-2rank-torch2.13.0-tf5.24.0"]
+    assert cpu.newly_skipped == ("tests/gpu/test_fsdp.py::test_fsdp_nvfp4",)
+    crashed = changes["h200-8gpu-torch2.11.0-tf5.18.0"]
+    assert (crashed.status_before, crashed.status_after, crashed.new_failures) == (
+        CellStatus.PASSED, CellStatus.ERRORED, ())
+    assert changes["gb200-4gpu-torch2.12.0-tf5.24.0"].status_before is None  # a new cell
+    assert changes["ada-2gpu-torch2.11.0-tf5.18.0"].status_after is None  # gone from this run
+    assert "h200-2gpu-torch2.11.0-tf5.18.0" not in changes  # 80 MiB more is under the threshold
+
+
+def test_memory_threshold_needs_both_mib_and_share():
+    results = load_results([RUN])
+    base = digest(results)
+    ada_id = "ada-2gpu-torch2.11.0-tf5.9.0"
+    for before, reported in ((12595.3 - 300, True), (12595.3 - 200, False)):
+        cells = {**base.cells, ada_id: replace(base.cells[ada_id], peak_used_mib=(before, 12390.1))}
+        changes = compare(results, replace(base, cells=cells), memory_change_fraction=0.02).cells
+        assert bool(changes and changes[0].memory) is reported
+
+
+def test_a_shortened_baseline_says_what_it_could_not_compare():
+    results = load_results([RUN])
+    shortened = decode_digest(f"{DIGEST_TAG} {encode_digest(digest(results), 10)}")
+    changes = compare(results, shortened).cells
+    assert changes and all(change.incomplete == ("failing tests", "skipped tests") for change in changes)
+
+
+def test_unchanged_runs_compare_empty():
+    results = load_results([BASELINE])
+    assert compare(results, digest(results)).cells == ()
+
+
+@pytest.mark.parametrize(("write", "message"), [
+    (lambda path: path.write_text("a comment without digest"), "no '<!-- harness-digest"),
+    (lambda path: None, "No such file"),
+])
+def test_bad_baselines_are_config_errors(tmp_path, write, message):
+    path = tmp_path / "comment.md"
+    write(path)
+    with pytest.raises(ConfigError, match=message):
+        load_baseline(path)
+
+
+def test_baseline_folder_and_result_set_agree(tmp_path):
+    shutil.copytree(BASELINE, tmp_path / "baseline")
+    from_folder = load_baseline(tmp_path / "baseline")
+    assert from_folder == digest(load_results([BASELINE]))
+    assert isinstance(load_results([BASELINE]), ResultSet)
+
+
+@pytest.mark.parametrize("enabled_before", [True, False])
+def test_paused_gc_restores_the_collector_even_on_errors(enabled_before):
+    gc.enable() if enabled_before else gc.disable()
+    try:
+        with pytest.raises(RuntimeError), paused_gc():
+            assert not gc.isenabled()
+            raise RuntimeError("boom")
+        assert gc.isenabled() is enabled_before
+    finally:
+        gc.enable()

@@ -188,7 +188,7 @@ def expand(spec: Any, runners: Mapping[str, Runner], *, name: str, source: str) 
         if missing:
             raise ConfigError(f"{source}: include[{i}]: missing {', '.join(missing)}")
 
-    product = [dict(zip(AXES, combo)) for combo in itertools.product(*(values[a] for a in AXES))]
+    product = [dict(zip(AXES, combo, strict=True)) for combo in itertools.product(*(values[a] for a in AXES))]
     kept = [c for c in product if not any(_matches(c, e) for e in excludes)]
     combos = kept + [c for c in includes if c not in kept]
     if not combos:

@@ -2,8 +2,10 @@
 
 It decides whether an ``/ok to test <sha>`` comment may start GPU jobs, keeps one
 harness comment per pull request, and opens, updates or closes the nightly
-regression issue. Standard library only, so a bare runner can use it from a checkout
-(``python3 -m harness gh ...``) without installing anything.
+regression issue. It imports only the standard library, so a bare runner can use it from a
+checkout (``python3 -m harness gh ...``) without installing anything; the commands that handle
+the report or read results (comment, previous-comment, nightly-issue) import those modules when
+they run, on a runner that installed harness.
 """
 
 from __future__ import annotations
@@ -16,16 +18,17 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import xml.etree.ElementTree as ET
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness import __version__
 from harness.errors import ConfigError, GitHubError, NotAuthorizedError
 
-REPORT_MARKER = "<!-- harness-report -->"
+if TYPE_CHECKING:  # the commands that read results import them when they run
+    from harness.results import Digest, ResultSet
+
 NIGHTLY_MARKER = "<!-- harness-nightly -->"
 BODY_LIMIT = 65_536  # characters GitHub accepts in an issue or comment body
 DEFAULT_AUTHOR = "github-actions[bot]"  # who GITHUB_TOKEN posts as
@@ -412,15 +415,19 @@ def upsert_comment(gh: GitHub, issue: int, body: str, marker: str, author: str) 
 
 
 def comment_command(gh: GitHub, args: Any) -> int:
+    from harness.report import COMMENT_MARKER
+
     body = read_text(args.body, "comment body")
-    action, comment = upsert_comment(gh, args.pr, body, REPORT_MARKER, args.author)
+    action, comment = upsert_comment(gh, args.pr, body, COMMENT_MARKER, args.author)
     print(f"{action} {comment.get('html_url') or comment.get('id')}")
     return 0
 
 
 def previous_comment_command(gh: GitHub, args: Any) -> int:
     """Save the body of the PR's harness comment, whose digest lets the next report show deltas."""
-    existing = find_comment(gh, args.pr, REPORT_MARKER, args.author)
+    from harness.report import COMMENT_MARKER
+
+    existing = find_comment(gh, args.pr, COMMENT_MARKER, args.author)
     if existing is None:
         print(f"no harness comment on #{args.pr} yet")
         return 0
@@ -474,129 +481,39 @@ def previous_run_command(gh: GitHub, args: Any) -> int:
     return 0
 
 
-@dataclass(frozen=True)
-class CaseResult:
-    outcome: str  # passed | failed | error | skipped
-    peaks_mib: dict[str, float] = field(default_factory=dict)  # peak_*_mib.rankN properties
-
-
-@dataclass(frozen=True)
-class CellResult:
-    cell_id: str
-    status: str  # passed | failed | errored, as env.json says; errored when it cannot be read
-    error: str | None
-    tests: dict[str, CaseResult]
-    gpu_peaks_mib: dict[int, float]
-
-
-def _load_json_quietly(path: Path) -> dict:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-def _read_junit(path: Path) -> dict[str, CaseResult]:
-    try:
-        root = ET.parse(path).getroot()
-    except (OSError, ET.ParseError):
-        return {}
-    tests: dict[str, CaseResult] = {}
-    for case in root.iter("testcase"):
-        name = f"{case.get('classname', '')}::{case.get('name', '')}"
-        found = [tag for tag in ("failure", "error", "skipped") if case.find(tag) is not None]
-        outcome = found[0] if found else "passed"
-        peaks = {}
-        for prop in case.iter("property"):
-            key = prop.get("name", "")
-            if key.startswith("peak_") and "_mib" in key:
-                try:
-                    peaks[key] = float(prop.get("value", ""))
-                except ValueError:
-                    continue
-        tests[name] = CaseResult("failed" if outcome == "failure" else outcome, peaks)
-    return tests
-
-
-def read_cell(folder: Path) -> CellResult:
-    """A cell folder as the regression check sees it; every file may be missing or broken."""
-    env = _load_json_quietly(folder / "env.json")
-    cell = env.get("cell") if isinstance(env.get("cell"), dict) else {}
-    status, error = env.get("status"), env.get("error")
-    if status not in ("passed", "failed", "errored"):
-        status, error = "errored", f"env.json is missing or has no valid status in {folder.name}"
-    gpu_peaks = {}
-    gpus = _load_json_quietly(folder / "memory.json").get("gpus")
-    for gpu in gpus if isinstance(gpus, list) else []:
-        if not isinstance(gpu, dict):
-            continue
-        index, peak = gpu.get("index"), gpu.get("peak_used_mib")
-        if isinstance(index, int) and isinstance(peak, (int, float)):
-            gpu_peaks[index] = float(peak)
-    return CellResult(
-        cell_id=str(cell.get("id") or folder.name), status=status, error=error,
-        tests=_read_junit(folder / "junit.xml"), gpu_peaks_mib=gpu_peaks)
-
-
-def read_cells(directory: str | Path) -> dict[str, CellResult]:
-    root = Path(directory)
-    if not root.is_dir():
-        raise ConfigError(f"results {root}: not a folder")
-    names = ("env.json", "junit.xml", "memory.json", "pytest.log")
-    folders = [root] if any((root / n).exists() for n in names) else sorted(
-        p for p in root.iterdir() if p.is_dir() and any((p / n).exists() for n in names))
-    return {cell.cell_id: cell for cell in map(read_cell, folders)}
-
-
-@dataclass(frozen=True)
-class GrowthLimit:
-    """Memory counts as regressed when it grew by more than both limits."""
-
-    percent: float = 10.0
-    mib: float = 64.0
-
-    def exceeded(self, before: float, after: float) -> bool:
-        growth = after - before
-        return growth > self.mib and (before <= 0 or growth / before * 100 > self.percent)
-
-
-def _before(cell: CellResult | None, test: CaseResult | None) -> str:
-    if test is not None:
-        return f"was {test.outcome}"
-    return "new test" if cell is not None and cell.tests else "no result the night before"
-
-
-def _growth(what: str, before: float, after: float) -> str:
-    percent = f" (+{(after - before) / before * 100:.0f}%)" if before > 0 else ""
-    return f"{what} grew from {before:,.0f} to {after:,.0f} MiB{percent}"
-
-
-def find_regressions(
-    current: dict[str, CellResult], baseline: dict[str, CellResult] | None, limit: GrowthLimit,
+def nightly_regressions(
+    result_set: ResultSet, baseline: Digest, *, memory_mib: float, memory_percent: float,
 ) -> list[str]:
-    """What got worse since the previous night: new failures and errors, and memory growth."""
+    """What got worse since the previous night: tests failing that did not fail then, cells that
+    newly errored, and GPU peak memory that grew by more than both limits."""
+    from harness.results import CellStatus, compare, natural_key
+
+    cells = {cell.id: cell for cell in result_set.cells}
+    comparison = compare(result_set, baseline, memory_change_mib=memory_mib,
+                         memory_change_fraction=memory_percent / 100)
     findings = []
-    for cell_id, cell in sorted(current.items()):
-        before = (baseline or {}).get(cell_id)
-        if cell.status == "errored":
-            if before is None or before.status != "errored":
-                findings.append(f"`{cell_id}` errored: {cell.error or 'no reason recorded'}")
+    for change in comparison.cells:
+        cell = cells.get(change.cell_id)
+        if cell is None:  # a cell of the night before that did not run tonight
             continue
-        for name, test in sorted(cell.tests.items()):
-            old = before.tests.get(name) if before else None
-            failing = test.outcome in ("failed", "error")
-            if failing and (old is None or old.outcome not in ("failed", "error")):
-                findings.append(f"`{cell_id}` `{name}` {test.outcome} ({_before(before, old)})")
-            for key, after in sorted(test.peaks_mib.items()):
-                previous = old.peaks_mib.get(key) if old else None
-                if previous is not None and limit.exceeded(previous, after):
-                    findings.append(f"`{cell_id}` `{name}` {_growth(key, previous, after)}")
-        for index, after in sorted(cell.gpu_peaks_mib.items()):
-            previous = before.gpu_peaks_mib.get(index) if before else None
-            if previous is not None and limit.exceeded(previous, after):
-                findings.append(f"`{cell_id}` {_growth(f'GPU {index} peak used memory', previous, after)}")
+        if cell.status is CellStatus.ERRORED:
+            if change.status_before is not CellStatus.ERRORED:
+                findings.append(f"`{cell.id}` errored: {cell.reason}")
+            continue
+        outcomes = {test.test_id: test.outcome.value for test in cell.failing_tests}
+        if change.tests_compared:
+            new_failures, since = change.new_failures, ""
+        else:  # no tests the night before (a new or errored cell): every failure tonight is new
+            new_failures, since = sorted(outcomes, key=natural_key), " (no result the night before)"
+        findings.extend(f"`{cell.id}` `{test_id}` {outcomes[test_id]}{since}" for test_id in new_failures)
+        findings.extend(f"`{cell.id}` GPU {gpu.gpu_index} peak used memory grew from {gpu.before_mib:,.0f} "
+                        f"to {gpu.after_mib:,.0f} MiB{_percent(gpu.before_mib, gpu.after_mib)}"
+                        for gpu in change.memory if gpu.after_mib > gpu.before_mib)
     return findings
+
+
+def _percent(before: float, after: float) -> str:
+    return f" (+{(after - before) / before * 100:.0f}%)" if before > 0 else ""
 
 
 def find_open_issue(gh: GitHub, label: str, author: str) -> dict | None:
@@ -609,13 +526,14 @@ def find_open_issue(gh: GitHub, label: str, author: str) -> dict | None:
 
 
 def nightly_issue_command(gh: GitHub, args: Any) -> int:
-    current = read_cells(args.results)
-    if not current:
-        raise ConfigError(f"results {args.results}: no cell folders in it")
-    baseline = read_cells(args.baseline) if args.baseline and Path(args.baseline).is_dir() else None
-    limit = GrowthLimit(args.memory_percent, args.memory_mib)
-    regressions = find_regressions(current, baseline or None, limit)
-    green = all(cell.status == "passed" for cell in current.values())
+    from harness.results import CellStatus, Digest, load_baseline, load_results
+
+    current = load_results([args.results])
+    # No baseline folder: the first night, or the previous night's artifacts expired.
+    baseline = load_baseline(args.baseline) if args.baseline and Path(args.baseline).exists() else None
+    regressions = nightly_regressions(current, baseline or Digest(cells={}),
+                                      memory_mib=args.memory_mib, memory_percent=args.memory_percent)
+    green = all(cell.status is CellStatus.PASSED for cell in current.cells)
     issue = find_open_issue(gh, args.label, args.author)
     sha = (args.sha or os.environ.get("GITHUB_SHA") or "unknown")[:12]
     run_id = os.environ.get("GITHUB_RUN_ID", "")
@@ -636,7 +554,7 @@ def nightly_issue_command(gh: GitHub, args: Any) -> int:
         return 0
 
     listing = "\n".join(f"- {line}" for line in regressions) or "- nothing new since the night before"
-    against = "the night before" if baseline else "no earlier results (first night, or they expired)"
+    against = "the night before" if baseline is not None else "no earlier results (first night, or they expired)"
     report = read_text(args.report, "report") if args.report else ""
     body = fit_body(f"{NIGHTLY_MARKER}\nNightly `{args.matrix}` on `{sha}`{run}, compared with {against}:\n\n"
                     f"{listing}\n\n<details><summary>Report</summary>\n\n{report}\n\n</details>\n")

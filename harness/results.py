@@ -770,6 +770,9 @@ class CellChange:
     newly_skipped: tuple[str, ...] = ()
     memory: tuple[MemoryChange, ...] = ()
     incomplete: tuple[str, ...] = ()  # what the (shortened) baseline could not tell
+    # False where a side had no tests (a new, missing or errored cell): new_failures, fixed and
+    # newly_skipped are then empty, and only the status says what changed.
+    tests_compared: bool = False
 
     @property
     def status_changed(self) -> bool:
@@ -845,5 +848,5 @@ def _cell_change(
         new_failures=tuple(sorted(new_failures, key=natural_key)),
         fixed=tuple(sorted(fixed, key=natural_key)),
         newly_skipped=tuple(sorted(newly_skipped, key=natural_key)),
-        memory=tuple(memory), incomplete=tuple(incomplete),
+        memory=tuple(memory), incomplete=tuple(incomplete), tests_compared=comparable,
     )

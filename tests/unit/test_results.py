@@ -312,6 +312,7 @@ def test_comparison_with_the_night_before():
     crashed = changes["h200-8gpu-torch2.11.0-tf5.18.0"]
     assert (crashed.status_before, crashed.status_after, crashed.new_failures) == (
         CellStatus.PASSED, CellStatus.ERRORED, ())
+    assert ada.tests_compared and not crashed.tests_compared  # the crashed cell has no tests to compare
     assert changes["gb200-4gpu-torch2.12.0-tf5.24.0"].status_before is None  # a new cell
     assert changes["ada-2gpu-torch2.11.0-tf5.18.0"].status_after is None  # gone from this run
     assert "h200-2gpu-torch2.11.0-tf5.18.0" not in changes  # 80 MiB more is under the threshold

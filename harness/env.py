@@ -140,7 +140,8 @@ def build(cell: Cell, path: Path, log: Callable[[str], None]) -> None:
     python = path / "bin" / "python"
     if installer == "uv":
         create = [_uv(), "venv", "--quiet", "--python", sys.executable, str(path)]
-        install = [_uv(), "pip", "install", "--python", str(python)]
+        # Compile bytecode once here, or every first import of torch in a fresh cache pays for it.
+        install = [_uv(), "pip", "install", "--compile-bytecode", "--python", str(python)]
     else:
         create = [sys.executable, "-m", "venv", str(path)]
         install = [str(python), "-m", "pip", "install", "--progress-bar", "off"]

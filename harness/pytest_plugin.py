@@ -1,0 +1,136 @@
+"""pytest plugin for the suite (tests/gpu): runs test functions on ranks and records what they measured.
+
+- `ranks` fixture: `ranks.run(world_size, fn, *args)` runs `fn(*args)` on `world_size` ranks (NCCL with
+  one GPU each when CUDA is there, gloo on CPU) and returns each rank's value in rank order. A test
+  parametrized with `world_size` is skipped before it starts when there are too few GPUs ("needs N
+  GPUs") or CPU ranks ("needs N ranks"; HARNESS_CPU_RANKS sets how many, 2 when unset).
+- Each rank's peak allocator memory on GPU becomes the JUnit properties `peak_allocated_mib.rankR` and
+  `peak_reserved_mib.rankR`, and `ranks.record(name=value, ...)` records the case's own metrics, through
+  `record_property` (pytest writes them with `-o junit_family=xunit1`).
+- The ranks' launcher is `config.stash[LAUNCHER_KEY]`, `harness.distributed.run_distributed` unless a
+  plugin put another there (a persistent rank pool): tests only pass picklable module-level functions and
+  arguments, so they run unchanged on either.
+- A launch times out a little before the test's pytest-timeout, so a hang fails with every rank's stack
+  instead of pytest-timeout's dump of the waiting parent.
+
+Needs the standard library and pytest (and torch, to count GPUs), so a cell's environment loads it
+through PYTHONPATH. tests/gpu/conftest.py registers it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from harness.distributed import DEFAULT_TIMEOUT_S, RankResult, run_distributed
+
+CPU_RANKS_ENV = "HARNESS_CPU_RANKS"
+DEFAULT_CPU_RANKS = 2
+# The launch ends this long before pytest-timeout fires, leaving time to collect and kill the ranks.
+TIMEOUT_MARGIN_S = 30.0
+MIN_LAUNCH_TIMEOUT_S = 10.0
+
+Launcher = Callable[..., list[RankResult]]  # (world_size, fn, *args, timeout=seconds) -> results by rank
+LAUNCHER_KEY = pytest.StashKey[Launcher]()
+
+
+def available_ranks() -> tuple[int, str]:
+    """How many ranks this machine can run, and what they are: ("GPUs") with CUDA, ("ranks") on CPU."""
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None and torch.cuda.is_available():
+        return torch.cuda.device_count(), "GPUs"
+    value = os.environ.get(CPU_RANKS_ENV, "").strip()
+    if not value:
+        return DEFAULT_CPU_RANKS, "ranks"
+    try:
+        count = int(value)
+    except ValueError:
+        raise pytest.UsageError(f"{CPU_RANKS_ENV} must be a whole number of CPU ranks, got {value!r}") from None
+    if count < 1:
+        raise pytest.UsageError(f"{CPU_RANKS_ENV} must be at least 1, got {count}")
+    return count, "ranks"
+
+
+def skip_reason(world_size: int) -> str | None:
+    """`needs N GPUs` / `needs N ranks` when this machine has fewer, else None."""
+    count, unit = available_ranks()
+    if world_size <= count:
+        return None
+    hint = f"{count} visible" if unit == "GPUs" else f"{CPU_RANKS_ENV}={count}"
+    return f"needs {world_size} {unit} ({hint})"
+
+
+def configured_test_timeout(item: pytest.Item) -> float | None:
+    """The test's pytest-timeout in seconds, as pytest-timeout reads it (marker, option, ini, environment)."""
+    marker = item.get_closest_marker("timeout")
+    candidates = []
+    if marker is not None:
+        candidates.append(marker.args[0] if marker.args else marker.kwargs.get("timeout"))
+    for read in (lambda: item.config.getoption("timeout"), lambda: item.config.getini("timeout")):
+        with contextlib.suppress(ValueError):  # ValueError: pytest-timeout is not installed
+            candidates.append(read())
+    candidates.append(os.environ.get("PYTEST_TIMEOUT"))
+    for candidate in candidates:
+        if candidate not in (None, ""):
+            seconds = float(candidate)
+            return seconds if seconds > 0 else None
+    return None
+
+
+def launch_timeout(item: pytest.Item) -> float:
+    """Seconds a launch may take: the test's pytest-timeout less a margin, or the launcher's default."""
+    seconds = configured_test_timeout(item)
+    if seconds is None:
+        return DEFAULT_TIMEOUT_S
+    return max(MIN_LAUNCH_TIMEOUT_S, seconds - TIMEOUT_MARGIN_S)
+
+
+class Ranks:
+    """Runs functions on ranks for one test and records their measurements as JUnit properties."""
+
+    def __init__(self, launcher: Launcher, record_property: Callable[[str, object], None], timeout_s: float):
+        self._launcher = launcher
+        self._record_property = record_property
+        self.timeout_s = timeout_s
+
+    def require(self, world_size: int) -> None:
+        """Skip the test when this machine cannot run `world_size` ranks."""
+        reason = skip_reason(world_size)
+        if reason is not None:
+            pytest.skip(reason)
+
+    def run(self, world_size: int, fn: Callable[..., Any], *args: Any) -> list[Any]:
+        """`fn(*args)` on every rank; each rank's return value, in rank order."""
+        self.require(world_size)
+        results = self._launcher(world_size, fn, *args, timeout=self.timeout_s)
+        self._record_property("world_size", world_size)
+        for result in results:
+            if result.peak_allocated_mib is not None:
+                self._record_property(f"peak_allocated_mib.rank{result.rank}", round(result.peak_allocated_mib, 1))
+            if result.peak_reserved_mib is not None:
+                self._record_property(f"peak_reserved_mib.rank{result.rank}", round(result.peak_reserved_mib, 1))
+        return [result.value for result in results]
+
+    def record(self, **metrics: object) -> None:
+        """Record the case's metrics (max_rel_grad_error=..., grad_error_bound=..., ...) as properties."""
+        for name, value in metrics.items():
+            self._record_property(name, value)
+
+
+@pytest.fixture
+def ranks(request: pytest.FixtureRequest, record_property) -> Ranks:
+    """Runs picklable module-level functions on N ranks; see `Ranks`."""
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and "world_size" in callspec.params:
+        reason = skip_reason(callspec.params["world_size"])
+        if reason is not None:
+            pytest.skip(reason)
+    launcher = request.config.stash.get(LAUNCHER_KEY, run_distributed)
+    return Ranks(launcher, record_property, launch_timeout(request.node))

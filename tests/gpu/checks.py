@@ -1,0 +1,168 @@
+"""The comparisons of a sharded model with the whole model, as pure functions over tensors.
+
+Each check raises AssertionError with a message that says what differs (which layer, expert, parameter
+or rank), because that message is what a user of the harness reads first. None of them runs a
+collective: callers gather shards first, so a check failing on one rank cannot hang the others.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+def routing_differs_message(layer: int, differing: int, total: int) -> str:
+    return f"routing differs: layer {layer} sends {differing} of {total} tokens to other experts than the whole model"
+
+
+@dataclass(frozen=True)
+class LayerRouting:
+    """One MoE layer's decision for a set of tokens: router logits [tokens, experts] and chosen experts."""
+
+    logits: torch.Tensor
+    experts: torch.Tensor  # [tokens, top_k]
+
+    @property
+    def margin(self) -> float:
+        """Smallest gap between a token's k-th chosen score and the best score it did not choose."""
+        top_k = self.experts.shape[-1]
+        scores = self.logits.float().topk(top_k + 1, dim=-1).values
+        return (scores[:, top_k - 1] - scores[:, top_k]).min().item()
+
+    @property
+    def top_weight_range(self) -> tuple[float, float]:
+        """Smallest and largest routing weight of a token's first expert (softmax over all experts)."""
+        top = self.logits.float().softmax(dim=-1).amax(dim=-1)
+        return top.min().item(), top.max().item()
+
+
+def check_routing(sharded: Sequence[LayerRouting], whole: Sequence[LayerRouting]) -> None:
+    """Every token goes to the same set of experts in every layer."""
+    if len(sharded) != len(whole):
+        raise AssertionError(f"routing differs: the sharded model routed in {len(sharded)} MoE layers, "
+                             f"the whole model in {len(whole)}")
+    for layer, (mine, theirs) in enumerate(zip(sharded, whole, strict=True)):
+        if mine.experts.shape != theirs.experts.shape:
+            raise AssertionError(f"routing differs: layer {layer} routed {tuple(mine.experts.shape)} tokens x "
+                                 f"experts, the whole model {tuple(theirs.experts.shape)}")
+        same = (mine.experts.sort(dim=-1).values == theirs.experts.sort(dim=-1).values).all(dim=-1)
+        differing = int((~same).sum())
+        if differing:
+            raise AssertionError(routing_differs_message(layer, differing, same.numel()))
+
+
+def check_tensors_close(name: str, actual: torch.Tensor, expected: torch.Tensor, *, atol: float,
+                        rtol: float) -> float:
+    """Element-wise |actual - expected| <= atol + rtol * |expected|; returns the largest |difference|."""
+    if actual.shape != expected.shape:
+        raise AssertionError(f"{name} differ: shape {tuple(actual.shape)}, whole model {tuple(expected.shape)}")
+    actual, expected = actual.float(), expected.float()
+    difference = (actual - expected).abs()
+    allowed = atol + rtol * expected.abs()
+    worst = difference.max().item()
+    if not bool((difference <= allowed).all()):
+        outside = int((difference > allowed).sum())
+        raise AssertionError(f"{name} differ from the whole model's: {outside} of {difference.numel()} values "
+                             f"outside atol={atol:g} + rtol={rtol:g}; largest difference {worst:.3g}")
+    return worst
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """|actual - expected| / |expected| in the L2 norm over the whole tensor (0 when both are zero)."""
+    actual, expected = actual.float(), expected.float()
+    difference = (actual - expected).norm().item()
+    scale = expected.norm().item()
+    if scale == 0.0:
+        return 0.0 if difference == 0.0 else math.inf
+    return difference / scale
+
+
+def gradient_errors(sharded: Mapping[str, torch.Tensor | None],
+                    whole: Mapping[str, torch.Tensor | None]) -> dict[str, float]:
+    """Relative error of every parameter's gradient; inf where one side has a gradient and the other not."""
+    if sharded.keys() != whole.keys():
+        missing = sorted(whole.keys() - sharded.keys())
+        extra = sorted(sharded.keys() - whole.keys())
+        raise AssertionError(f"parameters differ from the whole model's: missing {missing}, extra {extra}")
+    errors = {}
+    for name, expected in whole.items():
+        actual = sharded[name]
+        if actual is None and expected is None:
+            errors[name] = 0.0
+        elif actual is None or expected is None:
+            errors[name] = math.inf
+        elif actual.shape != expected.shape:
+            raise AssertionError(f"gradient of {name} has shape {tuple(actual.shape)}, "
+                                 f"the whole model's {tuple(expected.shape)}")
+        else:
+            errors[name] = relative_error(actual, expected)
+    return errors
+
+
+def gradient_scale(actual: torch.Tensor, expected: torch.Tensor) -> float | None:
+    """The factor s when `actual` is s times `expected` up to a remainder far below the difference (a
+    gradient divided or summed once too often, say), else None."""
+    actual, expected = actual.float().flatten(), expected.float().flatten()
+    squared_norm = expected.dot(expected).item()
+    if squared_norm == 0.0:
+        return None
+    scale = actual.dot(expected).item() / squared_norm
+    remainder = (actual - scale * expected).norm().item()
+    difference = (actual - expected).norm().item()
+    return scale if remainder < 0.1 * difference else None
+
+
+def gradient_notes(sharded: Mapping[str, torch.Tensor | None], whole: Mapping[str, torch.Tensor | None],
+                   errors: Mapping[str, float], bound: float) -> dict[str, str]:
+    """What each gradient over the bound looks like, where it has a simple shape: missing, not finite, or
+    the whole model's times a factor."""
+    notes = {}
+    for name, error in errors.items():
+        if error <= bound:
+            continue
+        actual, expected = sharded[name], whole[name]
+        if actual is None or expected is None:
+            notes[name] = "no gradient in the sharded model" if actual is None else "no gradient in the whole model"
+        elif not bool(torch.isfinite(actual).all()):
+            notes[name] = "the sharded gradient holds NaN or inf"
+        elif (scale := gradient_scale(actual, expected)) is not None:
+            notes[name] = f"{scale:.3g} times the whole model's gradient"
+    return notes
+
+
+def check_gradients(errors: Mapping[str, float], bound: float, notes: Mapping[str, str] | None = None) -> None:
+    """Every parameter's relative gradient error is within `bound`; the message lists the worst ones, each
+    with its note (`notes`: what the difference looks like) where there is one."""
+    notes = notes or {}
+    over = sorted(((error, name) for name, error in errors.items() if not error <= bound), reverse=True)
+    if over:
+        listed = "; ".join(f"{name} {error:.3g}" + (f" ({notes[name]})" if name in notes else "")
+                           for error, name in over[:5])
+        more = f"; and {len(over) - 5} more" if len(over) > 5 else ""
+        raise AssertionError(f"gradients differ from the whole model's: {len(over)} of {len(errors)} parameters "
+                             f"exceed relative error {bound:g}: {listed}{more}")
+
+
+def differing_experts(local: torch.Tensor, expected: torch.Tensor,
+                      first_expert: int) -> list[tuple[int, float, float]]:
+    """(global expert id, largest |difference|, largest |weight|) for each expert of a local stack that
+    differs from the whole model's."""
+    found = []
+    for offset in range(local.shape[0]):
+        if not torch.equal(local[offset], expected[offset]):
+            difference = (local[offset].float() - expected[offset].float()).abs().max().item()
+            found.append((first_expert + offset, difference, expected[offset].float().abs().max().item()))
+    return found
+
+
+def expert_shard_message(rank: int, name: str, first: int, count: int,
+                         differing: list[tuple[int, float, float]]) -> str:
+    """Names the rank, the parameter, the experts it holds and those that differ (by how much, next to the
+    expert's largest weight: a rounding difference is a fraction of a percent, a corruption is not)."""
+    listed = ", ".join(f"expert {expert} (largest difference {difference:.3g}, largest weight {largest:.3g})"
+                       for expert, difference, largest in differing)
+    return (f"rank {rank} holds experts {first}..{first + count - 1} of {name}, and {listed} "
+            f"differ from the whole model's")

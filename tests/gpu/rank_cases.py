@@ -1,0 +1,341 @@
+"""What every rank runs: load the whole model and a sharded one, then compare them.
+
+`run_case(checkpoint, case)` is the one function the tests hand to the `ranks` fixture. A `Case` is
+plain picklable data, so a persistent rank pool can run it as well as a fresh spawn. On every rank:
+
+1. the reference: the whole model from the same checkpoint, on this rank's device;
+2. the sharded model: transformers' own distributed loading (tf_adapter.py) or torch's fully_shard;
+3. the checks the case asks for, in this order, each raising with a message that says what differs:
+   load (each rank holds its share, the rest whole) -> logits -> quantized weights -> routing -> gradients
+   (routing is checked in every training step of the MoE, before its gradients).
+
+It returns the case's metrics (largest gradient error, its bound, smallest routing margin, ...), which
+the tests record as JUnit properties.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import checks
+import fake_quant
+import tf_adapter
+import tiny_models
+import tolerances
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+
+WORLD_SIZES = (2, 4, 8)
+DTYPES = ("float32", "bfloat16")
+# in the order they run; "quantized" (the sharded model computed with the whole model's quantized weights)
+# needs a `quant` recipe, and runs in the training step before routing and gradients
+CHECKS = ("load", "logits", "quantized", "gradients")
+BUGS = ("perturb_expert", "perturb_router")
+EXPERT_STACKS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+
+
+@dataclass(frozen=True)
+class Case:
+    layout: str  # a key of tf_adapter.LAYOUTS
+    checks: tuple[str, ...]
+    dtype: str = "float32"
+    quant: str | None = None  # a fake_quant recipe, applied in the gradient check
+    quant_scope: str = "per_expert"  # how the sharded model computes its nvfp4 global scale
+    bug: str | None = None  # a defect planted on the last rank after loading (deliberate-bug tests)
+
+    def __post_init__(self):
+        if self.layout not in tf_adapter.LAYOUTS:
+            raise ValueError(f"unknown layout {self.layout!r}; known: {sorted(tf_adapter.LAYOUTS)}")
+        if unknown := set(self.checks) - set(CHECKS):
+            raise ValueError(f"unknown checks {sorted(unknown)}; known: {CHECKS}")
+        if "quantized" in self.checks and self.quant is None:
+            raise ValueError("the quantized check needs a quant recipe")
+        if self.bug is not None and self.bug not in BUGS:
+            raise ValueError(f"unknown bug {self.bug!r}; known: {BUGS}")
+
+
+def run_case(checkpoint: str, case: Case) -> dict:
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    dtype = getattr(torch, case.dtype)
+    layout = tf_adapter.LAYOUTS[case.layout]
+
+    whole = tf_adapter.load_whole(checkpoint, dtype, device)
+    if case.layout == "fully_shard":
+        sharded = fully_shard_model(tf_adapter.load_whole(checkpoint, dtype, device), world_size, device)
+    else:
+        sharded = tf_adapter.load_sharded(checkpoint, case.layout, world_size, dtype)
+    if case.bug is not None and rank == world_size - 1:
+        plant_bug(sharded, case.bug)
+
+    metrics = {"dtype": case.dtype}
+    if "load" in case.checks:
+        check_load(sharded, whole, layout, rank, world_size)
+    batch = tiny_models.make_batch().to(device)
+    rows = batch_rows(layout, rank, world_size)
+    if "logits" in case.checks:
+        with torch.no_grad():
+            sharded_logits = full(sharded(batch[rows]).logits)
+            whole_logits = whole(batch).logits[rows]
+        metrics["max_logits_difference"] = checks.check_tensors_close(
+            "logits", sharded_logits, whole_logits, **tolerances.logits_tolerance(case.dtype))
+    if "quantized" in case.checks or "gradients" in case.checks:
+        metrics.update(compare_training_step(sharded, whole, case, layout, batch, rank, world_size))
+    return metrics
+
+
+def fully_shard_model(model, world_size: int, device: torch.device):
+    """torch's FSDP2 applied directly: each decoder layer, then the root."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # torch < 2.6 kept it private
+        from torch.distributed._composable.fsdp import fully_shard
+    mesh = init_device_mesh(device.type, (world_size,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def batch_rows(layout: tf_adapter.Layout, rank: int, world_size: int) -> slice:
+    """The sequences of the batch this rank feeds: its own share when the layout is data parallel."""
+    if not layout.splits_batch:
+        return slice(None)
+    per_rank = tiny_models.BATCH_SIZE // world_size
+    return slice(rank * per_rank, (rank + 1) * per_rank)
+
+
+def full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor: gathered when it is a DTensor (a collective: every rank must call it)."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def is_expert_stack(name: str) -> bool:
+    return name.endswith(EXPERT_STACKS)
+
+
+def expert_share(stack: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """The contiguous 1/world of an expert stack that expert parallelism gives `rank`."""
+    count = stack.shape[0] // world_size
+    return stack[rank * count:(rank + 1) * count]
+
+
+# ---------------------------------------------------------------- load
+
+
+def check_load(sharded, whole, layout: tf_adapter.Layout, rank: int, world_size: int) -> None:
+    """Each rank holds its share (a contiguous 1/world of the experts; its FSDP chunk), the rest whole."""
+    whole_params = dict(whole.named_parameters())
+    sharded_params = dict(sharded.named_parameters())
+    if sharded_params.keys() != whole_params.keys():
+        raise AssertionError(f"the sharded model's parameters differ from the whole model's: missing "
+                             f"{sorted(whole_params.keys() - sharded_params.keys())}, extra "
+                             f"{sorted(sharded_params.keys() - whole_params.keys())}")
+    problems = []
+    for name, param in sharded_params.items():
+        expected = whole_params[name].detach()
+        if layout.experts_sharded and is_expert_stack(name):
+            # Expert shares are disjoint and cover every expert, so the local check on each rank is the
+            # complete check, and it names the rank and the expert.
+            problems += _expert_share_problems(name, local(param).detach(), expected, rank, world_size)
+            continue
+        if layout.fsdp_sharded and isinstance(param, DTensor):
+            chunks = expected.chunk(world_size, dim=0)
+            expected_chunk = chunks[rank] if rank < len(chunks) else expected[:0]
+            if not torch.equal(local(param).detach(), expected_chunk):
+                problems.append(f"rank {rank}'s FSDP shard of {name} is not rows {rank}/{world_size} of the "
+                                f"whole model's")
+        gathered = full(param.detach())
+        if gathered.shape != expected.shape or not torch.equal(gathered, expected):
+            problems.append(f"{name} differs from the whole model's after loading "
+                            f"(largest difference {_largest_difference(gathered, expected)})")
+    if problems:
+        raise AssertionError("load: " + "; ".join(problems))
+
+
+def _expert_share_problems(name: str, local_stack: torch.Tensor, expected: torch.Tensor, rank: int,
+                           world_size: int) -> list[str]:
+    num_experts = expected.shape[0]
+    count = num_experts // world_size
+    first = rank * count
+    if local_stack.shape[0] != count:
+        return [f"rank {rank} holds {local_stack.shape[0]} experts of {name}, expected {count} "
+                f"(1/{world_size} of {num_experts})"]
+    differing = checks.differing_experts(local_stack, expert_share(expected, rank, world_size), first)
+    return [checks.expert_shard_message(rank, name, first, count, differing)] if differing else []
+
+
+def _largest_difference(actual: torch.Tensor, expected: torch.Tensor) -> str:
+    if actual.shape != expected.shape:
+        return f"shape {tuple(actual.shape)} vs {tuple(expected.shape)}"
+    return f"{(actual.float() - expected.float()).abs().max().item():.3g}"
+
+
+# ---------------------------------------------------------------- training step
+
+
+class RoutingRecorder:
+    """Records each MoE layer's routing, recomputed from the router's input and weight.
+
+    Recomputing (instead of reading the router's output) sees the decision before any expert-parallel
+    style rewrites the router's output into rank-local expert ids.
+    """
+
+    def __init__(self, model):
+        self.layers: list[checks.LayerRouting] = []
+        self._handles = [module.register_forward_pre_hook(self._record)
+                         for name, module in model.named_modules()
+                         if name.endswith("mlp.gate") and hasattr(module, "top_k")]
+
+    def _record(self, module, args):
+        with torch.no_grad():
+            hidden = full(args[0])
+            logits = F.linear(hidden.reshape(-1, hidden.shape[-1]), full(module.weight)).float()
+            experts = logits.topk(module.top_k, dim=-1).indices
+        self.layers.append(checks.LayerRouting(logits.cpu(), experts.cpu()))
+
+    def rows(self, tokens: slice) -> list[checks.LayerRouting]:
+        return [checks.LayerRouting(layer.logits[tokens], layer.experts[tokens]) for layer in self.layers]
+
+
+def next_token_loss(logits: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), batch[:, 1:].flatten())
+
+
+def compare_training_step(sharded, whole, case: Case, layout: tf_adapter.Layout, batch: torch.Tensor,
+                          rank: int, world_size: int) -> dict:
+    is_moe = any(is_expert_stack(name) for name, _ in whole.named_parameters())
+    if case.quant is not None:
+        whole_quantizer = fake_quant.FakeQuantizer(case.quant, "per_expert")
+        sharded_quantizer = fake_quant.FakeQuantizer(case.quant, case.quant_scope)
+        attach = fake_quant.attach_to_experts if is_moe else fake_quant.attach_to_dense_mlps
+        if not attach(whole, whole_quantizer) or not attach(sharded, sharded_quantizer):
+            raise AssertionError(f"found no weights to fake-quantize in {type(whole).__name__}")
+    whole_routing, sharded_routing = RoutingRecorder(whole), RoutingRecorder(sharded)
+    whole.train()
+    sharded.train()
+
+    rows = batch_rows(layout, rank, world_size)
+    whole_logits = whole(batch).logits
+    # The reference loss is averaged the way the ranks' losses are: over the ranks' shares of the batch.
+    shares = [batch_rows(layout, other, world_size) for other in range(world_size)] if layout.splits_batch \
+        else [slice(None)]
+    whole_loss = sum(next_token_loss(whole_logits[share], batch[share]) for share in shares) / len(shares)
+    sharded_loss = next_token_loss(full(sharded(batch[rows]).logits), batch[rows])
+
+    metrics = {}
+    if "quantized" in case.checks:
+        check_quantized_weights(sharded_quantizer, whole_quantizer, layout, rank, world_size)
+    if is_moe:
+        # Routing first: a flipped route shows as a large gradient error, but the route is the cause.
+        tokens = _token_rows(rows, batch.shape[1])
+        checks.check_routing(sharded_routing.layers, whole_routing.rows(tokens))
+        metrics["min_routing_margin"] = min(layer.margin for layer in sharded_routing.layers)
+    if "gradients" not in case.checks:
+        return metrics
+
+    whole_loss.backward()
+    sharded_loss.backward()
+    sharded_grads, whole_grads = {}, {}
+    for (name, mine), (_, theirs) in zip(sharded.named_parameters(), whole.named_parameters(), strict=True):
+        if layout.experts_sharded and is_expert_stack(name):
+            # Each rank compares the gradients of its own experts (some releases keep them as plain local
+            # tensors, with nothing to gather); the ranks' shares together cover every expert.
+            sharded_grads[name] = None if mine.grad is None else local(mine.grad)
+            whole_grads[name] = None if theirs.grad is None else expert_share(theirs.grad, rank, world_size)
+        else:
+            sharded_grads[name] = None if mine.grad is None else full(mine.grad)
+            whole_grads[name] = theirs.grad
+    errors = checks.gradient_errors(sharded_grads, whole_grads)
+    worst = max(errors, key=lambda name: math.inf if math.isnan(errors[name]) else errors[name])
+    metrics.update({
+        "max_rel_grad_error": errors[worst],
+        "max_rel_grad_error_param": worst,
+        "grad_error_bound": tolerances.GRAD_REL_ERROR_BOUND,
+    })
+    bound = tolerances.GRAD_REL_ERROR_BOUND
+    checks.check_gradients(errors, bound, checks.gradient_notes(sharded_grads, whole_grads, errors, bound))
+    return metrics
+
+
+def _token_rows(sequences: slice, sequence_length: int) -> slice:
+    if sequences == slice(None):
+        return sequences
+    return slice(sequences.start * sequence_length, sequences.stop * sequence_length)
+
+
+def check_quantized_weights(sharded: fake_quant.FakeQuantizer, whole: fake_quant.FakeQuantizer,
+                            layout: tf_adapter.Layout, rank: int, world_size: int) -> None:
+    """The sharded model computed with exactly the whole model's quantized weights (its share of them)."""
+    if sharded.quantized.keys() != whole.quantized.keys():
+        raise AssertionError(f"fake quantization ran on {sorted(sharded.quantized)} in the sharded model but "
+                             f"{sorted(whole.quantized)} in the whole model")
+    problems = []
+    for (module_name, param_name), mine in sharded.quantized.items():
+        expected = whole.quantized[(module_name, param_name)]
+        name = f"{module_name}.{param_name}"
+        first = 0
+        if layout.experts_sharded and is_expert_stack(name):
+            first = rank * (expected.shape[0] // world_size)
+            expected = expert_share(expected, rank, world_size)
+        if mine.shape != expected.shape:
+            problems.append(f"rank {rank} quantized {name} with shape {tuple(mine.shape)}, expected "
+                            f"{tuple(expected.shape)}")
+        elif is_expert_stack(name):
+            differing = checks.differing_experts(mine, expected, first)
+            if differing:
+                listed = ", ".join(str(expert) for expert, _, _ in differing)
+                problems.append(f"rank {rank}'s {sharded.recipe}-quantized {name} differs from the whole "
+                                f"model's for experts {listed} (a scale must depend on its expert alone)")
+        elif not torch.equal(mine, expected):
+            problems.append(f"rank {rank}'s {sharded.recipe}-quantized {name} differs from the whole model's "
+                            f"(largest difference {_largest_difference(mine, expected)})")
+    if problems:
+        raise AssertionError("quantized weights differ: " + "; ".join(problems))
+
+
+# ---------------------------------------------------------------- deliberate bugs
+
+
+def plant_bug(model, bug: str) -> None:
+    """A defect on this rank only, after loading (the deliberate-bug tests plant it on the last rank)."""
+    layers = model.model.layers
+    with torch.no_grad():
+        if bug == "perturb_expert":
+            # the second local expert (or the only one) of layer 0: 10% of the weights' scale added
+            stack = local(layers[0].mlp.experts.gate_up_proj)
+            stack[min(1, stack.shape[0] - 1)] += 0.1 * tiny_models.INITIALIZER_RANGE
+        elif bug == "perturb_router":
+            # layer 1's router scores the first two experts the other way round on this rank
+            weight = local(layers[1].mlp.gate.weight)
+            weight[[0, 1]] = weight[[1, 0]]
+        else:
+            raise ValueError(f"unknown bug {bug!r}; known: {BUGS}")
+
+
+def summarize(values: list[dict]) -> dict:
+    """One set of metrics from every rank's: the largest `max_*` (with its `max_*_param`, from the same
+    rank), the smallest `min_*`, and rank 0's others."""
+    summary = dict(values[0])
+    for name in values[0]:
+        numbered = [value for value in values if isinstance(value.get(name), (int, float))]
+        if name.startswith("max_") and numbered:
+            worst = max(numbered, key=lambda value: value[name])
+            summary[name] = worst[name]
+            if f"{name}_param" in worst:
+                summary[f"{name}_param"] = worst[f"{name}_param"]
+        elif name.startswith("min_") and numbered:
+            summary[name] = min(value[name] for value in numbered)
+    return summary

@@ -1,0 +1,156 @@
+"""The suite's own instruments, without ranks: the router's margins, the check messages, fake quantization."""
+
+from __future__ import annotations
+
+import checks
+import fake_quant
+import pytest
+import tiny_models
+import tolerances
+import torch
+from rank_cases import DTYPES, RoutingRecorder, summarize
+from tf_adapter import load_whole
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_router_decides_clearly_on_the_test_batch(moe_checkpoint, record_property, dtype):
+    """Token t goes to experts t % 8 and secondary_expert(t) in every layer, by the margins the suite relies on."""
+    model = load_whole(moe_checkpoint, getattr(torch, dtype), torch.device("cpu"))
+    recorder = RoutingRecorder(model)
+    batch = tiny_models.make_batch()
+    with torch.no_grad():
+        model(batch)
+    tokens = batch.flatten().tolist()
+    expected = torch.tensor([sorted((tiny_models.primary_expert(t), tiny_models.secondary_expert(t))) for t in tokens])
+    assert len(recorder.layers) == tiny_models.NUM_LAYERS
+    for layer, routing in enumerate(recorder.layers):
+        assert torch.equal(routing.experts.sort(dim=-1).values, expected), f"layer {layer} routes off the code"
+        assert routing.margin > tolerances.ROUTING_MARGIN_MIN, f"layer {layer}: margin {routing.margin:.3f}"
+        low, high = routing.top_weight_range
+        assert tolerances.TOP_WEIGHT_RANGE[0] <= low <= high <= tolerances.TOP_WEIGHT_RANGE[1], \
+            f"layer {layer}: top routing weight in [{low:.3f}, {high:.3f}]"
+    record_property("min_routing_margin", min(routing.margin for routing in recorder.layers))
+    record_property("dtype", dtype)
+
+
+def test_secondary_expert_is_never_the_primary():
+    for token in range(tiny_models.VOCAB_SIZE):
+        assert tiny_models.secondary_expert(token) != tiny_models.primary_expert(token)
+
+
+def _routing(experts: list[list[int]]) -> checks.LayerRouting:
+    chosen = torch.tensor(experts)
+    logits = torch.zeros(len(experts), tiny_models.NUM_EXPERTS).scatter(1, chosen, 3.0)
+    return checks.LayerRouting(logits, chosen)
+
+
+def test_routing_check_names_the_layer_and_counts_the_tokens():
+    whole = [_routing([[0, 1], [2, 3], [4, 5], [6, 7]])] * 2
+    # layer 1: the second token swaps an expert, the third only reorders its two (not a difference)
+    sharded = [whole[0], _routing([[0, 1], [2, 4], [5, 4], [6, 7]])]
+    with pytest.raises(AssertionError) as failure:
+        checks.check_routing(sharded, whole)
+    assert str(failure.value) == "routing differs: layer 1 sends 1 of 4 tokens to other experts than the whole model"
+    checks.check_routing(whole, whole)
+
+
+def test_routing_margin_is_the_gap_between_the_last_chosen_and_the_best_unchosen_score():
+    logits = torch.tensor([[5.0, 4.0, 1.5, 0.0], [3.0, 0.0, 2.5, 2.2]])
+    assert checks.LayerRouting(logits, logits.topk(2).indices).margin == pytest.approx(0.3)
+
+
+def test_gradient_check_lists_the_worst_parameters_over_the_bound():
+    whole = {"a": torch.ones(4), "b": torch.ones(4), "c": None}
+    sharded = {"a": torch.ones(4), "b": torch.ones(4) * 1.5, "c": None}
+    errors = checks.gradient_errors(sharded, whole)
+    assert errors == {"a": 0.0, "b": pytest.approx(0.5), "c": 0.0}
+    with pytest.raises(AssertionError, match=r"1 of 3 parameters exceed relative error 0.03: b 0.5$"):
+        checks.check_gradients(errors, 3e-2)
+    assert checks.gradient_errors({"a": None}, {"a": torch.ones(1)}) == {"a": float("inf")}
+    with pytest.raises(AssertionError, match=r"b 0.5 \(1.5 times the whole model's gradient\)$"):
+        checks.check_gradients(errors, 3e-2, {"b": "1.5 times the whole model's gradient"})
+
+
+def test_gradient_notes_say_what_a_wrong_gradient_looks_like():
+    expected = torch.randn(8, generator=torch.Generator().manual_seed(0))
+    whole = {"halved": expected, "nan": expected, "missing": expected, "noisy": expected}
+    sharded = {"halved": expected / 2, "nan": expected * float("nan"), "missing": None, "noisy": expected.flip(0)}
+    errors = checks.gradient_errors(sharded, whole)
+    assert checks.gradient_notes(sharded, whole, errors, 3e-2) == {
+        "halved": "0.5 times the whole model's gradient",
+        "nan": "the sharded gradient holds NaN or inf",
+        "missing": "no gradient in the sharded model",
+    }
+
+
+def test_a_gradient_off_by_a_factor_is_recognised_as_scaled():
+    expected = torch.randn(64, generator=torch.Generator().manual_seed(0))
+    assert checks.gradient_scale(0.5 * expected, expected) == pytest.approx(0.5)
+    assert checks.gradient_scale(expected + torch.randn(64), expected) is None
+    assert checks.gradient_scale(torch.ones(3), torch.zeros(3)) is None
+
+
+def test_fp8_rowwise_values_lie_on_the_e4m3_grid_of_their_row_scale():
+    weight = torch.randn(8, 64, generator=torch.Generator().manual_seed(0))
+    quantized = fake_quant.fp8_rowwise(weight)
+    scale = weight.abs().amax(dim=-1, keepdim=True) / fake_quant.FP8_E4M3_MAX
+    on_grid = (quantized / scale).to(torch.float8_e4m3fn).float() * scale
+    assert torch.equal(quantized, on_grid)
+    assert torch.allclose(quantized.abs().amax(dim=-1), weight.abs().amax(dim=-1), rtol=1e-6)  # amax kept
+    assert (quantized - weight).abs().max() <= weight.abs().max() * 2**-4  # 3 mantissa bits
+    assert not torch.equal(quantized, weight)
+
+
+def test_nvfp4_blocks_hold_e2m1_multiples_of_an_e4m3_scale():
+    weight = torch.randn(2, 4, 32, generator=torch.Generator().manual_seed(0))
+    quantized = fake_quant.nvfp4(weight, fake_quant.global_amax(weight, "per_expert"))
+    blocks = quantized.reshape(2, 4, 2, fake_quant.NVFP4_BLOCK)
+    grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    for block in blocks.reshape(-1, fake_quant.NVFP4_BLOCK):
+        steps = block.abs() / block.abs().max() * 6.0  # the largest value of a block maps to 6
+        assert torch.isclose(steps.unsqueeze(-1), grid, atol=1e-5).any(dim=-1).all()
+    assert (quantized - weight).norm() / weight.norm() < 0.15
+
+
+def test_nvfp4_scale_over_a_local_shard_differs_from_per_expert():
+    stack = torch.randn(4, 8, 32, generator=torch.Generator().manual_seed(0))
+    stack[0] *= 10  # expert 0 dominates the shard's amax
+    per_expert = fake_quant.quantize(stack, "nvfp4", "per_expert")
+    local_shard = fake_quant.quantize(stack, "nvfp4", "local_shard")
+    assert torch.equal(per_expert[0], local_shard[0])  # the expert that sets the amax agrees
+    assert not torch.equal(per_expert[1:], local_shard[1:])
+    # per expert, an expert's quantization does not depend on its neighbours
+    assert torch.equal(fake_quant.quantize(stack[2:], "nvfp4", "per_expert"), per_expert[2:])
+
+
+@pytest.mark.parametrize("recipe", fake_quant.RECIPES)
+def test_straight_through_passes_the_gradient_unchanged(recipe):
+    weight = torch.randn(4, 32, requires_grad=True)
+    quantized = fake_quant.quantize(weight, recipe)
+    output = fake_quant.straight_through(weight, quantized)
+    assert torch.equal(output.detach(), quantized)
+    upstream = torch.randn(4, 32)
+    output.backward(upstream)
+    assert torch.equal(weight.grad, upstream)
+
+
+def test_fake_quantizer_swaps_the_weight_for_the_forward_only():
+    layer = torch.nn.Linear(32, 4, bias=False)
+    quantizer = fake_quant.FakeQuantizer("fp8")
+    quantizer.attach("layer", layer, ("weight",))
+    original = layer.weight
+    inputs = torch.randn(3, 32)
+    output = layer(inputs)
+    expected = inputs @ fake_quant.quantize(original, "fp8").T
+    assert torch.allclose(output, expected)
+    assert layer.weight is original
+    output.sum().backward()
+    assert torch.allclose(original.grad, inputs.sum(0).expand(4, 32))
+    assert torch.equal(quantizer.quantized[("layer", "weight")], fake_quant.quantize(original, "fp8"))
+
+
+def test_metrics_of_all_ranks_are_summarized_by_their_worst():
+    ranks = [{"dtype": "float32", "max_rel_grad_error": 1e-7, "max_rel_grad_error_param": "a", "min_routing_margin": 3},
+             {"dtype": "float32", "max_rel_grad_error": 2e-7, "max_rel_grad_error_param": "b", "min_routing_margin": 4}]
+    assert summarize(ranks) == {"dtype": "float32", "max_rel_grad_error": 2e-7, "max_rel_grad_error_param": "b",
+                                "min_routing_margin": 3}

@@ -1,0 +1,111 @@
+"""The one place that knows how each transformers release loads a sharded model.
+
+The subject under test is transformers' own distributed loading,
+`from_pretrained(..., distributed_config=DistributedConfig(...))`, whose API moved across 5.x:
+
+| releases    | expert parallel (EP) of Qwen3-MoE                   | FSDP2            | FSDP2 + EP             |
+| ----------- | --------------------------------------------------- | ---------------- | ---------------------- |
+| 5.0 - 5.6   | no EP plan for Qwen3-MoE                             | -                | -                      |
+| 5.7 - 5.12  | enable_expert_parallel=True (TP group = the world)   | -                | -                      |
+| 5.13 - 5.18 | enable_expert_parallel=True, tp_size=N               | fsdp_size (5.15) | -                      |
+| 5.19        | ep_size=N, tp_size=N, tp_plan={} (dense TP-sharded)  | fsdp_size        | refused (all-reduce EP) |
+| 5.20 - 5.22 | ep_size=N, tp_size=N, tp_plan={} (dense replicated)  | fsdp_size        | ep_size=N, fsdp_size=N |
+| 5.23 -      | ep_size=N, tp_size=N (replicated dense refused: TP)  | fsdp_size        | ep_size=N, fsdp_size=N |
+
+A case skips below the first release that *has* its feature (the floor), with the floor as the reason.
+From the floor on it runs, so a release that has a feature and gets it wrong shows red.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Releases where API or behaviour changed (see the table above).
+FIRST_WITH_TP_SIZE = "5.13.0"
+FIRST_WITH_EP_SIZE = "5.19.0"
+FIRST_REFUSING_REPLICATED_DENSE_EP = "5.23.0"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a sharded model is laid out over the ranks, as far as the checks need to know."""
+
+    name: str
+    experts_sharded: bool  # each rank holds a contiguous 1/world of every expert stack
+    fsdp_sharded: bool  # parameters are FSDP2 shards (dim-0 chunks), gathered for compute
+    splits_batch: bool  # ranks take different rows of the batch (data parallel) instead of sharing it
+    floor: str | None  # first transformers release that has it (None: torch's own, no transformers floor)
+    feature: str
+
+
+LAYOUTS = {
+    "ep": Layout("ep", experts_sharded=True, fsdp_sharded=False, splits_batch=False, floor="5.7.0",
+                 feature="expert-parallel loading of Qwen3-MoE (DistributedConfig(enable_expert_parallel=True))"),
+    "fsdp": Layout("fsdp", experts_sharded=False, fsdp_sharded=True, splits_batch=True, floor="5.15.0",
+                   feature="FSDP2 loading (DistributedConfig(fsdp_size=N))"),
+    "fsdp_ep": Layout("fsdp_ep", experts_sharded=True, fsdp_sharded=True, splits_batch=True, floor="5.20.0",
+                      feature="FSDP2 with expert parallelism (DistributedConfig(ep_size=N, fsdp_size=N))"),
+    # torch's fully_shard applied by the suite itself: no transformers feature involved
+    "fully_shard": Layout("fully_shard", experts_sharded=False, fsdp_sharded=True, splits_batch=True,
+                          floor=None, feature="torch fully_shard"),
+}
+
+
+def transformers_version():
+    import transformers
+    from packaging.version import Version
+
+    return Version(transformers.__version__)
+
+
+def missing_feature(layout_name: str) -> str | None:
+    """`needs transformers>=X for ...` when the installed release predates the layout's floor, else None."""
+    from packaging.version import Version
+
+    layout = LAYOUTS[layout_name]
+    if layout.floor is None or transformers_version() >= Version(layout.floor):
+        return None
+    return f"needs transformers>={layout.floor} for {layout.feature} (installed: {transformers_version()})"
+
+
+def distributed_config_kwargs(layout_name: str, world_size: int) -> dict:
+    """The DistributedConfig arguments the installed release wants for this layout on `world_size` ranks."""
+    from packaging.version import Version
+    from transformers.distributed.configuration_utils import DistributedConfig
+
+    fields = DistributedConfig.__dataclass_fields__
+    version = transformers_version()
+    if layout_name == "ep":
+        if "ep_size" not in fields:
+            kwargs = {"enable_expert_parallel": True}
+            if "tp_size" in fields:  # before 5.13 the TP (and so EP) group is the whole world
+                kwargs["tp_size"] = world_size
+            return kwargs
+        if version < Version(FIRST_REFUSING_REPLICATED_DENSE_EP):
+            return {"ep_size": world_size, "tp_size": world_size, "tp_plan": {}}
+        # These releases refuse EP beside replicated dense weights: shard the dense ones with TP.
+        return {"ep_size": world_size, "tp_size": world_size}
+    if layout_name == "fsdp":
+        return {"fsdp_size": world_size}
+    if layout_name == "fsdp_ep":
+        return {"ep_size": world_size, "fsdp_size": world_size}
+    raise ValueError(f"transformers has no distributed loading for layout {layout_name!r}; "
+                     f"known: {sorted(set(LAYOUTS) - {'fully_shard'})}")
+
+
+def load_whole(checkpoint: str, dtype: torch.dtype, device: torch.device):
+    """The reference: the same checkpoint loaded whole on this rank's device."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype).to(device)
+
+
+def load_sharded(checkpoint: str, layout_name: str, world_size: int, dtype: torch.dtype):
+    """The checkpoint loaded sharded by transformers itself, on the process group already initialised."""
+    from transformers import AutoModelForCausalLM
+    from transformers.distributed.configuration_utils import DistributedConfig
+
+    config = DistributedConfig(**distributed_config_kwargs(layout_name, world_size))
+    return AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype, distributed_config=config)

@@ -1,0 +1,189 @@
+"""The rank launcher (harness/distributed.py) and its pytest fixture, on CPU ranks with gloo."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.distributed import RankFailedError, RankTimeoutError, run_distributed
+
+pytest.importorskip("torch")
+pytest_plugins = ["pytester"]
+
+
+# ---------------------------------------------------------------- functions the ranks run (module level)
+
+
+def report_rank(tag):
+    import torch.distributed as dist
+
+    return {"tag": tag, "rank": dist.get_rank(), "world_size": dist.get_world_size(),
+            "backend": dist.get_backend(), "RANK": os.environ["RANK"]}
+
+
+def fail_on_rank_one():
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        check_the_answer(41)
+    return "fine"
+
+
+def check_the_answer(answer):
+    assert answer == 42, f"the answer is {answer}"
+
+
+def exit_without_result():
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        os._exit(7)
+    return "fine"
+
+
+def hang_with_a_child(pid_dir):
+    """Rank 1 sleeps (in a function whose name the stack must show) while rank 0 waits at a barrier;
+    each rank first starts a child process that must not outlive the run."""
+    import torch.distributed as dist
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    rank = dist.get_rank()
+    Path(pid_dir, f"rank{rank}").write_text(f"{os.getpid()} {child.pid}")
+    if rank == 1:
+        sleep_forever()
+    dist.barrier()
+
+
+def sleep_forever():
+    while True:
+        time.sleep(1)
+
+
+def _alive(pid: int) -> bool:
+    """Running or sleeping; a zombie (exited, not yet reaped) counts as gone."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z"
+
+
+# ---------------------------------------------------------------- launcher
+
+
+def test_every_rank_runs_the_function_with_the_process_group_initialised():
+    results = run_distributed(2, report_rank, "x", timeout=60, device="cpu")
+    assert [result.rank for result in results] == [0, 1]
+    assert [result.value for result in results] == [
+        {"tag": "x", "rank": rank, "world_size": 2, "backend": "gloo", "RANK": str(rank)} for rank in (0, 1)]
+    assert all(result.peak_allocated_mib is None and result.peak_reserved_mib is None for result in results)
+
+
+def test_an_assertion_on_one_rank_raises_with_that_ranks_traceback():
+    with pytest.raises(RankFailedError) as failure:
+        run_distributed(2, fail_on_rank_one, timeout=60, device="cpu")
+    error = failure.value
+    assert error.rank == 1
+    assert error.summary == "raised AssertionError: the answer is 41"
+    assert str(error).startswith("rank 1 raised AssertionError: the answer is 41")
+    assert "in check_the_answer" in error.details and "in fail_on_rank_one" in error.details
+
+
+def test_a_rank_that_dies_without_a_result_is_reported_with_its_exit_code():
+    with pytest.raises(RankFailedError, match=r"^rank 1 exited with code 7 without a result"):
+        run_distributed(2, exit_without_result, timeout=60, device="cpu")
+
+
+def test_a_hang_is_killed_at_the_timeout_with_every_ranks_stack_and_nothing_left_running(tmp_path):
+    started = time.monotonic()
+    with pytest.raises(RankTimeoutError) as failure:
+        run_distributed(2, hang_with_a_child, str(tmp_path), timeout=5, device="cpu")
+    assert time.monotonic() - started < 5 + 15
+    error = failure.value
+    assert error.hung_ranks == [0, 1]
+    assert "in sleep_forever" in error.stacks[1]
+    assert "in hang_with_a_child" in error.stacks[0] and "barrier" in error.stacks[0]
+    assert str(error).startswith("ranks [0, 1] still running after 5s; killed.")
+    pids = [int(pid) for rank in (0, 1) for pid in (tmp_path / f"rank{rank}").read_text().split()]
+    deadline = time.monotonic() + 5
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [pid for pid in pids if _alive(pid)] == []
+
+
+def test_a_function_that_does_not_pickle_is_refused_before_any_rank_starts():
+    with pytest.raises(TypeError, match="module-level function and picklable arguments"):
+        run_distributed(2, lambda: None, timeout=60, device="cpu")
+
+
+@pytest.mark.parametrize(("world_size", "device"), [(0, "cpu"), (2, "tpu")])
+def test_bad_arguments_are_refused(world_size, device):
+    with pytest.raises(ValueError):
+        run_distributed(world_size, report_rank, "x", device=device)
+
+
+# ---------------------------------------------------------------- the fixture (harness/pytest_plugin.py)
+
+FAKE_LAUNCHER_CONFTEST = """
+import pytest
+from harness.distributed import RankResult
+from harness.pytest_plugin import LAUNCHER_KEY
+
+pytest_plugins = ["harness.pytest_plugin"]
+
+
+def pytest_configure(config):
+    # stands in for a persistent rank pool: the tests below run unchanged on it
+    def launcher(world_size, fn, *args, timeout):
+        return [RankResult(rank, fn(rank, *args), 100.0 + rank, 200.0 + rank) for rank in range(world_size)]
+    config.stash[LAUNCHER_KEY] = launcher
+"""
+
+FIXTURE_TESTS = """
+import pytest
+
+
+def double(rank, value):
+    return rank, 2 * value
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_runs(ranks, world_size):
+    assert ranks.run(world_size, double, 21) == [(rank, 42) for rank in range(world_size)]
+    ranks.record(max_rel_grad_error=0.001, grad_error_bound=0.03)
+
+
+@pytest.mark.timeout(100)
+def test_launches_end_before_the_test_timeout(ranks):
+    assert ranks.timeout_s == 70
+"""
+
+
+def test_the_fixture_skips_world_sizes_beyond_the_cpu_ranks_and_records_properties(pytester, monkeypatch):
+    monkeypatch.setenv("HARNESS_CPU_RANKS", "2")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    pytester.makeconftest(FAKE_LAUNCHER_CONFTEST)
+    pytester.makepyfile(test_fixture=FIXTURE_TESTS)
+    junit = pytester.path / "junit.xml"
+    result = pytester.runpytest("-rs", "-o", "junit_family=xunit1", f"--junitxml={junit}")
+    result.assert_outcomes(passed=2, skipped=1)
+    result.stdout.fnmatch_lines(["*SKIPPED*needs 3 ranks (HARNESS_CPU_RANKS=2)*"])
+    xml = junit.read_text()
+    for prop in ('name="world_size" value="2"', 'name="peak_allocated_mib.rank1" value="101.0"',
+                 'name="peak_reserved_mib.rank0" value="200.0"', 'name="max_rel_grad_error" value="0.001"'):
+        assert prop in xml
+
+
+def test_a_bad_cpu_rank_count_is_a_usage_error(pytester, monkeypatch):
+    monkeypatch.setenv("HARNESS_CPU_RANKS", "two")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    pytester.makeconftest(FAKE_LAUNCHER_CONFTEST)
+    pytester.makepyfile(test_fixture=FIXTURE_TESTS)
+    result = pytester.runpytest()
+    assert "HARNESS_CPU_RANKS must be a whole number of CPU ranks, got 'two'" in result.stdout.str() + \
+        result.stderr.str()

@@ -22,9 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-# Releases where API or behaviour changed (see the table above).
-FIRST_WITH_TP_SIZE = "5.13.0"
-FIRST_WITH_EP_SIZE = "5.19.0"
+# From this release on, EP beside replicated dense weights is refused (see the table above). The other
+# changes are told apart by DistributedConfig's fields (tp_size, ep_size).
 FIRST_REFUSING_REPLICATED_DENSE_EP = "5.23.0"
 
 

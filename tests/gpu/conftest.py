@@ -16,13 +16,16 @@ if str(SUITE_DIR) not in sys.path:
 # Everything is built locally; never reach for the Hub, in this process or the ranks it starts.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-PLUGIN = "harness.pytest_plugin"
+# The ranks fixture, then the persistent rank pool that replaces its per-test spawn
+# (HARNESS_RANKS_POOL=0 turns the pool off).
+PLUGINS = ("harness.pytest_plugin", "harness.rank_pool")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # `-p harness.pytest_plugin` may have registered it already; it registers under the same name.
-    if not config.pluginmanager.has_plugin(PLUGIN):
-        config.pluginmanager.import_plugin(PLUGIN)
+    # `-p harness.pytest_plugin` may have registered them already; they register under the same names.
+    for plugin in PLUGINS:
+        if not config.pluginmanager.has_plugin(plugin):
+            config.pluginmanager.import_plugin(plugin)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,494 @@
+"""The persistent rank pool (harness/rank_pool.py), on CPU ranks with gloo: reuse, isolation between calls,
+a fresh pool after a crash or a hang, the spawn fallback, and the pytest plugin around it."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import weakref
+from pathlib import Path
+
+import pytest
+
+from harness.distributed import RankFailedError, RankTimeoutError
+from harness.rank_pool import PoolLauncher
+
+torch = pytest.importorskip("torch")
+pytest_plugins = ["pytester"]
+
+# ---------------------------------------------------------------- functions the ranks run (module level)
+
+LEFTOVER = None
+
+
+def identify():
+    import torch.distributed as dist
+
+    return {"rank": dist.get_rank(), "pid": os.getpid(), "parent": os.getppid()}
+
+
+def observe():
+    """What a test sees when it starts: it must be the same on a fresh pool and after a messy call."""
+    import torch.distributed as dist
+
+    return {"pid": os.getpid(), "leftover": LEFTOVER, "dtype": str(torch.get_default_dtype()),
+            "torch_random": torch.rand(3).tolist(), "python_random": random.random(),
+            "environ": os.environ.get("HARNESS_TEST_LEFTOVER"), "cwd": os.getcwd(),
+            "grad": torch.is_grad_enabled(), "groups": len(dist.distributed_c10d._world.pg_map),
+            "sys_path_end": sys.path[-1]}
+
+
+def leave_a_mess(freed_marker):
+    """Everything a careless test might leave behind in a rank."""
+    import torch.distributed as dist
+
+    global LEFTOVER
+    LEFTOVER = torch.ones(64, 1024, 1024, dtype=torch.uint8)  # 64 MiB
+    weakref.finalize(LEFTOVER, Path(freed_marker).write_text, "freed")
+    torch.set_default_dtype(torch.float64)
+    torch.manual_seed(1234)
+    random.seed(1234)
+    os.environ["HARNESS_TEST_LEFTOVER"] = "1"
+    os.chdir("/")
+    torch.set_grad_enabled(False)
+    dist.new_group(backend="gloo")
+    sys.path.append("/leftover")
+    return "messy"
+
+
+def raise_on_rank_one():
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise AssertionError("the answer is 41")
+    dist.barrier()
+
+
+def exit_on_rank_one():
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        os._exit(7)
+    dist.barrier()
+
+
+def hang_on_rank_one():
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        sleep_forever()
+    dist.barrier()
+
+
+def sleep_forever():
+    while True:
+        time.sleep(1)
+
+
+def _alive(pid: int) -> bool:
+    """Running or sleeping; a zombie (exited, not yet reaped) counts as gone."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _wait_until_gone(pids, seconds=5.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [pid for pid in pids if _alive(pid)]
+
+
+# ---------------------------------------------------------------- the launcher
+
+
+@pytest.fixture(scope="module")
+def launcher():
+    launcher = PoolLauncher()
+    yield launcher
+    launcher.close()
+
+
+def pids(launcher) -> list[int]:
+    return [result.value["pid"] for result in launcher(2, identify, timeout=60, device="cpu")]
+
+
+def test_calls_reuse_the_ranks_and_return_results_by_rank(launcher):
+    results = launcher(2, identify, timeout=60, device="cpu")
+    assert [result.rank for result in results] == [0, 1]
+    assert [result.value["rank"] for result in results] == [0, 1]
+    assert all(result.peak_allocated_mib is None and result.peak_reserved_mib is None for result in results)
+    assert pids(launcher) == [result.value["pid"] for result in results]
+    zygote = {result.value["parent"] for result in results}
+    assert len(zygote) == 1 and zygote != {os.getpid()}  # forked by the zygote, not spawned by this process
+
+
+def test_what_a_call_leaves_behind_does_not_reach_the_next(launcher, tmp_path):
+    fresh = [result.value for result in launcher(2, observe, timeout=60, device="cpu")]
+    freed = tmp_path / "freed"
+    assert [result.value for result in launcher(2, leave_a_mess, str(freed), timeout=60, device="cpu")] == \
+        ["messy", "messy"]
+    after = [result.value for result in launcher(2, observe, timeout=60, device="cpu")]
+    assert after == fresh  # the same ranks (pids included), seeing what a fresh pool sees
+    assert after[0]["leftover"] is None and after[0]["dtype"] == "torch.float32"
+    assert freed.read_text() == "freed"  # the 64 MiB tensor was collected, not only forgotten
+
+
+def test_an_exception_on_one_rank_fails_the_call_and_the_next_gets_a_fresh_pool(launcher):
+    before = pids(launcher)
+    with pytest.raises(RankFailedError) as failure:
+        launcher(2, raise_on_rank_one, timeout=60, device="cpu")
+    assert failure.value.rank == 1
+    assert str(failure.value).startswith("rank 1 raised AssertionError: the answer is 41")
+    assert "in raise_on_rank_one" in failure.value.details
+    after = pids(launcher)
+    assert set(after).isdisjoint(before)
+    assert _wait_until_gone(before) == []
+
+
+def test_a_rank_that_exits_is_reported_with_its_exit_code_and_the_next_call_gets_a_fresh_pool(launcher):
+    before = pids(launcher)
+    with pytest.raises(RankFailedError, match=r"^rank 1 exited with code 7 without a result"):
+        launcher(2, exit_on_rank_one, timeout=60, device="cpu")
+    assert set(pids(launcher)).isdisjoint(before)
+
+
+def test_a_hang_is_killed_at_the_timeout_with_every_ranks_stack_and_the_next_call_gets_a_fresh_pool(launcher):
+    before = pids(launcher)
+    started = time.monotonic()
+    with pytest.raises(RankTimeoutError) as failure:
+        launcher(2, hang_on_rank_one, timeout=3, device="cpu")
+    assert time.monotonic() - started < 3 + 10
+    error = failure.value
+    assert str(error).startswith("ranks [0, 1] still running after 3s; killed.")
+    assert "in sleep_forever" in error.stacks[1]
+    assert "in hang_on_rank_one" in error.stacks[0] and "barrier" in error.stacks[0]
+    assert _wait_until_gone(before) == []
+    assert set(pids(launcher)).isdisjoint(before)
+
+
+def test_a_rank_or_the_zygote_killed_between_calls_is_replaced_by_the_next_call(launcher):
+    first = launcher(2, identify, timeout=60, device="cpu")
+    os.kill(first[1].value["pid"], signal.SIGKILL)
+    # Reaped, not only a zombie: a killed process's other threads may still hold its socket open.
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{first[1].value['pid']}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    second = [result.value for result in launcher(2, identify, timeout=60, device="cpu")]
+    assert {value["pid"] for value in second}.isdisjoint(result.value["pid"] for result in first)
+    os.kill(second[0]["parent"], signal.SIGKILL)  # the zygote
+    assert _wait_until_gone([value["pid"] for value in second]) == []  # its ranks follow it
+    third = [result.value for result in launcher(2, identify, timeout=60, device="cpu")]
+    assert third[0]["parent"] != second[0]["parent"]
+
+
+PARENT_THAT_DIES = """
+import os
+import signal
+import sys
+
+from harness.rank_pool import PoolLauncher
+
+if __name__ == "__main__":
+    sys.path.insert(0, sys.argv[1])
+    import test_rank_pool
+
+    results = PoolLauncher()(2, test_rank_pool.identify, timeout=60, device="cpu")
+    print(" ".join(str(pid) for result in results for pid in (result.value["pid"], result.value["parent"])),
+          flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_ranks_and_the_zygote_exit_when_their_parent_is_killed(tmp_path):
+    script = tmp_path / "parent_that_dies.py"
+    script.write_text(PARENT_THAT_DIES)
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]),
+                                                            os.environ.get("PYTHONPATH", "")])}
+    completed = subprocess.run([sys.executable, str(script), str(Path(__file__).parent)], env=environ,
+                               capture_output=True, text=True, timeout=120)
+    assert completed.returncode == -signal.SIGKILL, completed.stderr
+    pids = [int(pid) for pid in completed.stdout.split()]
+    assert len(pids) == 4
+    assert _wait_until_gone(pids, seconds=10) == []
+
+
+def test_a_function_that_does_not_pickle_is_refused_before_any_rank_runs(launcher):
+    with pytest.raises(TypeError, match="module-level function and picklable arguments"):
+        launcher(2, lambda: None, timeout=60, device="cpu")
+
+
+@pytest.mark.parametrize(("world_size", "device"), [(0, "cpu"), (2, "tpu")])
+def test_bad_arguments_are_refused(launcher, world_size, device):
+    with pytest.raises(ValueError):
+        launcher(world_size, identify, timeout=60, device=device)
+
+
+THREAD_AT_IMPORT = """
+import os
+import threading
+import time
+
+threading.Thread(target=time.sleep, args=(600,), daemon=True).start()
+
+
+def identify():
+    return {"pid": os.getpid(), "parent": os.getppid()}
+"""
+
+
+def test_a_module_that_makes_forking_unsafe_is_not_imported_by_the_zygote(tmp_path, monkeypatch):
+    (tmp_path / "starts_a_thread.py").write_text(THREAD_AT_IMPORT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import starts_a_thread
+
+    launcher = PoolLauncher()
+    try:
+        first = [result.value for result in launcher(2, starts_a_thread.identify, timeout=60, device="cpu")]
+        assert "started threads" in launcher.preload_refused and launcher.fork_refused is None
+        assert "importing torch alone" in launcher.summary()
+        assert os.getpid() not in {value["parent"] for value in first}  # still forked, by a bare zygote
+        again = [result.value for result in launcher(2, starts_a_thread.identify, timeout=60, device="cpu")]
+        assert again == first
+    finally:
+        launcher.close()
+    assert _wait_until_gone([value["pid"] for value in first]) == []
+
+
+CHILDREN_DIE_AT_FORK = """
+import os
+
+os.register_at_fork(after_in_child=lambda: os._exit(9))
+
+
+def identify():
+    return {"pid": os.getpid(), "parent": os.getppid()}
+"""
+
+
+def test_when_forked_ranks_cannot_start_but_spawned_ones_can_the_session_spawns(tmp_path, monkeypatch):
+    (tmp_path / "children_die_at_fork.py").write_text(CHILDREN_DIE_AT_FORK)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import children_die_at_fork
+
+    launcher = PoolLauncher()
+    try:
+        first = [result.value for result in launcher(2, children_die_at_fork.identify, timeout=60, device="cpu")]
+        assert launcher.fork_refused.startswith("forked ranks could not start: rank 0 exited with code 9")
+        assert {value["parent"] for value in first} == {os.getpid()}
+        assert "ranks spawned (forked ranks could not start" in launcher.summary()
+    finally:
+        launcher.close()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a host without CUDA, where device='cuda' fails")
+def test_a_start_that_fails_spawned_too_does_not_turn_forking_off():
+    launcher = PoolLauncher()  # no forked pool has formed yet: the spawned retry is what is tested
+    try:
+        with pytest.raises(RankFailedError, match=r"rank 0 raised RuntimeError: rank 0 needs GPU 0, but 0 are"):
+            launcher(2, identify, timeout=60, device="cuda")
+        assert launcher.fork_refused is None
+        assert launcher.pools_started == 2
+    finally:
+        launcher.close()
+
+
+def test_spawned_pools_are_reused_too():
+    launcher = PoolLauncher(fork=False)
+    try:
+        first = [result.value for result in launcher(2, identify, timeout=60, device="cpu")]
+        assert {value["parent"] for value in first} == {os.getpid()}
+        assert [result.value for result in launcher(2, identify, timeout=60, device="cpu")] == first
+    finally:
+        launcher.close()
+    assert _wait_until_gone([value["pid"] for value in first]) == []
+
+
+# ---------------------------------------------------------------- the plugin, in pytest sessions
+
+SUITE = """
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from harness.pytest_plugin import LAUNCHER_KEY
+
+PIDS = Path(os.environ["POOL_TEST_PIDS"])
+
+
+def identify(name):
+    import torch.distributed as dist
+
+    return {"test": name, "rank": dist.get_rank(), "pid": os.getpid(), "parent": os.getppid()}
+
+
+def crash_on_rank_one(marker):
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1 and not Path(marker).exists():
+        Path(marker).write_text("crashed once")
+        os._exit(3)
+    dist.barrier()
+
+
+def hang_on_rank_one():
+    import time
+
+    import torch.distributed as dist
+
+    while dist.get_rank() == 1:
+        time.sleep(1)
+    dist.barrier()
+
+
+def record(ranks, name):
+    with PIDS.open("a") as pids:
+        for value in ranks.run(2, identify, name):
+            pids.write(json.dumps(value) + "\\n")
+"""
+
+REUSE_AND_CRASH_TESTS = SUITE + """
+
+def test_first(ranks):
+    record(ranks, "first")
+
+
+def test_second(ranks):
+    record(ranks, "second")
+
+
+def test_crash(ranks, tmp_path):
+    ranks.run(2, crash_on_rank_one, str(tmp_path / "crashed"))
+
+
+def test_after_the_crash(ranks):
+    record(ranks, "after the crash")
+
+
+def test_hang(request):
+    request.config.stash[LAUNCHER_KEY](2, hang_on_rank_one, timeout=2)
+
+
+def test_after_the_hang(ranks):
+    record(ranks, "after the hang")
+"""
+
+
+def run_suite(pytester, monkeypatch, tests: str, *args: str, pool: str | None = None):
+    """Run `tests` in a pytest session with the pool plugin; (result, {test name: [pid per rank]}, parents)."""
+    pid_file = pytester.path / "pids.jsonl"
+    monkeypatch.setenv("POOL_TEST_PIDS", str(pid_file))
+    monkeypatch.setenv("HARNESS_CPU_RANKS", "2")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    if pool is None:
+        monkeypatch.delenv("HARNESS_RANKS_POOL", raising=False)
+    else:
+        monkeypatch.setenv("HARNESS_RANKS_POOL", pool)
+    pytester.makepyfile(test_suite=tests)
+    result = pytester.runpytest("-p", "harness.pytest_plugin", "-p", "harness.rank_pool", *args)
+    values = [json.loads(line) for line in pid_file.read_text().splitlines()] if pid_file.exists() else []
+    by_test: dict[str, list[int]] = {}
+    for value in values:
+        by_test.setdefault(value["test"], []).append(value["pid"])
+    return result, by_test, {value["parent"] for value in values}
+
+
+def test_a_session_reuses_the_pool_and_a_crash_or_hang_fails_only_its_own_test(pytester, monkeypatch):
+    result, pids, parents = run_suite(pytester, monkeypatch, REUSE_AND_CRASH_TESTS)
+    result.assert_outcomes(passed=4, failed=2)
+    result.stdout.fnmatch_lines(["rank pool: on (forked from a zygote ranks)",
+                                 "E *RankFailedError: rank 1 exited with code 3 without a result",
+                                 "E *RankTimeoutError: ranks [[]0, 1[]] still running after 2s; killed.*",
+                                 "rank pool: 6 calls, 3 pools started, 2 killed after a failure or hang*"])
+    assert "in hang_on_rank_one" in result.stdout.str()  # the hung rank's stack is in the report
+    assert pids["first"] == pids["second"]
+    assert set(pids["after the crash"]).isdisjoint(pids["first"])
+    assert set(pids["after the hang"]).isdisjoint(pids["after the crash"])
+    # no rank, and not the zygote that forked them, outlives the session
+    assert _wait_until_gone([pid for ranks in pids.values() for pid in ranks] + list(parents)) == []
+
+
+RERUN_AND_TIMEOUT_TESTS = SUITE + """
+
+def test_crashes_once(ranks, tmp_path_factory):
+    ranks.run(2, crash_on_rank_one, str(tmp_path_factory.getbasetemp() / "crashed"))
+    record(ranks, "rerun")
+
+
+@pytest.mark.flaky(reruns=0)
+@pytest.mark.timeout(3)
+def test_hangs_past_pytest_timeout(ranks):
+    ranks.run(2, hang_on_rank_one)
+
+
+def test_after_pytest_timeout(ranks):
+    record(ranks, "after pytest-timeout")
+"""
+
+
+def test_a_rerun_and_the_test_after_a_pytest_timeout_get_a_healthy_pool(pytester, monkeypatch):
+    result, pids, _ = run_suite(pytester, monkeypatch, RERUN_AND_TIMEOUT_TESTS, "--reruns", "1",
+                                "--timeout-method", "signal")
+    outcomes = result.parseoutcomes()
+    assert (outcomes["passed"], outcomes["failed"], outcomes["rerun"]) == (2, 1, 1)
+    result.stdout.fnmatch_lines(["E *Failed: Timeout (>3.0s) from pytest-timeout."])
+    assert set(pids["after pytest-timeout"]).isdisjoint(pids["rerun"])
+
+
+def test_turned_off_every_call_spawns_its_own_ranks(pytester, monkeypatch):
+    result, pids, parents = run_suite(pytester, monkeypatch, SUITE + """
+
+def test_first(ranks):
+    record(ranks, "first")
+
+
+def test_second(ranks):
+    record(ranks, "second")
+""", pool="0")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["rank pool: off (ranks spawned for every call)"])
+    assert set(pids["first"]).isdisjoint(pids["second"])
+    assert parents == {os.getpid()}  # run_distributed spawned them from the session's process
+
+
+@pytest.mark.parametrize(("pool", "args", "header"), [
+    (None, ("--no-ranks-pool",), "rank pool: off*"),
+    ("0", ("--ranks-pool",), "rank pool: on (forked*"),
+    ("spawn", (), "rank pool: on (spawned ranks)"),
+    ("1", ("-o", "ranks_pool=false"), "rank pool: on (forked*"),
+    (None, ("-o", "ranks_pool=false"), "rank pool: off*"),
+])
+def test_the_command_line_wins_over_the_environment_which_wins_over_the_ini(pytester, monkeypatch, pool, args,
+                                                                            header):
+    result, _, _ = run_suite(pytester, monkeypatch, SUITE, *args, pool=pool)
+    result.stdout.fnmatch_lines([header])
+
+
+def test_a_bad_environment_value_is_a_usage_error(pytester, monkeypatch):
+    result, _, _ = run_suite(pytester, monkeypatch, SUITE, pool="sometimes")
+    assert "HARNESS_RANKS_POOL must be one of 0, 1, spawn, got 'sometimes'" in result.stderr.str()
+
+
+def test_the_timing_file_gets_one_line_per_call(pytester, monkeypatch):
+    timing = pytester.path / "timing.jsonl"
+    monkeypatch.setenv("HARNESS_RANKS_TIMING", str(timing))
+    result, _, _ = run_suite(pytester, monkeypatch, SUITE + textwrap.dedent("""
+
+        def test_first(ranks):
+            record(ranks, "first")
+        """))
+    result.assert_outcomes(passed=1)
+    [line] = [json.loads(line) for line in timing.read_text().splitlines()]
+    assert line["test"] == "test_suite.py::test_first" and line["outcome"] == "passed"
+    assert line["world_size"] == 2 and len(line["rank_work_s"]) == 2
+    assert 0 <= line["work_s"] <= line["call_s"] and line["pool_start_s"] > 0

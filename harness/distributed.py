@@ -107,22 +107,12 @@ def run_distributed(
     `device`: "cuda" (NCCL, GPU `rank` of the visible ones), "cpu" (gloo), or "auto" (cuda when there).
     `timeout` bounds the whole run and each collective (init_process_group's timeout).
     """
-    if world_size < 1:
-        raise ValueError(f"world_size must be at least 1, got {world_size}")
-    if device not in DEVICES:
-        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
-    try:
-        payload = pickle.dumps((fn, args))
-    except Exception as error:
-        raise TypeError(
-            f"run_distributed needs a module-level function and picklable arguments; {error}"
-        ) from error
-
+    payload = pickle_call(world_size, fn, args, device, caller="run_distributed")
     with tempfile.TemporaryDirectory(prefix="harness-ranks-") as workdir_name:
         workdir = Path(workdir_name)
         context = multiprocessing.get_context("spawn")
-        launch = _Launch(world_size=world_size, port=free_port(), workdir=str(workdir),
-                         timeout_s=timeout, device=device, parent_pid=os.getpid())
+        launch = Launch(world_size=world_size, port=free_port(), workdir=str(workdir),
+                        timeout_s=timeout, device=device, parent_pid=os.getpid())
         processes = [
             context.Process(target=_rank_main, args=(launch, rank, payload), name=f"harness-rank{rank}")
             for rank in range(world_size)
@@ -133,6 +123,18 @@ def run_distributed(
             return _collect(processes, workdir, timeout)
         finally:
             _kill(processes)
+
+
+def pickle_call(world_size: int, fn: Callable[..., Any], args: tuple, device: str, caller: str) -> bytes:
+    """The pickled `(fn, args)` the ranks run, after refusing bad arguments before any rank starts."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+    try:
+        return pickle.dumps((fn, args))
+    except Exception as error:
+        raise TypeError(f"{caller} needs a module-level function and picklable arguments; {error}") from error
 
 
 # ---------------------------------------------------------------- parent side
@@ -174,18 +176,21 @@ def _collect(processes: list[multiprocessing.Process], workdir: Path, timeout_s:
     return results
 
 
-def _failures(processes: list[multiprocessing.Process], workdir: Path) -> list[tuple[float, int, str, str]]:
-    """(when, rank, one-line summary, details) for each rank that raised or exited without a result."""
+def _failures(processes: list[multiprocessing.Process], workdir: Path) -> list[tuple[tuple, int, str, str]]:
+    """(sort key, rank, one-line summary, details) for each rank that raised or exited without a result.
+
+    A rank that died without a word sorts first: its peers' errors (a connection reset) follow from it, and
+    when it died is unknown (only when it was noticed). Then the earliest error."""
     failures = []
     for rank, process in enumerate(processes):
         error = _read_pickle(_error_path(workdir, rank))
         if error is not None:
-            failures.append((error["failed_at"], rank, f"raised {error['error_type']}: {error['error_message']}",
-                             error["traceback"]))
+            failures.append(((1, error["failed_at"]), rank,
+                             f"raised {error['error_type']}: {error['error_message']}", error["traceback"]))
         elif process.exitcode is not None and not _result_path(workdir, rank).exists():
-            stack = _read_stack(workdir, rank)
+            stack = read_stack(workdir, rank)
             details = f"last Python stack of rank {rank}:\n{stack}" if stack else "no Python stack was written"
-            failures.append((time.time(), rank, f"exited {_describe_exit(process.exitcode)} without a result",
+            failures.append(((0, rank), rank, f"exited {describe_exit(process.exitcode)} without a result",
                              details))
     return failures
 
@@ -193,24 +198,24 @@ def _failures(processes: list[multiprocessing.Process], workdir: Path) -> list[t
 def _timeout_error(processes: list[multiprocessing.Process], workdir: Path, timeout_s: float) -> RankTimeoutError:
     hung = [rank for rank, p in enumerate(processes) if p.exitcode is None]
     for rank in hung:
-        _signal(processes[rank], signal.SIGUSR1)
-    _wait_for_stacks(workdir, hung)
+        signal_process(processes[rank], signal.SIGUSR1)
+    wait_for_stacks(workdir, hung)
     stacks = {}
     for rank, process in enumerate(processes):
         if rank in hung:
-            stacks[rank] = _read_stack(workdir, rank) or "(no stack written: the rank did not answer SIGUSR1)"
+            stacks[rank] = read_stack(workdir, rank) or "(no stack written: the rank did not answer SIGUSR1)"
         else:
-            stacks[rank] = f"(finished, exit {_describe_exit(process.exitcode)})"
+            stacks[rank] = f"(finished, exit {describe_exit(process.exitcode)})"
     return RankTimeoutError(timeout_s, hung, stacks)
 
 
-def _wait_for_stacks(workdir: Path, ranks: list[int]) -> None:
+def wait_for_stacks(workdir: Path, ranks: list[int]) -> None:
     """Until every rank's stack file is written and has stopped growing, or the grace period ends."""
     grace_end = time.monotonic() + STACK_DUMP_GRACE_S
     sizes: dict[int, int] = {}
     while time.monotonic() < grace_end:
         time.sleep(0.1)
-        now = {rank: len(_read_stack(workdir, rank)) for rank in ranks}
+        now = {rank: len(read_stack(workdir, rank)) for rank in ranks}
         if all(now.values()) and now == sizes:
             return
         sizes = now
@@ -220,14 +225,14 @@ def _kill(processes: list[multiprocessing.Process]) -> None:
     for process in processes:
         if process.pid is None:
             continue
-        _signal(process, signal.SIGKILL)
+        signal_process(process, signal.SIGKILL)
     for process in processes:
         if process.pid is not None:
             process.join(timeout=10)
             process.close()
 
 
-def _signal(process: multiprocessing.Process, signum: int) -> None:
+def signal_process(process: multiprocessing.Process, signum: int) -> None:
     """Signal the rank's whole process group (the rank leads it); fall back to the rank alone."""
     try:
         os.killpg(process.pid, signum)
@@ -236,7 +241,7 @@ def _signal(process: multiprocessing.Process, signum: int) -> None:
             os.kill(process.pid, signum)
 
 
-def _describe_exit(exitcode: int | None) -> str:
+def describe_exit(exitcode: int | None) -> str:
     if exitcode is None:
         return "(still running)"
     if exitcode < 0:
@@ -252,7 +257,7 @@ def _error_path(workdir: Path, rank: int) -> Path:
     return Path(workdir) / f"error.rank{rank}.pickle"
 
 
-def _stack_path(workdir: Path, rank: int) -> Path:
+def stack_path(workdir: Path, rank: int) -> Path:
     return Path(workdir) / f"stack.rank{rank}.txt"
 
 
@@ -263,9 +268,9 @@ def _read_pickle(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _read_stack(workdir: Path, rank: int) -> str:
+def read_stack(workdir: Path, rank: int) -> str:
     try:
-        return _stack_path(workdir, rank).read_text(errors="replace")
+        return stack_path(workdir, rank).read_text(errors="replace")
     except FileNotFoundError:
         return ""
 
@@ -274,7 +279,7 @@ def _read_stack(workdir: Path, rank: int) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Launch:
+class Launch:
     world_size: int
     port: int
     workdir: str
@@ -283,15 +288,14 @@ class _Launch:
     parent_pid: int
 
 
-def _rank_main(launch: _Launch, rank: int, payload: bytes) -> None:
+def _rank_main(launch: Launch, rank: int, payload: bytes) -> None:
     # Lead a process group of our own, so the parent can kill this rank and whatever it started.
     os.setpgrp()
-    stack_file = open(_stack_path(Path(launch.workdir), rank), "w")  # noqa: SIM115 - open until exit
+    stack_file = open(stack_path(Path(launch.workdir), rank), "w")  # noqa: SIM115 - open until exit
     faulthandler.enable(file=stack_file, all_threads=True)  # a crash leaves its stack here
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
-    threading.Thread(target=_exit_when_orphaned, args=(launch.parent_pid,), name="harness-orphan-check",
+    threading.Thread(target=exit_when_orphaned, args=(launch.parent_pid,), name="harness-orphan-check",
                      daemon=True).start()
-    _set_environment(launch, rank)
     workdir = Path(launch.workdir)
     failed = False
     try:
@@ -299,7 +303,7 @@ def _rank_main(launch: _Launch, rank: int, payload: bytes) -> None:
     except BaseException as error:  # a result that does not pickle lands here too
         failed = True
         failure = {"failed_at": time.time(), "error_type": type(error).__qualname__,
-                   "error_message": _first_line(error), "traceback": traceback.format_exc()}
+                   "error_message": first_line(error), "traceback": traceback.format_exc()}
         data, path = pickle.dumps(failure), _error_path(workdir, rank)
     # Written whole, then renamed: the parent never reads half a file.
     temporary = path.with_suffix(".partial")
@@ -312,7 +316,7 @@ def _rank_main(launch: _Launch, rank: int, payload: bytes) -> None:
         os._exit(1)
 
 
-def _set_environment(launch: _Launch, rank: int) -> None:
+def set_environment(launch: Launch, rank: int) -> None:
     os.environ.update({
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(launch.port),
@@ -329,7 +333,10 @@ def _set_environment(launch: _Launch, rank: int) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 
 
-def _run_rank(launch: _Launch, rank: int, payload: bytes) -> dict[str, Any]:
+def init_rank_process_group(launch: Launch, rank: int) -> bool:
+    """Set this rank's environment, select its GPU and join the process group (`launch.timeout_s` bounds
+    each collective); True when the rank uses CUDA and NCCL, False for gloo on CPU."""
+    set_environment(launch, rank)  # before torch is imported, which reads OMP_NUM_THREADS once
     from datetime import timedelta
 
     import torch
@@ -340,8 +347,8 @@ def _run_rank(launch: _Launch, rank: int, payload: bytes) -> dict[str, Any]:
         if rank >= torch.cuda.device_count():
             raise RuntimeError(f"rank {rank} needs GPU {rank}, but {torch.cuda.device_count()} are visible")
         torch.cuda.set_device(rank)
-    else:
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    # A rank forked with torch already imported missed OMP_NUM_THREADS: its thread count is set here.
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     dist.init_process_group(
         backend="nccl" if use_cuda else "gloo",
         rank=rank,
@@ -349,6 +356,14 @@ def _run_rank(launch: _Launch, rank: int, payload: bytes) -> dict[str, Any]:
         timeout=timedelta(seconds=launch.timeout_s),
         device_id=torch.device("cuda", rank) if use_cuda else None,
     )
+    return use_cuda
+
+
+def _run_rank(launch: Launch, rank: int, payload: bytes) -> dict[str, Any]:
+    use_cuda = init_rank_process_group(launch, rank)
+    import torch
+    import torch.distributed as dist
+
     fn, args = pickle.loads(payload)
     if use_cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -362,12 +377,12 @@ def _run_rank(launch: _Launch, rank: int, payload: bytes) -> dict[str, Any]:
     return {"value": value, "peak_allocated_mib": peak_allocated, "peak_reserved_mib": peak_reserved}
 
 
-def _exit_when_orphaned(parent_pid: int) -> None:
+def exit_when_orphaned(parent_pid: int) -> None:
     while os.getppid() == parent_pid:
         time.sleep(ORPHAN_CHECK_INTERVAL_S)
     os._exit(3)
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else "(no message)"

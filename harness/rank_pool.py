@@ -63,7 +63,7 @@ from typing import Any
 import pytest
 
 from harness import distributed
-from harness.distributed import DEFAULT_TIMEOUT_S, DEVICES, MIB, RankFailedError, RankResult, RankTimeoutError
+from harness.distributed import DEFAULT_TIMEOUT_S, MIB, RankFailedError, RankResult, RankTimeoutError
 from harness.pytest_plugin import LAUNCHER_KEY
 
 POOL_ENV = "HARNESS_RANKS_POOL"
@@ -172,15 +172,7 @@ class PoolLauncher:
 
     def __call__(self, world_size: int, fn: Callable[..., Any], *args: Any, timeout: float = DEFAULT_TIMEOUT_S,
                  device: str = "auto") -> list[RankResult]:
-        if world_size < 1:
-            raise ValueError(f"world_size must be at least 1, got {world_size}")
-        if device not in DEVICES:
-            raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
-        try:
-            payload = pickle.dumps((fn, args))
-        except Exception as error:
-            raise TypeError(f"the rank pool needs a module-level function and picklable arguments; {error}") \
-                from error
+        payload = distributed.pickle_call(world_size, fn, args, device, caller="the rank pool")
         self.calls += 1
         module = getattr(fn, "__module__", None)
         if module and module != "__main__" and module not in self._fn_modules:
@@ -332,7 +324,7 @@ def _record_timing(world_size: int, device: str, fn: Callable[..., Any], outcome
 
 @dataclasses.dataclass
 class _RankHandle:
-    """The parent's view of one rank; `pid` is what `distributed._signal` needs."""
+    """The parent's view of one rank; `pid` is what `distributed.signal_process` needs."""
 
     rank: int
     pid: int | None = None
@@ -363,9 +355,9 @@ class _Pool:
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(self._address)
         self._server.listen(world_size)
-        self._launch = distributed._Launch(world_size=world_size, port=distributed.free_port(),
-                                           workdir=str(self.workdir), timeout_s=collective_timeout_s,
-                                           device=device, parent_pid=os.getpid())
+        self._launch = distributed.Launch(world_size=world_size, port=distributed.free_port(),
+                                          workdir=str(self.workdir), timeout_s=collective_timeout_s,
+                                          device=device, parent_pid=os.getpid())
 
     def _specs(self) -> list[_RankSpec]:
         return [_RankSpec(self._launch, rank, self._address, dict(os.environ)) for rank in range(self.world_size)]
@@ -413,7 +405,7 @@ class _Pool:
     def run(self, payload: bytes, deadline: float, timeout_s: float) -> list[dict[str, Any]]:
         message = pickle.dumps(("call", payload, list(sys.path), dict(os.environ)))
         for handle in self.ranks:
-            distributed._stack_path(self.workdir, handle.rank).write_text("")  # this call's stacks only
+            distributed.stack_path(self.workdir, handle.rank).write_text("")  # this call's stacks only
         for handle in self.ranks:
             with contextlib.suppress(OSError):  # a dead rank shows as a closed connection when gathered
                 handle.connection.send_bytes(message)
@@ -460,10 +452,10 @@ class _Pool:
                 found.append(((1, failure["failed_at"]), rank, f"raised {failure['error_type']}: "
                               f"{failure['error_message']}", failure["traceback"]))
                 continue
-            stack = distributed._read_stack(self.workdir, rank)
+            stack = distributed.read_stack(self.workdir, rank)
             details = f"last Python stack of rank {rank}:\n{stack}" if stack else "no Python stack was written"
             exit_code = self._exit_code(self.ranks[rank], wait_s=EXIT_STATUS_WAIT_S)
-            found.append(((0, rank), rank, f"exited {distributed._describe_exit(exit_code)} without a result",
+            found.append(((0, rank), rank, f"exited {distributed.describe_exit(exit_code)} without a result",
                           details))
         found.sort(key=lambda failure: failure[0])
         _, rank, summary, details = found[0]
@@ -480,9 +472,9 @@ class _Pool:
             -> RankTimeoutError:
         for rank in hung:
             if self.ranks[rank].pid is not None:
-                distributed._signal(self.ranks[rank], signal.SIGUSR1)
-        distributed._wait_for_stacks(self.workdir, hung)
-        stacks = {rank: distributed._read_stack(self.workdir, rank) or
+                distributed.signal_process(self.ranks[rank], signal.SIGUSR1)
+        distributed.wait_for_stacks(self.workdir, hung)
+        stacks = {rank: distributed.read_stack(self.workdir, rank) or
                   "(no stack written: the rank did not answer SIGUSR1)" for rank in hung}
         stacks.update({rank: "(finished: returned its result)" for rank in range(self.world_size) if rank not in hung})
         error = RankTimeoutError(timeout_s, hung, stacks)
@@ -500,7 +492,7 @@ class _Pool:
     def kill(self) -> None:
         for handle in self.ranks:
             if handle.pid is not None:
-                distributed._signal(handle, signal.SIGKILL)
+                distributed.signal_process(handle, signal.SIGKILL)
         for handle in self.ranks:
             if handle.connection is not None:
                 handle.connection.close()
@@ -537,7 +529,7 @@ class _Zygote:
             self._connection.send(("preload", modules, list(sys.path)))
             self._connection.send(("fork", specs))
         except OSError:
-            raise _ForkRefused(f"the zygote exited {distributed._describe_exit(self._process.exitcode)}") from None
+            raise _ForkRefused(f"the zygote exited {distributed.describe_exit(self._process.exitcode)}") from None
         while time.monotonic() < deadline:
             message = self._receive(timeout=POLL_S)
             if message is None:
@@ -567,14 +559,14 @@ class _Zygote:
             message = self._connection.recv()
         except (EOFError, OSError):
             self._process.join(EXIT_STATUS_WAIT_S)
-            raise _ForkRefused(f"the zygote exited {distributed._describe_exit(self._process.exitcode)}") from None
+            raise _ForkRefused(f"the zygote exited {distributed.describe_exit(self._process.exitcode)}") from None
         if message[0] == "exited":
             self._exit_codes[message[1]] = message[2]
             return None
         return message
 
     def kill(self) -> None:
-        distributed._signal(self._process, signal.SIGKILL)
+        distributed.signal_process(self._process, signal.SIGKILL)
         self._process.join(10)
         self._connection.close()
 
@@ -663,7 +655,7 @@ def _report_exits(connection: multiprocessing.connection.Connection) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class _RankSpec:
-    launch: distributed._Launch  # parent_pid: the process whose death ends this rank
+    launch: distributed.Launch  # parent_pid: the process whose death ends this rank
     rank: int
     address: str  # the parent's socket
     environ: dict[str, str]  # the parent's environment (a forked rank starts with the zygote's)
@@ -673,13 +665,14 @@ def _serve_rank(spec: _RankSpec) -> None:
     launch, rank = spec.launch, spec.rank
     os.setpgrp()  # the parent kills this rank and whatever it started by its process group
     _apply_environment(spec.environ)
-    stack_file = open(distributed._stack_path(Path(launch.workdir), rank), "a")  # noqa: SIM115 - until exit
+    stack_file = open(distributed.stack_path(Path(launch.workdir), rank), "a")  # noqa: SIM115 - until exit
     faulthandler.enable(file=stack_file, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
-    threading.Thread(target=distributed._exit_when_orphaned, args=(launch.parent_pid,),
+    threading.Thread(target=distributed.exit_when_orphaned, args=(launch.parent_pid,),
                      name="harness-orphan-check", daemon=True).start()
+    # init_rank_process_group sets the same variables again (a no-op): set here, they show in rank_environ.
     before = dict(os.environ)
-    distributed._set_environment(launch, rank)
+    distributed.set_environment(launch, rank)
     rank_environ = {name: value for name, value in os.environ.items() if before.get(name) != value}
 
     connection = multiprocessing.connection.Client(spec.address, family="AF_UNIX")
@@ -712,7 +705,7 @@ def _reply(connection: multiprocessing.connection.Connection, message: tuple) ->
 
 def _failure(error: BaseException, seconds: float | None = None, modules: list[str] | None = None) -> dict[str, Any]:
     return {"failed_at": time.time(), "error_type": type(error).__qualname__,
-            "error_message": distributed._first_line(error), "traceback": traceback.format_exc(),
+            "error_message": distributed.first_line(error), "traceback": traceback.format_exc(),
             "seconds": seconds, "modules": modules or []}
 
 
@@ -739,24 +732,13 @@ def _apply_environment(environ: dict[str, str]) -> None:
 class _RankState:
     """A rank's process group and everything it puts back after each call."""
 
-    def __init__(self, launch: distributed._Launch, rank: int):
-        from datetime import timedelta
-
+    def __init__(self, launch: distributed.Launch, rank: int):
+        self.use_cuda = distributed.init_rank_process_group(launch, rank)
+        self.cuda_device = rank  # the GPU this rank selected, when it uses CUDA
         import torch
         import torch.distributed as dist
 
         self.torch, self.dist = torch, dist
-        self.use_cuda = launch.device == "cuda" or (launch.device == "auto" and torch.cuda.is_available())
-        if self.use_cuda:
-            if rank >= torch.cuda.device_count():
-                raise RuntimeError(f"rank {rank} needs GPU {rank}, but {torch.cuda.device_count()} are visible")
-            torch.cuda.set_device(rank)
-            self.cuda_device = rank
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-        dist.init_process_group(
-            backend="nccl" if self.use_cuda else "gloo", rank=rank, world_size=launch.world_size,
-            timeout=timedelta(seconds=launch.timeout_s),
-            device_id=torch.device("cuda", rank) if self.use_cuda else None)
         self.groups = set(self._process_groups())
         self.cwd = os.getcwd()
         self.default_dtype = torch.get_default_dtype()

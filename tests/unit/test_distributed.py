@@ -46,6 +46,15 @@ def exit_without_result():
     return "fine"
 
 
+def crash_while_a_peer_waits():
+    """Rank 1 dies without a word; rank 0 then fails in the barrier because its peer is gone."""
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        os._exit(3)
+    dist.barrier()
+
+
 def hang_with_a_child(pid_dir):
     """Rank 1 sleeps (in a function whose name the stack must show) while rank 0 waits at a barrier;
     each rank first starts a child process that must not outlive the run."""
@@ -97,6 +106,15 @@ def test_an_assertion_on_one_rank_raises_with_that_ranks_traceback():
 def test_a_rank_that_dies_without_a_result_is_reported_with_its_exit_code():
     with pytest.raises(RankFailedError, match=r"^rank 1 exited with code 7 without a result"):
         run_distributed(2, exit_without_result, timeout=60, device="cpu")
+
+
+def test_a_rank_that_crashed_is_the_first_failure_not_the_peer_that_lost_it():
+    with pytest.raises(RankFailedError) as failure:
+        run_distributed(2, crash_while_a_peer_waits, timeout=60, device="cpu")
+    error = failure.value
+    assert error.rank == 1
+    assert str(error).startswith("rank 1 exited with code 3 without a result")
+    assert len(error.other_failures) == 1 and error.other_failures[0].startswith("rank 0 ")
 
 
 def test_a_hang_is_killed_at_the_timeout_with_every_ranks_stack_and_nothing_left_running(tmp_path):

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from process_helpers import is_alive, sleep_forever
 
 from harness.distributed import RankFailedError, RankTimeoutError, run_distributed
 
@@ -68,20 +69,6 @@ def hang_with_a_child(pid_dir):
     dist.barrier()
 
 
-def sleep_forever():
-    while True:
-        time.sleep(1)
-
-
-def _alive(pid: int) -> bool:
-    """Running or sleeping; a zombie (exited, not yet reaped) counts as gone."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    return state != "Z"
-
-
 # ---------------------------------------------------------------- launcher
 
 
@@ -129,9 +116,9 @@ def test_a_hang_is_killed_at_the_timeout_with_every_ranks_stack_and_nothing_left
     assert str(error).startswith("ranks [0, 1] still running after 5s; killed.")
     pids = [int(pid) for rank in (0, 1) for pid in (tmp_path / f"rank{rank}").read_text().split()]
     deadline = time.monotonic() + 5
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(is_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert [pid for pid in pids if _alive(pid)] == []
+    assert [pid for pid in pids if is_alive(pid)] == []
 
 
 def test_a_function_that_does_not_pickle_is_refused_before_any_rank_starts():

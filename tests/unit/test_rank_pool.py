@@ -15,6 +15,7 @@ import weakref
 from pathlib import Path
 
 import pytest
+from process_helpers import is_alive, sleep_forever
 
 from harness.distributed import RankFailedError, RankTimeoutError
 from harness.rank_pool import PoolLauncher
@@ -86,25 +87,11 @@ def hang_on_rank_one():
     dist.barrier()
 
 
-def sleep_forever():
-    while True:
-        time.sleep(1)
-
-
-def _alive(pid: int) -> bool:
-    """Running or sleeping; a zombie (exited, not yet reaped) counts as gone."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    return state != "Z"
-
-
 def _wait_until_gone(pids, seconds=5.0) -> list[int]:
     deadline = time.monotonic() + seconds
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(is_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    return [pid for pid in pids if _alive(pid)]
+    return [pid for pid in pids if is_alive(pid)]
 
 
 # ---------------------------------------------------------------- the launcher

@@ -1,7 +1,7 @@
 """Rebuild the golden samples and their expected renderings.
 
-    /work/dev/bin/python tests/unit/golden/regenerate.py             # rerun pytest, then render
-    /work/dev/bin/python tests/unit/golden/regenerate.py --render    # only re-render expected/
+    python tests/unit/golden/regenerate.py             # rerun pytest, then render
+    python tests/unit/golden/regenerate.py --render    # only re-render expected/
 
 The samples are cell folders in the contract layout (junit.xml, env.json, memory.json, pytest.log).
 junit.xml and pytest.log come from REAL pytest runs (xunit1, pytest-rerunfailures) of a small
@@ -34,7 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SAMPLES = HERE / "samples"
 EXPECTED = HERE / "expected"
-PYTHON = "/work/dev/bin/python"
+PYTHON = sys.executable  # the interpreter running this script, with pytest and pytest-rerunfailures
 SHA = "4f1c2a9e7d3b8a6c5e0f1d2c3b4a59687766aabb"
 BASELINE_SHA = "0a9b8c7d6e5f40312233445566778899aabbccdd"
 

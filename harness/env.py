@@ -106,30 +106,28 @@ def satisfies(versions: dict, cell: Cell) -> bool:
             and all(versions.get(name) for name in plugins))
 
 
-def plan_environment(cell: Cell, root: Path) -> tuple[str, Path | None]:
-    """What `ensure_environment` would do, without doing it: ("current"|"cached"|"build", path)."""
+def plan_environment(cell: Cell, root: Path) -> tuple[str, Path, Path | None]:
+    """Which interpreter a cell gets, without building anything: (origin, python, venv folder or None),
+    origin being "current" (this interpreter holds the releases), "cached" or "build"."""
     if satisfies(probe_versions(sys.executable), cell):
-        return "current", None
+        return "current", Path(sys.executable), None
     path = root / env_key(cell)
-    return ("cached" if _marker_matches(path, cell) else "build"), path
+    return ("cached" if _marker_matches(path, cell) else "build"), path / "bin" / "python", path
 
 
 def ensure_environment(cell: Cell, root: Path, log: Callable[[str], None]) -> Environment:
-    current = probe_versions(sys.executable)
-    if satisfies(current, cell):
-        return Environment(python=Path(sys.executable), origin="current", path=None, versions=current)
-    path = root / env_key(cell)
-    python = path / "bin" / "python"
-    if _marker_matches(path, cell):
-        return Environment(python=python, origin="cached", path=path, versions=probe_versions(python))
-    build(cell, path, log)
+    origin, python, path = plan_environment(cell, root)
+    if origin == "build":
+        build(cell, path, log)
+        origin = "built"
     versions = probe_versions(python)
-    if not satisfies(versions, cell):
-        raise EnvironmentBuildError(
-            f"{path}: built, but holds torch {versions.get('torch')} and transformers "
-            f"{versions.get('transformers')} instead of {cell.torch} and {cell.transformers}")
-    (path / MARKER).write_text(json.dumps({"requirements": requirements(cell), "versions": versions}, indent=2))
-    return Environment(python=python, origin="built", path=path, versions=versions)
+    if origin == "built":
+        if not satisfies(versions, cell):
+            raise EnvironmentBuildError(
+                f"{path}: built, but holds torch {versions.get('torch')} and transformers "
+                f"{versions.get('transformers')} instead of {cell.torch} and {cell.transformers}")
+        (path / MARKER).write_text(json.dumps({"requirements": requirements(cell), "versions": versions}, indent=2))
+    return Environment(python=python, origin=origin, path=path, versions=versions)
 
 
 def build(cell: Cell, path: Path, log: Callable[[str], None]) -> None:

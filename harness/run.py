@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness import __version__, memory
-from harness.env import Environment, EnvironmentBuildError, ensure_environment, env_root, plan_environment
+from harness.env import EnvironmentBuildError, ensure_environment, env_root, plan_environment
 from harness.errors import ConfigError, HostMismatchError
 from harness.matrix import DEFAULT_MATRIX, REPO_ROOT, Cell, Matrix, load_matrix, load_runners, select
 
@@ -153,7 +153,7 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
             if monitor:
                 monitor.start()
             try:
-                exit_code, timed_out = run_pytest(cell, environment, folder, gpus, pytest_args, log)
+                exit_code, timed_out = run_pytest(cell, environment.python, folder, gpus, pytest_args, log)
             finally:
                 if monitor:
                     memory_report = monitor.stop()
@@ -175,8 +175,8 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
                        duration_s=record["duration_s"])
 
 
-def pytest_command(cell: Cell, environment: Environment, folder: Path, pytest_args: list[str]) -> list[str]:
-    command = [str(environment.python), "-m", "pytest", *cell.suite,
+def pytest_command(cell: Cell, python: Path, folder: Path, pytest_args: list[str]) -> list[str]:
+    command = [str(python), "-m", "pytest", *cell.suite,
                "-p", "no:cacheprovider", "-o", "junit_family=xunit1", f"--junitxml={folder / 'junit.xml'}",
                f"--timeout={cell.test_timeout_seconds}", "-rA"]
     if cell.reruns:
@@ -198,10 +198,10 @@ def pytest_environment(cell: Cell, gpus: list) -> dict[str, str]:
     return environ
 
 
-def run_pytest(cell: Cell, environment: Environment, folder: Path, gpus: list, pytest_args: list[str],
+def run_pytest(cell: Cell, python: Path, folder: Path, gpus: list, pytest_args: list[str],
                log: Callable[[str], None]) -> tuple[int | None, bool]:
     """Runs the suite, streaming its output to pytest.log and the terminal. Returns (exit code, timed out)."""
-    command = pytest_command(cell, environment, folder, pytest_args)
+    command = pytest_command(cell, python, folder, pytest_args)
     log("   " + shlex.join(command))
     with (folder / "pytest.log").open("w") as pytest_log:
         process = subprocess.Popen(command, cwd=REPO_ROOT, env=pytest_environment(cell, gpus),
@@ -242,16 +242,14 @@ def print_plan(matrix: Matrix, cells: list[Cell], host: Host, results_root: Path
     print(f"matrix {matrix.name} ({matrix.path}); this machine: {where}")
     for cell in cells:
         try:
-            action, path = plan_environment(cell, root)
+            origin, python, path = plan_environment(cell, root)
         except EnvironmentBuildError as error:
-            action, path = f"unusable ({error})", None
+            origin, python, path = f"unusable ({error})", Path(sys.executable), None
         environment = {"current": "this interpreter", "cached": f"cached {path}", "build": f"build {path}"}
-        fake_env = Environment(python=(path / "bin" / "python") if path else Path(sys.executable),
-                               origin=action, path=path, versions={})
         print(f"{cell.id}")
-        print(f"  environment: {environment.get(action, action)}")
+        print(f"  environment: {environment.get(origin, origin)}")
         print(f"  results:     {results_root / cell.id}")
-        print(f"  command:     {shlex.join(pytest_command(cell, fake_env, results_root / cell.id, pytest_args))}")
+        print(f"  command:     {shlex.join(pytest_command(cell, python, results_root / cell.id, pytest_args))}")
 
 
 def print_table(folders: list[Path]) -> None:

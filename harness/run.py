@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness import __version__, memory
-from harness.env import EnvironmentBuildError, ensure_environment, env_root, plan_environment
+from harness.env import EnvironmentBuildError, ensure_environment, env_root, plan_environment, probe_versions
 from harness.errors import ConfigError, HostMismatchError
 from harness.matrix import DEFAULT_MATRIX, REPO_ROOT, Cell, Matrix, load_matrix, load_runners, select
 
@@ -98,8 +98,6 @@ def default_matrix(host: Host) -> Matrix:
     if host.gpu_type is None:
         raise ConfigError(f"matrices/runners.yaml: no GPU type has nvml_name matching {host.gpus[0].name!r}; "
                           "add it, or pass --matrix")
-    from harness.env import probe_versions
-
     installed = probe_versions(sys.executable)
     if not installed.get("torch") or not installed.get("transformers"):
         raise ConfigError("this interpreter has no torch or transformers to test; pass --matrix to build one")

@@ -243,7 +243,7 @@ def signal_process(process: multiprocessing.Process, signum: int) -> None:
 
 def describe_exit(exitcode: int | None) -> str:
     if exitcode is None:
-        return "(still running)"
+        return "(exit status unknown)"
     if exitcode < 0:
         return f"by signal {signal.Signals(-exitcode).name}"
     return f"with code {exitcode}"
@@ -378,9 +378,27 @@ def _run_rank(launch: Launch, rank: int, payload: bytes) -> dict[str, Any]:
 
 
 def exit_when_orphaned(parent_pid: int) -> None:
-    while os.getppid() == parent_pid:
+    """Exit once the launcher `parent_pid` is gone. It is this rank's OS parent, or, for the pool's forked
+    ranks, its grandparent through the zygote, which may exit first: so liveness decides, not getppid."""
+    while launcher_alive(parent_pid):
         time.sleep(ORPHAN_CHECK_INTERVAL_S)
     os._exit(3)
+
+
+def launcher_alive(pid: int) -> bool:
+    if os.getppid() == pid:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie, dead but not yet reaped, is gone too
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return not Path("/proc/self").exists()  # no /proc: trust kill; else it went between the two calls
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def first_line(error: BaseException) -> str:

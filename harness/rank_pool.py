@@ -17,12 +17,13 @@ same messages. Tests do not change.
 - Ranks are forked from a *zygote*: a process spawned once per session (as collection ends, when a test
   uses `ranks`) that imports torch, the modules of the functions called and the modules the ranks went on
   to import, and never touches CUDA; so a fresh pool costs a fork and a process-group init, not new
-  interpreters and imports. Imports that start a thread or load the CUDA driver would make forking unsafe:
-  the zygote then refuses, and is restarted importing less (the functions' modules, then torch alone). If
+  interpreters and imports. Imports that start a thread or initialize the CUDA driver would make forking
+  unsafe: the zygote then refuses, and is restarted importing less (the functions' modules, then torch alone). If
   even that is refused, or the first forked pool cannot start where a spawned one can, ranks are spawned
   for the rest of the session; the terminal summary says why.
-- No rank outlives the session: pools are killed at unconfigure, the zygote exits when pytest dies and a
-  rank when its parent does.
+- No rank outlives the session: pools are killed at unconfigure, and the zygote and every rank exit when
+  pytest dies. A forked rank watches pytest, not the zygote, so a zygote that exits (it does when a
+  preload makes forking unsafe) leaves the running pools alone.
 
 Off with `--no-ranks-pool`, the ini `ranks_pool = false`, or `HARNESS_RANKS_POOL=0` (then every call spawns
 its ranks); `HARNESS_RANKS_POOL=spawn` keeps the pool but spawns its ranks instead of forking them.
@@ -333,8 +334,8 @@ class _RankHandle:
 
 
 class _ForkRefused(Exception):
-    """The zygote's imports made forking unsafe (a thread, or the CUDA driver). `bare`: importing torch
-    alone did, so no zygote can fork."""
+    """The zygote's imports made forking unsafe (a thread, or an initialized CUDA driver). `bare`: importing
+    torch alone did, so no zygote can fork."""
 
     def __init__(self, reason: str, bare: bool = False):
         super().__init__(reason)
@@ -611,13 +612,29 @@ def _zygote_main(connection: multiprocessing.connection.Connection, parent_pid: 
 
 
 def _fork_hazard(torch) -> str | None:
-    """Why forking this process would be unsafe, or None."""
+    """Why forking this process would be unsafe, or None. What breaks a forked child is an *initialized* CUDA
+    driver, not a loaded one: CUDA builds of torch map libcuda at import on some hosts (seen on H200s with
+    torch 2.11+cu130) and fork fine. cuInit starts the driver's own threads, named cuda-*, which is how an
+    initialization by any library shows."""
     threads = [thread.name for thread in threading.enumerate() if thread is not threading.current_thread()]
     if threads:
         return f"the zygote's imports started threads {threads}"
-    if torch.cuda.is_initialized() or "libcuda.so" in Path("/proc/self/maps").read_text():
-        return "the zygote's imports loaded the CUDA driver"
+    if torch.cuda.is_initialized():
+        return "the zygote's imports initialized CUDA"
+    driver_threads = [name for name in native_thread_names() if name.startswith("cuda")]
+    if driver_threads:
+        return f"the zygote's imports initialized the CUDA driver (its threads {driver_threads} run)"
     return None
+
+
+def native_thread_names() -> list[str]:
+    """The names of this process's OS threads, Python's own included; empty where /proc is missing."""
+    names = []
+    with contextlib.suppress(OSError):
+        for task in os.scandir("/proc/self/task"):
+            with contextlib.suppress(OSError):
+                names.append(Path(task.path, "comm").read_text().strip())
+    return names
 
 
 def _fork_rank(spec: _RankSpec, connection: multiprocessing.connection.Connection) -> int:
@@ -631,7 +648,7 @@ def _fork_rank(spec: _RankSpec, connection: multiprocessing.connection.Connectio
         connection.close()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         random.seed()  # each rank its own stream, as a spawned one would have
-        _serve_rank(dataclasses.replace(spec, launch=dataclasses.replace(spec.launch, parent_pid=os.getppid())))
+        _serve_rank(spec)  # watching the launcher (pytest), not the zygote: ranks outlive a zygote that exits
         code = 0
     except BaseException:
         traceback.print_exc()
@@ -655,7 +672,7 @@ def _report_exits(connection: multiprocessing.connection.Connection) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class _RankSpec:
-    launch: distributed.Launch  # parent_pid: the process whose death ends this rank
+    launch: distributed.Launch  # parent_pid: the launcher (pytest), whose death ends this rank
     rank: int
     address: str  # the parent's socket
     environ: dict[str, str]  # the parent's environment (a forked rank starts with the zygote's)

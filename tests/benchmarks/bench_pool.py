@@ -43,11 +43,14 @@ OUTCOME = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|reru
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    argv = sys.argv[1:] if argv is None else argv
+    # Everything after the first `--` goes to pytest untouched (argparse would read `-k` as its own).
+    ours, pytest_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("json", type=Path, help="where to write the figures")
+    parser.add_argument("json", type=Path, help="where to write the figures (rewritten after each mode)")
     parser.add_argument("--modes", default="off,on", help=f"comma-separated, of {', '.join(MODES)} (default off,on)")
-    parser.add_argument("pytest_args", nargs="*", help="after --: passed on to every pytest run")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(ours)
+    args.pytest_args = pytest_args
     args.modes = [mode.strip() for mode in args.modes.split(",") if mode.strip()]
     unknown = [mode for mode in args.modes if mode not in MODES]
     if unknown or not args.modes:
@@ -134,21 +137,31 @@ def _seconds(value: float | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    runs: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-pool-") as scratch:
         _, startup_s = suite("on", [*args.pytest_args, "--collect-only"], Path(scratch) / "unused")
-        runs = {mode: run_suite(mode, args.pytest_args, Path(scratch)) for mode in args.modes}
-    figures = {**ratios(runs), "startup_s": startup_s}
-    outcomes = {json.dumps(run["outcomes"], sort_keys=True) for run in runs.values()}
+        for mode in args.modes:
+            runs[mode] = run_suite(mode, args.pytest_args, Path(scratch))
+            # Written after every mode, so a run cut short by a time limit keeps the modes it finished.
+            figures = {**ratios(runs), "startup_s": startup_s}
+            write_report(args, runs, figures)
     print_table(runs, figures)
-    if len(outcomes) > 1:
+    if not same_outcomes(runs):
         print("warning: the modes' test outcomes differ", file=sys.stderr)
+    broken = [mode for mode, run in runs.items() if run["exit_code"] not in (0, 1)]
+    return 1 if broken or not same_outcomes(runs) else 0
+
+
+def same_outcomes(runs: dict[str, dict[str, Any]]) -> bool:
+    return len({json.dumps(run["outcomes"], sort_keys=True) for run in runs.values()}) <= 1
+
+
+def write_report(args: argparse.Namespace, runs: dict[str, dict[str, Any]], figures: dict[str, Any]) -> None:
     report = {"schema": 1, "command": [Path(sys.executable).name, *SUITE_COMMAND, *args.pytest_args],
               "host": describe_host(), "runs": runs, **figures, "goals": GOALS,
-              "same_outcomes": len(outcomes) == 1}
+              "same_outcomes": same_outcomes(runs), "modes_asked": args.modes}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
-    broken = [mode for mode, run in runs.items() if run["exit_code"] not in (0, 1)]
-    return 1 if broken or len(outcomes) > 1 else 0
 
 
 if __name__ == "__main__":

@@ -10,13 +10,16 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import weakref
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from process_helpers import is_alive, sleep_forever
 
+from harness import rank_pool
 from harness.distributed import RankFailedError, RankTimeoutError
 from harness.rank_pool import PoolLauncher
 
@@ -85,6 +88,13 @@ def hang_on_rank_one():
     if dist.get_rank() == 1:
         sleep_forever()
     dist.barrier()
+
+
+def _threads(pid: int) -> list[str]:
+    try:
+        return os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return []
 
 
 def _wait_until_gone(pids, seconds=5.0) -> list[int]:
@@ -162,7 +172,7 @@ def test_a_hang_is_killed_at_the_timeout_with_every_ranks_stack_and_the_next_cal
     assert set(pids(launcher)).isdisjoint(before)
 
 
-def test_a_rank_or_the_zygote_killed_between_calls_is_replaced_by_the_next_call(launcher):
+def test_a_rank_killed_between_calls_is_replaced_and_a_killed_zygote_leaves_its_pools_alone(launcher):
     first = launcher(2, identify, timeout=60, device="cpu")
     os.kill(first[1].value["pid"], signal.SIGKILL)
     # Reaped, not only a zombie: a killed process's other threads may still hold its socket open.
@@ -171,10 +181,17 @@ def test_a_rank_or_the_zygote_killed_between_calls_is_replaced_by_the_next_call(
         time.sleep(0.05)
     second = [result.value for result in launcher(2, identify, timeout=60, device="cpu")]
     assert {value["pid"] for value in second}.isdisjoint(result.value["pid"] for result in first)
-    os.kill(second[0]["parent"], signal.SIGKILL)  # the zygote
-    assert _wait_until_gone([value["pid"] for value in second]) == []  # its ranks follow it
+    os.kill(second[0]["parent"], signal.SIGKILL)  # the zygote: its ranks live on and the pool is kept
+    kept = [result.value["pid"] for result in launcher(2, identify, timeout=60, device="cpu")]
+    assert kept == [value["pid"] for value in second]
+    os.kill(second[0]["pid"], signal.SIGKILL)
+    # Its parent, the killed zygote, is not reaped yet, so the rank stays a zombie; its socket closes when
+    # its last thread has exited.
+    deadline = time.monotonic() + 5
+    while len(_threads(second[0]["pid"])) > 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
     third = [result.value for result in launcher(2, identify, timeout=60, device="cpu")]
-    assert third[0]["parent"] != second[0]["parent"]
+    assert third[0]["parent"] != second[0]["parent"]  # a new pool, forked by a new zygote
 
 
 PARENT_THAT_DIES = """
@@ -248,6 +265,31 @@ def test_a_module_that_makes_forking_unsafe_is_not_imported_by_the_zygote(tmp_pa
     finally:
         launcher.close()
     assert _wait_until_gone([value["pid"] for value in first]) == []
+
+
+class _FakeCuda:
+    def __init__(self, initialized: bool):
+        self.initialized = initialized
+
+    def is_initialized(self) -> bool:
+        return self.initialized
+
+
+@pytest.mark.parametrize(("initialized", "threads", "hazard"), [
+    (False, ["python", "python"], None),  # torch's own thread; libcuda mapped or not, forking is safe
+    (True, ["python"], "the zygote's imports initialized CUDA"),
+    (False, ["python", "cuda-EvtHandlr"], "initialized the CUDA driver (its threads ['cuda-EvtHandlr'] run)"),
+])
+def test_only_an_initialized_cuda_driver_makes_forking_unsafe(monkeypatch, initialized, threads, hazard):
+    monkeypatch.setattr(rank_pool, "native_thread_names", lambda: threads)
+    monkeypatch.setattr(rank_pool.threading, "enumerate", lambda: [threading.current_thread()])
+    found = rank_pool._fork_hazard(SimpleNamespace(cuda=_FakeCuda(initialized)))
+    assert found == hazard if hazard is None else hazard in found
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_native_thread_names_include_this_thread():
+    assert Path("/proc/self/comm").read_text().strip() in rank_pool.native_thread_names()
 
 
 CHILDREN_DIE_AT_FORK = """

@@ -83,8 +83,9 @@ def run_case(checkpoint: str, case: Case) -> dict:
         with torch.no_grad():
             sharded_logits = full(sharded(batch[rows]).logits)
             whole_logits = whole(batch).logits[rows]
-        metrics["max_logits_difference"] = checks.check_tensors_close(
-            "logits", sharded_logits, whole_logits, **tolerances.logits_tolerance(case.dtype))
+        bound = tolerances.logits_tolerance(case.dtype)
+        metrics["max_logits_difference"] = checks.check_tensors_close("logits", sharded_logits, whole_logits, **bound)
+        metrics.update({f"logits_{name}": value for name, value in bound.items()})  # the bound, beside it
     if "quantized" in case.checks or "gradients" in case.checks:
         metrics.update(compare_training_step(sharded, whole, case, layout, batch, rank, world_size))
     return metrics

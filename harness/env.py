@@ -15,14 +15,16 @@ fast path, pip the fallback. Where packages come from is configuration:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from harness.matrix import Cell
@@ -117,9 +119,18 @@ def plan_environment(cell: Cell, root: Path) -> tuple[str, Path, Path | None]:
 
 def ensure_environment(cell: Cell, root: Path, log: Callable[[str], None]) -> Environment:
     origin, python, path = plan_environment(cell, root)
-    if origin == "build":
-        build(cell, path, log)
-        origin = "built"
+    with contextlib.ExitStack() as held:
+        if origin == "build":
+            # Runners on one host share the cache: one run builds, the others wait, then find it cached.
+            held.enter_context(_build_lock(path, log))
+            origin, python, path = plan_environment(cell, root)
+        if origin == "build":
+            build(cell, path, log)
+            origin = "built"
+        return _checked(cell, origin, python, path)
+
+
+def _checked(cell: Cell, origin: str, python: Path, path: Path | None) -> Environment:
     versions = probe_versions(python)
     if origin == "built":
         if not satisfies(versions, cell):
@@ -128,6 +139,22 @@ def ensure_environment(cell: Cell, root: Path, log: Callable[[str], None]) -> En
                 f"{versions.get('transformers')} instead of {cell.torch} and {cell.transformers}")
         (path / MARKER).write_text(json.dumps({"requirements": requirements(cell), "versions": versions}, indent=2))
     return Environment(python=python, origin=origin, path=path, versions=versions)
+
+
+@contextlib.contextmanager
+def _build_lock(path: Path, log: Callable[[str], None]) -> Iterator[None]:
+    """Hold `<env>.lock` exclusively; the kernel lets go if this process dies."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"waiting for another harness run that is building environment {path.name}")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def build(cell: Cell, path: Path, log: Callable[[str], None]) -> None:

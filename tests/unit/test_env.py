@@ -1,0 +1,79 @@
+"""Per-cell environments: which interpreter a cell gets, and one build when runs share the cache."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import env
+from harness.matrix import Cell
+
+CELL = Cell(gpu="cpu", gpus=2, torch="0.0.1", transformers="0.0.2", matrix="test", labels=(),
+            timeout_minutes=5, reruns=0, suite=("tests/gpu",))
+CELL_VERSIONS = {"torch": "0.0.1+cpu", "transformers": "0.0.2", "accelerate": "1.10.0", "pytest": "8.0.0",
+                 "pytest-rerunfailures": "14.0", "pytest-timeout": "2.3.1"}
+
+
+@pytest.fixture
+def fake_builds(monkeypatch):
+    """`build` makes a venv whose python is this one, slowly; the probe says it holds the cell's releases."""
+    builds: list[Path] = []
+
+    def build(cell, path, log):
+        builds.append(path)
+        time.sleep(0.5)  # long enough for a second run to arrive while this one builds
+        (path / "bin").mkdir(parents=True)
+        (path / "bin" / "python").symlink_to(sys.executable)
+
+    def probe(python):
+        return {"torch": "9.9.9"} if str(python) == sys.executable else CELL_VERSIONS
+
+    monkeypatch.setattr(env, "build", build)
+    monkeypatch.setattr(env, "probe_versions", probe)
+    return builds
+
+
+def test_an_interpreter_with_the_cells_releases_is_used_as_it_is(monkeypatch, tmp_path):
+    monkeypatch.setattr(env, "probe_versions", lambda python: CELL_VERSIONS)
+    origin, python, path = env.plan_environment(CELL, tmp_path)
+    assert (origin, python, path) == ("current", Path(sys.executable), None)
+
+
+def test_an_environment_is_built_once_then_cached(fake_builds, tmp_path):
+    first = env.ensure_environment(CELL, tmp_path, log=lambda line: None)
+    again = env.ensure_environment(CELL, tmp_path, log=lambda line: None)
+    assert (first.origin, again.origin) == ("built", "cached")
+    assert fake_builds == [tmp_path / env.env_key(CELL)]
+
+
+def test_two_runs_sharing_the_cache_build_it_once_and_the_second_waits(fake_builds, tmp_path):
+    origins: list[str] = []
+    logs: list[str] = []
+
+    def run():
+        origins.append(env.ensure_environment(CELL, tmp_path, log=logs.append).origin)
+
+    runs = [threading.Thread(target=run) for _ in range(2)]
+    for each in runs:
+        each.start()
+        time.sleep(0.1)  # the first holds the lock before the second asks
+    for each in runs:
+        each.join(10)
+    assert sorted(origins) == ["built", "cached"]
+    assert len(fake_builds) == 1
+    assert logs == [f"waiting for another harness run that is building environment {env.env_key(CELL)}"]
+
+
+def test_a_build_that_fails_lets_the_next_run_build(fake_builds, monkeypatch, tmp_path):
+    def broken(cell, path, log):
+        raise env.EnvironmentBuildError("uv exited 1: no such torch")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(env, "build", broken)
+        with pytest.raises(env.EnvironmentBuildError):
+            env.ensure_environment(CELL, tmp_path, log=lambda line: None)
+    assert env.ensure_environment(CELL, tmp_path, log=lambda line: None).origin == "built"

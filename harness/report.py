@@ -182,6 +182,7 @@ class Report:
     failed_cells: int
     errored_cells: int
     sha: str | None
+    sha_dirty: bool  # some cell ran with local changes on top of sha
     matrix: str | None
     failures: tuple[FailureGroup, ...]
     flaky: tuple[FlakyTest, ...]
@@ -213,6 +214,7 @@ def build_report(
         failed_cells=len(result_set.cells_with(CellStatus.FAILED)),
         errored_cells=len(result_set.cells_with(CellStatus.ERRORED)),
         sha=sha,
+        sha_dirty=result_set.git_dirty and sha == result_set.git_sha,
         matrix=matrix_name,
         failures=_failure_groups(cells),
         flaky=flaky,

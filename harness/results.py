@@ -175,6 +175,7 @@ class CellResult:
     versions: tuple[tuple[str, str | None], ...] = ()
     exit_code: int | None = None
     git_sha: str | None = None
+    git_dirty: bool | None = None  # tracked files differed from git_sha's commit
     host: str | None = None
     runner: str | None = None
     driver: str | None = None
@@ -218,6 +219,10 @@ class ResultSet:
     @property
     def git_sha(self) -> str | None:
         return _only({cell.git_sha for cell in self.cells})
+
+    @property
+    def git_dirty(self) -> bool:
+        return any(cell.git_dirty for cell in self.cells)
 
     @property
     def matrix(self) -> str | None:
@@ -330,6 +335,7 @@ def read_cell(folder: Path) -> CellResult:
         versions=tuple(sorted(env_fields.string_map("versions").items())),
         exit_code=exit_code,
         git_sha=env_fields.text("git_sha"),
+        git_dirty=env_fields.boolean("git_dirty"),
         host=env_fields.text("host"),
         runner=env_fields.text("runner"),
         driver=env_fields.text("driver"),

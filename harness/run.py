@@ -134,7 +134,7 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
                            "cuda": None, "harness": __version__},
               "gpus": [gpu.to_json() for gpu in gpus],
               "driver": host.driver, "host": socket.gethostname(), "runner": os.environ.get("RUNNER_NAME"),
-              "git_sha": git_sha(), "start": iso(started), "end": None, "duration_s": None,
+              "git_sha": git_sha(), "git_dirty": git_dirty(), "start": iso(started), "end": None, "duration_s": None,
               "reproduce": reproduce_command(cell)}
     log(f"== {cell.id}")
     memory_report = memory.MemoryReport.unavailable("cpu cell: no GPU" if cell.is_cpu else "no GPU was monitored")
@@ -271,6 +271,19 @@ def git_sha() -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.strip() or None
+
+
+def git_dirty() -> bool | None:
+    """Whether tracked files differ from HEAD, so git_sha alone does not say what ran; None where unknown
+    (Actions runs the checked-out GITHUB_SHA)."""
+    if os.environ.get("GITHUB_SHA"):
+        return None
+    try:
+        done = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                              capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return bool(done.stdout.strip()) if done.returncode == 0 else None
 
 
 def iso(timestamp: float) -> str:

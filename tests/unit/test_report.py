@@ -3,6 +3,7 @@ the comment size limit, and the `harness report` command."""
 
 from __future__ import annotations
 
+import dataclasses
 import html.parser
 import importlib.util
 import re
@@ -225,6 +226,16 @@ def test_verdict_line_comes_right_after_the_marker(cells, verdict):
     lines = render(ResultSet(cells), "pr-comment", sha="0123456789abcdef", matrix_name="pr").splitlines()
     assert lines[0] == COMMENT_MARKER
     assert lines[1] == f"{verdict} · `0123456789ab` · matrix `pr`"
+
+
+@pytest.mark.parametrize("fmt", ["pr-comment", "terminal", "html"])
+def test_a_run_with_local_changes_says_so_beside_its_commit(fmt):
+    dirty = dataclasses.replace(cell("a", make_test(0)), git_sha="0123456789abcdef", git_dirty=True)
+    clean = dataclasses.replace(dirty, git_dirty=False)
+    assert "with local changes" in render(ResultSet((dirty,)), fmt)
+    assert "with local changes" not in render(ResultSet((clean,)), fmt)
+    # Another commit given on the command line is not the one the changes were made on.
+    assert "with local changes" not in render(ResultSet((dirty,)), fmt, sha="fedcba9876543210")
 
 
 def test_flaky_tests_are_shown_in_the_verdict_and_listed():

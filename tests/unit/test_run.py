@@ -5,11 +5,13 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
 
+import harness.run
 from harness.cli import main
 
 TORCH = importlib.metadata.version("torch").split("+")[0]
@@ -88,10 +90,29 @@ def test_passing_cell_leaves_a_complete_folder(tmp_path):
     assert env["versions"]["torch"].startswith(TORCH) and env["versions"]["python"]
     assert env["start"] <= env["end"] and env["duration_s"] >= 0
     assert "--cell" in env["reproduce"]
+    assert env["git_dirty"] in (True, False, None) and "git_sha" in env
     assert 'name="max_rel_grad_error"' in (folder / "junit.xml").read_text()
     assert "2 passed" in (folder / "pytest.log").read_text()
     memory = json.loads((folder / "memory.json").read_text())
     assert memory["available"] is False and memory["reason"]
+
+
+def test_git_dirty_says_whether_tracked_files_differ_from_head(tmp_path, monkeypatch):
+    monkeypatch.delenv("GITHUB_SHA", raising=False)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (repo / "tracked.txt").write_text("one")
+    subprocess.run([*git, "add", "tracked.txt"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "one"], check=True)
+    monkeypatch.setattr(harness.run, "REPO_ROOT", repo)
+    (repo / "untracked.txt").write_text("results and caches are not changes")
+    assert harness.run.git_dirty() is False
+    (repo / "tracked.txt").write_text("two")
+    assert harness.run.git_dirty() is True
+    monkeypatch.setenv("GITHUB_SHA", "0" * 40)
+    assert harness.run.git_dirty() is None
 
 
 def test_failing_cell_is_failed_and_exits_1(tmp_path):

@@ -265,12 +265,7 @@ def reproduce_command(cell: Cell) -> str:
 def git_sha() -> str | None:
     if os.environ.get("GITHUB_SHA"):
         return os.environ["GITHUB_SHA"]
-    try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
-                              timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.strip() or None
+    return (_git("rev-parse", "HEAD") or "").strip() or None
 
 
 def git_dirty() -> bool | None:
@@ -278,12 +273,17 @@ def git_dirty() -> bool | None:
     (Actions runs the checked-out GITHUB_SHA)."""
     if os.environ.get("GITHUB_SHA"):
         return None
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return None if status is None else bool(status.strip())
+
+
+def _git(*arguments: str) -> str | None:
+    """git's output in the repository, or None where git is missing or fails."""
     try:
-        done = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
-                              capture_output=True, text=True, timeout=10)
+        done = subprocess.run(["git", *arguments], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return bool(done.stdout.strip()) if done.returncode == 0 else None
+    return done.stdout if done.returncode == 0 else None
 
 
 def iso(timestamp: float) -> str:

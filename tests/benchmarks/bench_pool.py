@@ -146,10 +146,11 @@ def main(argv: list[str] | None = None) -> int:
             figures = {**ratios(runs), "startup_s": startup_s}
             write_report(args, runs, figures)
     print_table(runs, figures)
-    if not same_outcomes(runs):
+    consistent = same_outcomes(runs)
+    if not consistent:
         print("warning: the modes' test outcomes differ", file=sys.stderr)
     broken = [mode for mode, run in runs.items() if run["exit_code"] not in (0, 1)]
-    return 1 if broken or not same_outcomes(runs) else 0
+    return 1 if broken or not consistent else 0
 
 
 def same_outcomes(runs: dict[str, dict[str, Any]]) -> bool:

@@ -3,6 +3,7 @@ a fresh pool after a crash or a hang, the spawn fallback, and the pytest plugin 
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import random
@@ -236,6 +237,13 @@ def test_bad_arguments_are_refused(launcher, world_size, device):
         launcher(world_size, identify, timeout=60, device=device)
 
 
+def _import_written(tmp_path, monkeypatch, name: str, source: str):
+    """A module written to tmp_path and imported from there, as the ranks will import it by name."""
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return importlib.import_module(name)
+
+
 THREAD_AT_IMPORT = """
 import os
 import threading
@@ -250,10 +258,7 @@ def identify():
 
 
 def test_a_module_that_makes_forking_unsafe_is_not_imported_by_the_zygote(tmp_path, monkeypatch):
-    (tmp_path / "starts_a_thread.py").write_text(THREAD_AT_IMPORT)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    import starts_a_thread
-
+    starts_a_thread = _import_written(tmp_path, monkeypatch, "starts_a_thread", THREAD_AT_IMPORT)
     launcher = PoolLauncher()
     try:
         first = [result.value for result in launcher(2, starts_a_thread.identify, timeout=60, device="cpu")]
@@ -304,10 +309,7 @@ def identify():
 
 
 def test_when_forked_ranks_cannot_start_but_spawned_ones_can_the_session_spawns(tmp_path, monkeypatch):
-    (tmp_path / "children_die_at_fork.py").write_text(CHILDREN_DIE_AT_FORK)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    import children_die_at_fork
-
+    children_die_at_fork = _import_written(tmp_path, monkeypatch, "children_die_at_fork", CHILDREN_DIE_AT_FORK)
     launcher = PoolLauncher()
     try:
         first = [result.value for result in launcher(2, children_die_at_fork.identify, timeout=60, device="cpu")]

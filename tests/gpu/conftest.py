@@ -1,4 +1,4 @@
-"""The suite's fixtures: the plugin that runs ranks (harness/pytest_plugin.py) and the tiny checkpoints."""
+"""The suite's fixtures: the plugin that runs ranks (harness/ranks/plugin.py) and the tiny checkpoints."""
 
 from __future__ import annotations
 
@@ -16,16 +16,15 @@ if str(SUITE_DIR) not in sys.path:
 # Everything is built locally; never reach for the Hub, in this process or the ranks it starts.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-# The ranks fixture, then the persistent rank pool that replaces its per-test spawn
-# (HARNESS_RANKS_POOL=0 turns the pool off).
-PLUGINS = ("harness.pytest_plugin", "harness.rank_pool")
+# The ranks fixture and its rank pool (HARNESS_RANKS_POOL=0 turns the pool off). An installed harness
+# registers the plugin through its pytest11 entry point, `harness run` with `-p`; this covers a checkout
+# on PYTHONPATH alone (where its options, such as --no-ranks-pool, arrive too late to be parsed).
+PLUGIN = "harness.ranks.plugin"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # `-p harness.pytest_plugin` may have registered them already; they register under the same names.
-    for plugin in PLUGINS:
-        if not config.pluginmanager.has_plugin(plugin):
-            config.pluginmanager.import_plugin(plugin)
+    if not config.pluginmanager.has_plugin(PLUGIN):
+        config.pluginmanager.import_plugin(PLUGIN)
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import pytest
 from rank_cases import WORLD_SIZES, Case
 from tiny_models import BATCH_SIZE, NUM_EXPERTS, SEQUENCE_LENGTH
 
-from harness.distributed import RankFailedError
+from harness.ranks import RankFailedError
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)

@@ -6,7 +6,7 @@ import pytest
 from rank_cases import DTYPES, WORLD_SIZES, Case
 from tiny_models import NUM_EXPERTS
 
-from harness.distributed import RankFailedError
+from harness.ranks import RankFailedError
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -1,4 +1,4 @@
-"""The rank launcher (harness/distributed.py) and its pytest fixture, on CPU ranks with gloo."""
+"""The rank launcher (harness/ranks/spawn.py) and its pytest fixture, on CPU ranks with gloo."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from process_helpers import is_alive, sleep_forever
 
-from harness.distributed import RankFailedError, RankTimeoutError, run_distributed
+from harness.ranks import RankFailedError, RankTimeoutError, run_distributed
 
 pytest.importorskip("torch")
 pytest_plugins = ["pytester"]
@@ -132,14 +132,14 @@ def test_bad_arguments_are_refused(world_size, device):
         run_distributed(world_size, report_rank, "x", device=device)
 
 
-# ---------------------------------------------------------------- the fixture (harness/pytest_plugin.py)
+# ---------------------------------------------------------------- the fixture (harness/ranks/plugin.py)
 
 FAKE_LAUNCHER_CONFTEST = """
 import pytest
-from harness.distributed import RankResult
-from harness.pytest_plugin import LAUNCHER_KEY
+from harness.ranks import RankResult
+from harness.ranks.plugin import LAUNCHER_KEY
 
-pytest_plugins = ["harness.pytest_plugin"]
+pytest_plugins = ["harness.ranks.plugin"]
 
 
 def pytest_configure(config):

@@ -18,20 +18,34 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from harness import __version__, memory
 from harness.env import EnvironmentBuildError, ensure_environment, env_root, plan_environment, probe_versions
 from harness.errors import ConfigError, HostMismatchError
 from harness.matrix import DEFAULT_MATRIX, REPO_ROOT, Cell, Matrix, load_matrix, load_runners, select
+from harness.ranks.lifecycle import CELL_TOKEN_ENV, kill_cell_processes
 
 # Memory other processes may hold on a cell's GPUs before the cell refuses to start.
 BUSY_THRESHOLD_MIB = float(os.environ.get("HARNESS_BUSY_THRESHOLD_MIB", "2048"))
 # After the cell's timeout pytest gets SIGINT (it still writes junit.xml), then this long before SIGKILL.
 INTERRUPT_GRACE_SECONDS = 20
+# When harness itself is interrupted (SIGTERM, Ctrl-C) pytest gets SIGINT and this long before SIGKILL.
+STOP_GRACE_SECONDS = 3
+PLUGIN = "harness.ranks.plugin"
+
+
+class Interrupted(BaseException):  # a signal, like KeyboardInterrupt: `except Exception` lets it through
+    """harness run got SIGTERM or SIGINT: the cell stops, its folder says so, and harness exits 128+signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+        self.signum = signum
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -72,10 +86,35 @@ def command(args) -> int:
     if args.dry_run:
         print_plan(matrix, cells, host, results_root, root, args.pytest_args)
         return 0
-    outcomes = [run_cell(cell, host=host, results_root=results_root, env_dir=root,
-                         pytest_args=args.pytest_args, log=progress) for cell in cells]
+    try:
+        with interruptible():
+            outcomes = [run_cell(cell, host=host, results_root=results_root, env_dir=root,
+                                 pytest_args=args.pytest_args, log=progress) for cell in cells]
+    except Interrupted as interrupted:
+        print(f"harness: {interrupted}; the cell's folder says so", file=sys.stderr, flush=True)
+        return 128 + interrupted.signum
     print_table([outcome.folder for outcome in outcomes])
     return 0 if all(outcome.status == "passed" for outcome in outcomes) else 1
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """SIGTERM and SIGINT raise `Interrupted` (once: a second signal waits for the cleanup the first began)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame) -> None:
+        for each in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(each, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    previous = {each: signal.signal(each, interrupt) for each in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for each, handler in previous.items():
+            signal.signal(each, handler)
 
 
 def detect_host() -> Host:
@@ -159,6 +198,9 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
             record["status"], record["error"] = classify(cell, exit_code, timed_out, folder / "junit.xml")
     except EnvironmentBuildError as error:
         record["error"] = f"environment: {error}"
+    except Interrupted as interrupted:
+        record["status"], record["error"] = "errored", str(interrupted)
+        raise
     except Exception as error:
         record["error"] = f"harness: {type(error).__name__}: {error}"
         raise
@@ -174,7 +216,9 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
 
 
 def pytest_command(cell: Cell, python: Path, folder: Path, pytest_args: list[str]) -> list[str]:
-    command = [str(python), "-m", "pytest", *cell.suite,
+    # -p: the ranks plugin's options must exist when pytest parses them, where harness is not installed in
+    # the cell's environment (installed, its pytest11 entry point has the same name and is not loaded twice).
+    command = [str(python), "-m", "pytest", *cell.suite, "-p", PLUGIN,
                "-p", "no:cacheprovider", "-o", "junit_family=xunit1", f"--junitxml={folder / 'junit.xml'}",
                f"--timeout={cell.test_timeout_seconds}", "-rA"]
     if cell.reruns:
@@ -198,23 +242,36 @@ def pytest_environment(cell: Cell, gpus: list) -> dict[str, str]:
 
 def run_pytest(cell: Cell, python: Path, folder: Path, gpus: list, pytest_args: list[str],
                log: Callable[[str], None]) -> tuple[int | None, bool]:
-    """Runs the suite, streaming its output to pytest.log and the terminal. Returns (exit code, timed out)."""
+    """Runs the suite, streaming its output to pytest.log and the terminal. Returns (exit code, timed out).
+
+    Every process of the cell carries a token in its environment and writes temporary files under a folder
+    of its own; on every way out, whatever still carries the token is killed and the folder removed."""
     command = pytest_command(cell, python, folder, pytest_args)
     log("   " + shlex.join(command))
-    with (folder / "pytest.log").open("w") as pytest_log:
-        process = subprocess.Popen(command, cwd=REPO_ROOT, env=pytest_environment(cell, gpus),
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   start_new_session=True)  # its own group, so a timeout kills every rank
-        reader = threading.Thread(target=_pump, args=(process.stdout, tee(pytest_log, log)), daemon=True)
-        reader.start()
-        timed_out = False
-        try:
-            process.wait(timeout=cell.timeout_minutes * 60)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _stop_group(process)
-        _kill_leftovers(process)
-        reader.join(timeout=10)
+    token = uuid.uuid4().hex
+    temporary = tempfile.mkdtemp(prefix="harness-cell-")
+    environ = {**pytest_environment(cell, gpus), CELL_TOKEN_ENV: token, "TMPDIR": temporary}
+    try:
+        with (folder / "pytest.log").open("w") as pytest_log:
+            process = subprocess.Popen(command, cwd=REPO_ROOT, env=environ,
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                       start_new_session=True)  # its own group, so a timeout kills every rank
+            reader = threading.Thread(target=_pump, args=(process.stdout, tee(pytest_log, log)), daemon=True)
+            reader.start()
+            timed_out = False
+            try:
+                process.wait(timeout=cell.timeout_minutes * 60)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _stop_group(process)
+            except Interrupted:
+                _stop_group(process, interrupt_grace=STOP_GRACE_SECONDS)
+                raise
+            finally:
+                _kill_leftovers(process, token)
+                reader.join(timeout=10)
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
     return process.returncode, timed_out
 
 
@@ -308,15 +365,20 @@ def _pump(source, sink: Callable[[str], None]) -> None:
         sink(line.rstrip("\n"))
 
 
-def _kill_leftovers(process: subprocess.Popen) -> None:
-    """Ranks orphaned by a crashed pytest still hold GPUs; no process of the cell outlives it."""
+def _kill_leftovers(process: subprocess.Popen, token: str) -> None:
+    """Ranks orphaned by a crashed pytest still hold GPUs; no process of the cell outlives it. Ranks lead
+    process groups of their own, so the token finds them, not pytest's group."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
+    kill_cell_processes(token)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=10)
 
 
-def _stop_group(process: subprocess.Popen) -> None:
+def _stop_group(process: subprocess.Popen, interrupt_grace: float | None = None) -> None:
     """SIGINT first so pytest still writes junit.xml, then SIGKILL for every process in the group."""
-    for sig, grace in ((signal.SIGINT, INTERRUPT_GRACE_SECONDS), (signal.SIGKILL, 10)):
+    interrupt_grace = INTERRUPT_GRACE_SECONDS if interrupt_grace is None else interrupt_grace
+    for sig, grace in ((signal.SIGINT, interrupt_grace), (signal.SIGKILL, 10)):
         try:
             os.killpg(process.pid, sig)
         except ProcessLookupError:

@@ -22,6 +22,7 @@ import socket
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -92,7 +93,11 @@ class RankSet:
         self.workdir = Path(tempfile.mkdtemp(prefix="harness-pool-"))
         self.launch = Launch(world_size=world_size, port=free_port(), workdir=str(self.workdir),
                              collective_timeout_s=collective_timeout_s, device=device, launcher_pid=os.getpid())
-        self._address = str(self.workdir / "launcher.sock")
+        # Linux: an abstract socket (no path-length limit, no file left behind), so anyone on the host could
+        # connect: the HMAC challenge with a key only the ranks hold comes before anything is unpickled.
+        self._authkey = os.urandom(32)
+        self._address = (f"\0harness-ranks-{uuid.uuid4().hex}" if sys.platform.startswith("linux")
+                         else str(self.workdir / "launcher.sock"))
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(self._address)
         self._server.listen(world_size)
@@ -102,7 +107,8 @@ class RankSet:
         self._exit_code_of: Callable[[int, float], int | None] | None = None  # forked ranks: the zygote's
 
     def specs(self) -> list[RankSpec]:
-        return [RankSpec(self.launch, rank, self._address, dict(os.environ)) for rank in range(self.world_size)]
+        return [RankSpec(self.launch, rank, self._address, self._authkey, dict(os.environ))
+                for rank in range(self.world_size)]
 
     def spawn(self) -> None:
         context = multiprocessing.get_context("spawn")
@@ -126,6 +132,12 @@ class RankSet:
                 sock, _ = self._server.accept()
                 sock.setblocking(True)
                 connection = multiprocessing.connection.Connection(sock.detach())
+                try:
+                    multiprocessing.connection.deliver_challenge(connection, self._authkey)
+                    multiprocessing.connection.answer_challenge(connection, self._authkey)
+                except (multiprocessing.AuthenticationError, EOFError, OSError):
+                    connection.close()  # not one of our ranks
+                    continue
                 hello = pickle.loads(connection.recv_bytes())
                 assert isinstance(hello, Hello), hello
                 self._connections[hello.rank] = connection

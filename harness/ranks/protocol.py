@@ -54,6 +54,7 @@ class RankSpec:
     launch: Launch
     rank: int
     address: str  # the launcher's Unix socket
+    authkey: bytes  # answers the launcher's challenge: only its ranks may connect
     environ: dict[str, str]  # the launcher's environment (a forked rank starts with the zygote's)
 
 

@@ -73,7 +73,7 @@ def serve(spec: RankSpec) -> None:
     set_environment(launch, rank)
     rank_environ = {name: value for name, value in os.environ.items() if before.get(name) != value}
 
-    connection = multiprocessing.connection.Client(spec.address, family="AF_UNIX")
+    connection = multiprocessing.connection.Client(spec.address, family="AF_UNIX", authkey=spec.authkey)
     _send(connection, Hello(rank))
     try:
         state = RankState(launch, rank)

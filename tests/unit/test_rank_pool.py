@@ -552,3 +552,11 @@ def test_the_timing_file_gets_one_line_per_call(pytester, monkeypatch):
     assert line["test"] == "test_suite.py::test_first" and line["outcome"] == "passed"
     assert line["world_size"] == 2 and len(line["rank_work_s"]) == 2
     assert 0 <= line["work_s"] <= line["call_s"] and line["pool_start_s"] > 0
+
+
+def test_no_ranks_pool_is_a_known_option_of_the_suite():
+    """The plugin registers before the command line is parsed (pytest11 entry point), so its options exist."""
+    completed = subprocess.run([sys.executable, "-m", "pytest", "tests/gpu", "--no-ranks-pool", "--collect-only",
+                                "-q", "-p", "no:cacheprovider"], cwd=Path(__file__).parents[2],
+                               capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]

@@ -112,8 +112,7 @@ def kill_cell_processes(token: str, timeout_s: float = 10.0) -> list[int]:
             return pids
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                if os.getpgid(pid) == pid:
+                if os.getpgid(pid) == pid:  # a rank leads a group: what it started goes too
                     os.killpg(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
         time.sleep(0.05)

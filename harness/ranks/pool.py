@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +34,7 @@ from harness.ranks.protocol import (
     BOOTSTRAP_TIMEOUT_S,
     COLLECTIVE_TIMEOUT_MARGIN_S,
     DEFAULT_TIMEOUT_S,
+    DistributedError,
     RankFailedError,
     RankResult,
     RankTimeoutError,
@@ -86,7 +88,12 @@ class PoolLauncher:
             if pool is None:
                 pool = self._start_pool(world_size, device, timeout)
                 pool_start_s = time.monotonic() - started
-            replies = pool.call(payload, timeout)
+            try:
+                replies = pool.call(payload, timeout)
+            except BaseException as error:
+                if not isinstance(error, DistributedError):  # pytest-timeout, Ctrl-C: what were the ranks doing?
+                    _print_stacks(pool, error)
+                raise
             work = [reply.seconds for reply in replies]
             outcome = "passed"
             self._preload([name for reply in replies for name in reply.modules])
@@ -211,6 +218,15 @@ class PoolLauncher:
         self._rank_modules.update(dict.fromkeys(new))
         if new and self._preload_level >= 2 and self._zygote is not None:
             self._zygote.preload(new)
+
+
+def _print_stacks(pool: RankSet, error: BaseException) -> None:
+    """The ranks' stacks on stderr (pytest shows it with the test's failure) when the wait for them was cut
+    short by something else than the launcher: pytest-timeout, an interrupt."""
+    stacks = pool.stacks(list(range(pool.world_size)))
+    print(f"rank pool: {type(error).__name__} while the ranks ran; the Python stack of every rank:", file=sys.stderr)
+    for rank, stack in stacks.items():
+        print(f"--- rank {rank} ---\n{stack.rstrip()}", file=sys.stderr, flush=True)
 
 
 def _record_timing(world_size: int, device: str, fn: Callable[..., Any], outcome: str, work: list,

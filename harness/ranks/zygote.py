@@ -31,11 +31,13 @@ from pathlib import Path
 
 from harness.ranks import lifecycle
 from harness.ranks.protocol import (
+    BOOTSTRAP_TIMEOUT_S,
     Exited,
     Fork,
     Forked,
     Preload,
     RankSpec,
+    RankTimeoutError,
     Refused,
     describe_exit,
 )
@@ -51,10 +53,6 @@ class ForkRefused(Exception):
     def __init__(self, reason: str, bare: bool = False):
         super().__init__(reason)
         self.bare = bare
-
-
-class ZygoteBusy(Exception):
-    """The zygote was still importing at the deadline."""
 
 
 class Zygote:
@@ -96,7 +94,8 @@ class Zygote:
             if isinstance(message, Refused):
                 self.refused = message.reason
                 raise ForkRefused(message.reason, bare=message.bare)
-        raise ZygoteBusy("the zygote was still importing when the ranks' start deadline passed")
+        raise RankTimeoutError(BOOTSTRAP_TIMEOUT_S, [spec.rank for spec in specs],
+                               {spec.rank: "(not started: the zygote was still importing)" for spec in specs})
 
     def exit_code(self, pid: int, wait_s: float) -> int | None:
         """A forked rank's exit code (negative: the signal), once the zygote has reaped it."""

@@ -501,7 +501,9 @@ def test_a_rerun_and_the_test_after_a_pytest_timeout_get_a_healthy_pool(pytester
                                 "--timeout-method", "signal")
     outcomes = result.parseoutcomes()
     assert (outcomes["passed"], outcomes["failed"], outcomes["rerun"]) == (2, 1, 1)
-    result.stdout.fnmatch_lines(["E *Failed: Timeout (>3.0s) from pytest-timeout."])
+    result.stdout.fnmatch_lines(["E *Failed: Timeout (>3.0s) from pytest-timeout.",
+                                 "rank pool: Failed while the ranks ran; the Python stack of every rank:"])
+    assert "in hang_on_rank_one" in result.stdout.str()  # the ranks' stacks, not only the waiting parent's
     assert set(pids["after pytest-timeout"]).isdisjoint(pids["rerun"])
 
 

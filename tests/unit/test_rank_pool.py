@@ -99,6 +99,17 @@ def hang_on_rank_one():
     dist.barrier()
 
 
+def spin_in_c(pid_dir):
+    """Write this rank's pid and its parent's, then backtrack for ages inside C code, holding the GIL (no
+    Python thread of the rank runs again)."""
+    import re
+
+    import torch.distributed as dist
+
+    Path(pid_dir, f"rank{dist.get_rank()}").write_text(f"{os.getpid()} {os.getppid()}")
+    re.match(r"(a+)+$", "a" * 64 + "b")
+
+
 def _threads(pid: int) -> list[str]:
     try:
         return os.listdir(f"/proc/{pid}/task")
@@ -253,6 +264,45 @@ def test_ranks_and_the_zygote_exit_when_their_parent_is_killed(tmp_path):
     pids = [int(pid) for pid in completed.stdout.split()]
     assert len(pids) == 4
     assert _wait_until_gone(pids, seconds=10) == []
+
+
+PARENT_KILLED_WHILE_RANKS_SPIN = """
+import sys
+
+from harness.ranks.pool import PoolLauncher
+from harness.ranks.spawn import run_distributed
+
+if __name__ == "__main__":
+    sys.path.insert(0, sys.argv[1])
+    import test_rank_pool
+
+    launcher = PoolLauncher() if sys.argv[2] == "pool" else run_distributed
+    launcher(2, test_rank_pool.spin_in_c, sys.argv[3], timeout=600, device="cpu")
+"""
+
+
+@pytest.mark.parametrize("how", ["pool", "spawn"])
+def test_ranks_spinning_in_c_die_with_their_killed_parent(tmp_path, how):
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT_KILLED_WHILE_RANKS_SPIN)
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]),
+                                                            os.environ.get("PYTHONPATH", "")])}
+    parent = subprocess.Popen([sys.executable, str(script), str(Path(__file__).parent), how, str(pid_dir)],
+                              env=environ)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(pid_dir.iterdir())) < 2:
+            assert parent.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(0.5)  # into the spin
+    finally:
+        parent.kill()
+        parent.wait()
+    pids = {int(pid) for path in pid_dir.iterdir() for pid in path.read_text().split()} - {parent.pid}
+    assert len(pids) == (3 if how == "pool" else 2)  # both ranks, and the zygote that forked them
+    assert _wait_until_gone(list(pids), seconds=10) == []
 
 
 def test_a_function_that_does_not_pickle_is_refused_before_any_rank_runs(launcher):

@@ -123,6 +123,13 @@ def test_a_hang_is_killed_at_the_timeout_with_every_ranks_stack_and_nothing_left
     assert [pid for pid in pids if is_alive(pid)] == []
 
 
+def test_starting_the_ranks_does_not_count_against_the_timeout():
+    started = time.monotonic()
+    results = run_distributed(2, report_rank, "x", timeout=1, device="cpu")
+    assert [result.value["rank"] for result in results] == [0, 1]
+    assert time.monotonic() - started > 1  # spawning and importing torch alone took longer than the timeout
+
+
 def test_a_function_that_does_not_pickle_is_refused_before_any_rank_starts():
     with pytest.raises(TypeError, match="module-level function and picklable arguments"):
         run_distributed(2, lambda: None, timeout=60, device="cpu")

@@ -8,6 +8,7 @@ zygote); nothing between processes is a bare tuple. Needs only the standard libr
 from __future__ import annotations
 
 import dataclasses
+import os
 import signal
 import time
 import traceback
@@ -197,16 +198,33 @@ class RankFailedError(DistributedError):
 
 
 class RankTimeoutError(DistributedError):
-    """Ranks still ran at the deadline; `stacks` maps each rank to its Python stack (or what it did)."""
+    """Ranks still ran at the deadline; `stacks` maps each rank to its Python stack (or what it did).
+    `hung_first`: the ranks that were not waiting in a torch.distributed call, so the others wait for them;
+    their stacks come first."""
 
     def __init__(self, timeout_s: float, hung_ranks: list[int], stacks: dict[int, str], *,
                  rank_seconds: list[float | None] | None = None):
         self.timeout_s = timeout_s
         self.hung_ranks = hung_ranks
         self.stacks = stacks
-        parts = [f"ranks {hung_ranks} still running after {timeout_s:g}s; killed. Python stack of every rank:"]
-        parts += [f"--- rank {rank} ---\n{stack.rstrip()}" for rank, stack in sorted(stacks.items())]
+        waiting = [rank for rank in hung_ranks if in_collective(stacks.get(rank, ""))]
+        self.hung_first = [rank for rank in hung_ranks if rank not in waiting]
+        head = f"ranks {hung_ranks} still running after {timeout_s:g}s; killed."
+        if self.hung_first and waiting:
+            head += f" Hung first: ranks {self.hung_first}; ranks {waiting} waited for them in a collective."
+        parts = [f"{head} Python stack of every rank:"]
+        order = self.hung_first + waiting + sorted(rank for rank in stacks if rank not in hung_ranks)
+        parts += [f"--- rank {rank} ---\n{stacks[rank].rstrip()}" for rank in order]
         super().__init__("\n".join(parts), rank_seconds or [], [])
+
+
+def in_collective(stack: str) -> bool:
+    """Whether faulthandler's dump shows the rank's current thread inside torch.distributed (innermost frame
+    first): a rank there waits for its peers."""
+    current = stack.split("Current thread", 1)
+    frames = [line.strip() for line in current[1].splitlines()[1:] if line.strip().startswith("File ")] \
+        if len(current) == 2 else []
+    return bool(frames) and f"{os.sep}torch{os.sep}distributed{os.sep}" in frames[0]
 
 
 # ---------------------------------------------------------------- building the errors

@@ -115,7 +115,10 @@ def test_a_hang_is_killed_at_the_timeout_with_every_ranks_stack_and_nothing_left
     assert error.hung_ranks == [0, 1]
     assert "in sleep_forever" in error.stacks[1]
     assert "in hang_with_a_child" in error.stacks[0] and "barrier" in error.stacks[0]
-    assert str(error).startswith("ranks [0, 1] still running after 5s; killed.")
+    assert str(error).startswith("ranks [0, 1] still running after 5s; killed. Hung first: ranks [1]; "
+                                 "ranks [0] waited for them in a collective.")
+    assert error.hung_first == [1]
+    assert str(error).index("--- rank 1 ---") < str(error).index("--- rank 0 ---")
     pids = [int(pid) for rank in (0, 1) for pid in (tmp_path / f"rank{rank}").read_text().split()]
     deadline = time.monotonic() + 5
     while any(is_alive(pid) for pid in pids) and time.monotonic() < deadline:

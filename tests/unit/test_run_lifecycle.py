@@ -96,6 +96,7 @@ def test_a_signal_mid_cell_stops_every_process_and_leaves_an_errored_folder(tmp_
     assert process.returncode == 128 + signum, process.stdout.read()
     assert [pid for pid in cell_pids(pids) if is_alive(pid)] == []  # gone before harness exited
     assert stopped_s < 30
+    print(f"{signal.Signals(signum).name}: harness and every process of the cell gone in {stopped_s:.1f}s")
     env = env_json(results)
     assert env["status"] == "errored" and env["error"] == f"interrupted by {signal.Signals(signum).name}"
     assert env["end"] is not None

@@ -9,6 +9,7 @@ escaping filters below before it reaches Markdown, HTML or a terminal.
 from __future__ import annotations
 
 import math
+import os
 import re
 import sys
 from collections.abc import Callable, Iterable
@@ -22,6 +23,7 @@ import markupsafe
 from harness.errors import ConfigError
 from harness.results import (
     DIGEST_TAG,
+    BaselineUnreadable,
     CellResult,
     CellStatus,
     Comparison,
@@ -691,10 +693,21 @@ def _linear_ticks(largest: float) -> list[float]:
 # CLI
 
 
+def read_baseline(path: str) -> Digest | None:
+    """The baseline, or None with a warning where it holds no readable digest: a previous comment that
+    was cut or edited must not stop this run's comment from being written."""
+    try:
+        return load_baseline(path)
+    except BaselineUnreadable as error:
+        prefix = "::warning::" if os.environ.get("GITHUB_ACTIONS") == "true" else "harness: warning: "
+        print(f"{prefix}{error}; rendering without a comparison", file=sys.stderr)
+        return None
+
+
 def command(args) -> int:
     """`harness report`: read the results, render one format, write it to a file or stdout."""
     result_set = load_results(args.results)
-    baseline = load_baseline(args.baseline) if args.baseline else None
+    baseline = read_baseline(args.baseline) if args.baseline else None
     text = render(result_set, args.format, baseline=baseline, sha=args.sha, matrix_name=args.matrix_name)
     if not args.output:
         sys.stdout.write(text)

@@ -993,7 +993,7 @@ def test_nightly_needs_results(env, tmp_path, capsys):
 
 def test_gh_imports_only_the_standard_library():
     """ok-to-test.yml runs `python3 -m harness gh ...` from a checkout with nothing installed; the
-    commands that read results import harness.results (junitparser) and harness.report (jinja2) late."""
+    commands that read results import harness.results and harness.report (jinja2) late."""
     missing = ("jinja2", "junitparser", "markupsafe", "yaml")
     code = f"import sys; sys.modules.update(dict.fromkeys({missing!r})); import harness.github"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,

@@ -21,13 +21,10 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from harness import __version__
 from harness.errors import ConfigError, GitHubError, NotAuthorizedError
-
-if TYPE_CHECKING:  # the commands that read results import them when they run
-    from harness.results import Digest, ResultSet
 
 NIGHTLY_MARKER = "<!-- harness-nightly -->"
 BODY_LIMIT = 65_536  # characters GitHub accepts in an issue or comment body
@@ -481,41 +478,6 @@ def previous_run_command(gh: GitHub, args: Any) -> int:
     return 0
 
 
-def nightly_regressions(
-    result_set: ResultSet, baseline: Digest, *, memory_mib: float, memory_percent: float,
-) -> list[str]:
-    """What got worse since the previous night: tests failing that did not fail then, cells that
-    newly errored, and GPU peak memory that grew by more than both limits."""
-    from harness.results import CellStatus, compare, natural_key
-
-    cells = {cell.id: cell for cell in result_set.cells}
-    comparison = compare(result_set, baseline, memory_change_mib=memory_mib,
-                         memory_change_fraction=memory_percent / 100)
-    findings = []
-    for change in comparison.cells:
-        cell = cells.get(change.cell_id)
-        if cell is None:  # a cell of the night before that did not run tonight
-            continue
-        if cell.status is CellStatus.ERRORED:
-            if change.status_before is not CellStatus.ERRORED:
-                findings.append(f"`{cell.id}` errored: {cell.reason}")
-            continue
-        outcomes = {test.test_id: test.outcome.value for test in cell.failing_tests}
-        if change.tests_compared:
-            new_failures, since = change.new_failures, ""
-        else:  # no tests the night before (a new or errored cell): every failure tonight is new
-            new_failures, since = sorted(outcomes, key=natural_key), " (no result the night before)"
-        findings.extend(f"`{cell.id}` `{test_id}` {outcomes[test_id]}{since}" for test_id in new_failures)
-        findings.extend(f"`{cell.id}` GPU {gpu.gpu_index} peak used memory grew from {gpu.before_mib:,.0f} "
-                        f"to {gpu.after_mib:,.0f} MiB{_percent(gpu.before_mib, gpu.after_mib)}"
-                        for gpu in change.memory if gpu.after_mib > gpu.before_mib)
-    return findings
-
-
-def _percent(before: float, after: float) -> str:
-    return f" (+{(after - before) / before * 100:.0f}%)" if before > 0 else ""
-
-
 def find_open_issue(gh: GitHub, label: str, author: str) -> dict | None:
     # The label filter of the issues list is exact and has no search-index delay.
     for issue in gh.paginate(gh.repo_path("issues"), state="open", labels=label):
@@ -526,11 +488,12 @@ def find_open_issue(gh: GitHub, label: str, author: str) -> dict | None:
 
 
 def nightly_issue_command(gh: GitHub, args: Any) -> int:
-    from harness.results import CellStatus, Digest, load_baseline, load_results
+    from harness.report import read_baseline, render_nightly
+    from harness.results import CellStatus, Digest, load_results, nightly_regressions
 
     current = load_results([args.results])
     # No baseline folder: the first night, or the previous night's artifacts expired.
-    baseline = load_baseline(args.baseline) if args.baseline and Path(args.baseline).exists() else None
+    baseline = read_baseline(args.baseline) if args.baseline and Path(args.baseline).exists() else None
     regressions = nightly_regressions(current, baseline or Digest(cells={}),
                                       memory_mib=args.memory_mib, memory_percent=args.memory_percent)
     green = all(cell.status is CellStatus.PASSED for cell in current.cells)
@@ -538,26 +501,25 @@ def nightly_issue_command(gh: GitHub, args: Any) -> int:
     sha = (args.sha or os.environ.get("GITHUB_SHA") or "unknown")[:12]
     run_id = os.environ.get("GITHUB_RUN_ID", "")
     server = os.environ.get("GITHUB_SERVER_URL", "")
-    run = f" ([run]({server}/{gh.repo}/actions/runs/{run_id}))" if server and run_id else ""
+    run_url = f"{server}/{gh.repo}/actions/runs/{run_id}" if server and run_id.isdigit() else None
     # One comment per night, even when the job is re-run.
-    night_marker = f"<!-- harness-nightly:{run_id or sha} -->"
+    night_marker = f"<!-- harness-nightly:{run_id if run_id.isdigit() else 'local'} -->"
 
     if green:
         if issue is None:
             print("all green; no open regression issue")
             return 0
-        upsert_comment(gh, issue["number"], f"All green again on `{sha}`{run}; closing.",
+        upsert_comment(gh, issue["number"], render_nightly("green", marker=night_marker, sha=sha, run_url=run_url),
                        night_marker, args.author)
         gh.request("PATCH", gh.repo_path(f"issues/{issue['number']}"),
                    body={"state": "closed", "state_reason": "completed"})
         print(f"closed issue #{issue['number']}")
         return 0
 
-    listing = "\n".join(f"- {line}" for line in regressions) or "- nothing new since the night before"
     against = "the night before" if baseline is not None else "no earlier results (first night, or they expired)"
     report = read_text(args.report, "report") if args.report else ""
-    body = fit_body(f"{NIGHTLY_MARKER}\nNightly `{args.matrix}` on `{sha}`{run}, compared with {against}:\n\n"
-                    f"{listing}\n\n<details><summary>Report</summary>\n\n{report}\n\n</details>\n")
+    body = fit_body(render_nightly("issue", marker=NIGHTLY_MARKER, sha=sha, run_url=run_url, regressions=regressions,
+                                   matrix=args.matrix, against=against, report=report))
     if issue is None:
         if not regressions:
             print("failures persist from the night before, and no regression issue is open")
@@ -568,8 +530,8 @@ def nightly_issue_command(gh: GitHub, args: Any) -> int:
         return 0
     gh.request("PATCH", gh.repo_path(f"issues/{issue['number']}"), body={"body": body})
     if regressions:
-        upsert_comment(gh, issue["number"], f"Regressed again on `{sha}`{run}:\n\n{listing}\n",
-                       night_marker, args.author)
+        again = render_nightly("again", marker=night_marker, sha=sha, run_url=run_url, regressions=regressions)
+        upsert_comment(gh, issue["number"], again, night_marker, args.author)
     print(f"updated issue #{issue['number']}")
     return 0
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import jinja2
 import markupsafe
 
+from harness.contract import KNOWN_BUG_PREFIX
 from harness.errors import ConfigError
 from harness.results import (
     DIGEST_TAG,
@@ -29,7 +30,10 @@ from harness.results import (
     Comparison,
     Counts,
     Digest,
+    Labelled,
+    Number,
     Outcome,
+    Regression,
     ResultSet,
     TestResult,
     compare,
@@ -38,6 +42,7 @@ from harness.results import (
     load_baseline,
     load_results,
     natural_key,
+    finite,
     paused_gc,
 )
 
@@ -125,20 +130,35 @@ class MetricPoint:
     test: TestResult
 
     @property
-    def error(self) -> float | None:
+    def error(self) -> Number | None:
         return self.test.grad_error
 
     @property
-    def bound(self) -> float | None:
+    def bound(self) -> Number | None:
         return self.test.grad_bound
 
     @property
-    def routing_margin(self) -> float | None:
+    def routing_margin(self) -> Number | None:
         return self.test.routing_margin
 
     @property
-    def peak_allocated_mib(self) -> float | None:
+    def logits_difference(self) -> Number | None:
+        return self.test.logits_difference
+
+    @property
+    def logits_atol(self) -> Number | None:
+        return self.test.logits_atol
+
+    @property
+    def peak_allocated_mib(self) -> Number | None:
         return self.test.peak_allocated_mib
+
+    @property
+    def logits_over(self) -> bool:
+        difference, atol = self.logits_difference, finite(self.logits_atol)
+        if isinstance(difference, Labelled):
+            return not difference.tiny
+        return difference is not None and atol is not None and difference > atol
 
     @property
     def ratio(self) -> float | None:
@@ -151,6 +171,9 @@ class MetricPoint:
 
     @property
     def exceeded(self) -> bool:
+        # A non-finite error (inf, nan) is over any bound: the night a gradient blows up is a red one.
+        if isinstance(self.error, Labelled):
+            return not self.error.tiny
         return self.ratio is not None and self.ratio > 1.0
 
 
@@ -163,6 +186,33 @@ class CaseMetrics:
     @property
     def points(self) -> tuple[MetricPoint, ...]:
         return tuple(MetricPoint(cell_id=cell_id, test=test) for cell_id, test in self.measured)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class XfailedCase:
+    """An expected failure, with its reason (a known upstream bug says which)."""
+
+    test_id: str
+    cell_id: str
+    reason: str
+
+    @property
+    def known_upstream_bug(self) -> bool:
+        return self.reason.startswith(KNOWN_BUG_PREFIX)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Coverage:
+    """`EP families covered: N of M (transformers X)` of one cell, from its suite properties."""
+
+    cell_id: str
+    covered: tuple[str, ...]
+    declared: tuple[str, ...]
+    transformers: str | None
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        return tuple(name for name in self.declared if name not in self.covered)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -190,6 +240,8 @@ class Report:
     flaky: tuple[FlakyTest, ...]
     skips: tuple[SkipGroup, ...]
     metrics: tuple[CaseMetrics, ...]  # worst first
+    xfailed: tuple[XfailedCase, ...]
+    coverage: tuple[Coverage, ...]
     reproductions: tuple[Reproduction, ...]
     comparison: Comparison | None
     notes: tuple[Note, ...]
@@ -222,6 +274,13 @@ def build_report(
         flaky=flaky,
         skips=skips,
         metrics=metrics,
+        xfailed=tuple(XfailedCase(test_id=test.test_id, cell_id=cell.id, reason=test.message or "no reason given")
+                      for cell in cells for test in cell.tests if test.outcome is Outcome.XFAILED),
+        coverage=tuple(
+            Coverage(cell_id=cell.id, covered=cell.suite.ep_families_covered or (),
+                     declared=cell.suite.ep_families_declared or (), transformers=cell.suite.transformers_version)
+            for cell in cells if cell.suite.ep_families_declared is not None
+        ),
         reproductions=tuple(
             Reproduction(cell_id=cell.id, command=cell.reproduce_command())
             for cell in cells if cell.status is not CellStatus.PASSED
@@ -263,7 +322,7 @@ def _tally_tests(
                 flaky.append(FlakyTest(test_id=test.test_id, cell_id=cell_id, attempts=test.attempts))
             elif outcome is Outcome.SKIPPED or outcome is Outcome.XFAILED:
                 skipped.setdefault((outcome, test.message or "no reason given"), []).append(cell_id)
-            if test.grad_error is not None or test.grad_bound is not None or test.routing_margin is not None:
+            if test.has_metrics:
                 measured.setdefault(test.test_id, []).append((cell_id, test))
     skips = [
         SkipGroup(reason=reason, outcome=outcome, tests=len(cell_ids), cells=tuple(dict.fromkeys(cell_ids)))
@@ -282,18 +341,23 @@ def _tally_tests(
 
 
 def _ratio(test: TestResult) -> float | None:
-    if test.grad_error is None or not test.grad_bound or test.grad_bound <= 0:
+    error, bound = finite(test.grad_error), finite(test.grad_bound)
+    if error is None or not bound or bound <= 0:
         return None
-    return test.grad_error / test.grad_bound
+    return error / bound
 
 
 def _closeness(test: TestResult) -> tuple[float, float, float]:
-    """Order by error/bound; without a bound by the error; then by the smallest routing margin."""
+    """Order by error/bound; without a bound by the error; then by the smallest routing margin. A
+    labelled (non-finite) error comes first of all."""
+    if isinstance(test.grad_error, Labelled) and not test.grad_error.tiny:
+        return (math.inf, math.inf, math.inf)
     ratio = _ratio(test)
+    error, margin = finite(test.grad_error), finite(test.routing_margin)
     return (
         ratio if ratio is not None else -math.inf,
-        test.grad_error if test.grad_error is not None else -math.inf,
-        -test.routing_margin if test.routing_margin is not None else -math.inf,
+        error if error is not None else -math.inf,
+        -margin if margin is not None else -math.inf,
     )
 
 
@@ -444,11 +508,18 @@ def fence_for(text: str | None) -> str:
 # Numbers
 
 
-def gib(mib: float | None) -> str:
+# A labelled value (inf, nan, out of range) is shown as its label, never computed with.
+
+
+def gib(mib: Number | None) -> str:
+    if isinstance(mib, Labelled):
+        return one_line(mib.label, 24)
     return "?" if mib is None else f"{mib / 1024:.1f}"
 
 
-def mib_or_gib(mib: float | None) -> str:
+def mib_or_gib(mib: Number | None) -> str:
+    if isinstance(mib, Labelled):
+        return one_line(mib.label, 24) + " MiB"
     if mib is None:
         return "—"
     return f"{mib:.0f} MiB" if mib < 1024 else f"{mib / 1024:.1f} GiB"
@@ -461,7 +532,9 @@ def memory_per_gpu(cell: CellResult) -> str:
     return " / ".join(gib(gpu.peak_used_mib) for gpu in cell.memory) + " GiB"
 
 
-def duration(seconds: float | None) -> str:
+def duration(seconds: Number | None) -> str:
+    if isinstance(seconds, Labelled):
+        return one_line(seconds.label, 24) + "s"
     if seconds is None:
         return "—"
     whole = round(seconds)
@@ -474,11 +547,15 @@ def duration(seconds: float | None) -> str:
     return f"{seconds:.1f}s" if seconds < 10 else f"{secs}s"
 
 
-def scientific(value: float | None) -> str:
+def scientific(value: Number | None) -> str:
+    if isinstance(value, Labelled):
+        return one_line(value.label, 24)
     return "—" if value is None else f"{value:.2e}"
 
 
-def significant(value: float | None) -> str:
+def significant(value: Number | None) -> str:
+    if isinstance(value, Labelled):
+        return one_line(value.label, 24)
     return "—" if value is None else f"{value:.3g}"
 
 
@@ -528,7 +605,7 @@ def terminal_table(cells: Iterable[CellResult]) -> TerminalTable:
 
 def _compact_memory(cell: CellResult) -> str:
     """Per GPU up to four GPUs; beyond, the range over them keeps the table narrow."""
-    peaks = [gpu.peak_used_mib for gpu in cell.memory if gpu.peak_used_mib is not None]
+    peaks = [finite(gpu.peak_used_mib) for gpu in cell.memory if finite(gpu.peak_used_mib) is not None]
     if len(cell.memory) <= 4 or not peaks:
         return memory_per_gpu(cell).replace("—", "-")
     return f"{gib(min(peaks))}-{gib(max(peaks))} GiB on {len(cell.memory)} GPUs"
@@ -604,7 +681,7 @@ def html_plots(report: Report) -> tuple[Plot, ...]:
 def memory_plot(cells: Iterable[CellResult]) -> Plot | None:
     cells = tuple(cells)
     largest = max((value for cell in cells for gpu in cell.memory
-                   for value in (gpu.total_mib, gpu.peak_used_mib) if value), default=0.0)
+                   for value in (finite(gpu.total_mib), finite(gpu.peak_used_mib)) if value), default=0.0)
     if not largest:
         return None
     scale = _PLOT_WIDTH / largest
@@ -617,12 +694,13 @@ def memory_plot(cells: Iterable[CellResult]) -> Plot | None:
             y += _BAR + _ROW_GAP
         for gpu in cell.memory:
             name = f"{cell.id} GPU {gpu.index}" + (f" ({gpu.name})" if gpu.name else "")
-            if gpu.total_mib:
-                rects.append(Rect(x=_LABEL_WIDTH, y=y, width=gpu.total_mib * scale, height=_BAR,
+            total, peak = finite(gpu.total_mib), finite(gpu.peak_used_mib)
+            if total and total > 0:
+                rects.append(Rect(x=_LABEL_WIDTH, y=y, width=total * scale, height=_BAR,
                                   kind="capacity", title=f"{name}: {gib(gpu.total_mib)} GiB in total"))
-            if gpu.peak_used_mib is not None:
+            if peak is not None and peak >= 0:
                 rects.append(Rect(
-                    x=_LABEL_WIDTH, y=y, width=gpu.peak_used_mib * scale, height=_BAR, kind="peak",
+                    x=_LABEL_WIDTH, y=y, width=peak * scale, height=_BAR, kind="peak",
                     title=f"{name}: peak {gib(gpu.peak_used_mib)} GiB, {gib(gpu.used_before_mib)} GiB before",
                 ))
             labels.append(Label(x=_LABEL_WIDTH + _PLOT_WIDTH + 8, y=y + _BAR,
@@ -643,9 +721,11 @@ def memory_plot(cells: Iterable[CellResult]) -> Plot | None:
 def gradient_plot(cases: Iterable[CaseMetrics]) -> Plot | None:
     cases = tuple(case for case in cases if any(point.error is not None for point in case.points))
     values = [value for case in cases for point in case.points
-              for value in (point.error, point.bound) if value is not None and value > 0]
+              for value in (finite(point.error), finite(point.bound)) if value is not None and value > 0]
     if not values:
         return None
+    # Labelled values (inf, nan, out of range) sit at the axis' right end; the model's range keeps
+    # every finite value's log10 within a few hundred.
     low, high = math.floor(math.log10(min(values))), math.ceil(math.log10(max(values)))
     high = max(high, low + 1)
 
@@ -661,15 +741,18 @@ def gradient_plot(cases: Iterable[CaseMetrics]) -> Plot | None:
         labels.append(Label(x=x, y=_AXIS_TOP - 10, text=f"1e{exponent}", anchor="middle", kind="axis"))
     for case in cases:
         labels.append(Label(x=_LABEL_WIDTH - 8, y=y + _BAR, text=one_line(case.case, 60), anchor="end"))
-        for bound in sorted({point.bound for point in case.points if point.bound and point.bound > 0}):
+        bounds = {finite(point.bound) for point in case.points}
+        for bound in sorted(bound for bound in bounds if bound and bound > 0):
             rules.append(Rule(x1=x_of(bound), y1=y - 1, x2=x_of(bound), y2=y + _BAR + 1, kind="bound",
                               title=f"bound {scientific(bound)}"))
         for point in case.points:
             if point.error is None:
                 continue
-            at_zero = point.error <= 0
+            error = finite(point.error)
+            at_zero = error is not None and error <= 0
+            x = _LABEL_WIDTH + _PLOT_WIDTH if error is None else (_LABEL_WIDTH if at_zero else x_of(error))
             dots.append(Dot(
-                x=_LABEL_WIDTH if at_zero else x_of(point.error), y=y + _BAR / 2,
+                x=x, y=y + _BAR / 2,
                 kind="over" if point.exceeded else ("zero" if at_zero else "within"),
                 title=f"{point.cell_id}: error {scientific(point.error)}, bound {scientific(point.bound)}",
             ))
@@ -691,6 +774,15 @@ def _linear_ticks(largest: float) -> list[float]:
 
 # ---------------------------------------------------------------------------------------------
 # CLI
+
+
+def render_nightly(kind: str, *, marker: str, sha: str, run_url: str | None, regressions: Iterable[Regression] = (),
+                   matrix: str = "", against: str = "", report: str = "") -> str:
+    """The nightly issue's body (kind "issue") or a comment on it ("again", "green"), escaped like every
+    other rendering of results."""
+    return _environment().get_template("nightly-issue.md.j2").render(
+        kind=kind, marker=marker, sha=sha, run_url=run_url, regressions=tuple(regressions), matrix=matrix,
+        against=against, report=report)
 
 
 def read_baseline(path: str) -> Digest | None:

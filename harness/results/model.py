@@ -39,6 +39,7 @@ class Labelled:
     """A recorded number the model cannot compute with (inf, nan, out of range): shown as its label."""
 
     label: str
+    tiny: bool = False  # a magnitude below SMALLEST (not zero), as opposed to inf, nan or a huge one
 
     def __str__(self) -> str:
         return self.label
@@ -69,7 +70,7 @@ def number(raw: object) -> Number | None:
     if math.isinf(value):
         return Labelled("inf" if value > 0 else "-inf")
     if value != 0.0 and not SMALLEST <= abs(value) <= LARGEST:
-        return Labelled(text or repr(value))
+        return Labelled(text or repr(value), tiny=abs(value) < SMALLEST)
     return value
 
 

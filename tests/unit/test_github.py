@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli, github
+from harness import cli, github, report
 from harness.errors import GitHubError
-from harness.results import Digest, load_baseline, load_results
+from harness.results import Digest, load_baseline, load_results, nightly_regressions
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "octo-org/harness"
@@ -815,9 +815,13 @@ def cells(tmp_path: Path, name: str, gpu_peak: float | None = None, **tests: str
 
 def regressions(now: Path, before: Path | None = None, memory_mib: float = 64.0,
                 memory_percent: float = 10.0) -> list[str]:
+    """The nightly listing's lines, as the issue shows them."""
     baseline = load_baseline(before) if before else Digest(cells={})
-    return github.nightly_regressions(load_results([now]), baseline, memory_mib=memory_mib,
-                                      memory_percent=memory_percent)
+    found = nightly_regressions(load_results([now]), baseline, memory_mib=memory_mib, memory_percent=memory_percent)
+    if not found:
+        return []
+    listing = report._environment().get_template("nightly-listing.md.j2").render(regressions=found)
+    return [line.removeprefix("- ") for line in listing.splitlines()]
 
 
 T = "tests/gpu/test_ep.py::t"

@@ -253,8 +253,8 @@ def test_metrics_put_the_case_closest_to_its_bound_first():
     ))
     rows = [row for row in table_rows(render(set_, "pr-comment")) if "test_case_" in row]
     assert rows == [
-        "| `tests/gpu/test_ep.py::test_case_1[2-bf16]` | `a` | 2.00e-02 | 3.00e-02 | 33% | 0.2 | — |",
-        "| `tests/gpu/test_ep.py::test_case_0[2-bf16]` | `b` | 4.00e-03 | 3.00e-02 | 87% | — | — |",
+        "| `tests/gpu/test_ep.py::test_case_1[2-bf16]` | `a` | 2.00e-02 | 3.00e-02 | 33% | 0.2 | — | — | — |",
+        "| `tests/gpu/test_ep.py::test_case_0[2-bf16]` | `b` | 4.00e-03 | 3.00e-02 | 87% | — | — | — | — |",
     ]
 
 

@@ -82,7 +82,8 @@ def test_reruns_that_flake_stay_red_and_error_are_told_apart():
     assert seen["tests/gpu/test_fsdp.py::test_fsdp_gradients[2]"] == ("errored", 3)  # broken fixture
     assert seen["tests/gpu/test_fsdp.py::test_fsdp_gradients[4]"] == ("skipped", 1)
     assert seen["tests/gpu/test_ep.py::test_ep_load[2]"] == ("passed", 1)
-    assert cell.counts.total == len(seen) == 17  # every test once, however often it ran
+    assert seen["tests/gpu/test_ep.py::test_ep_gpt_oss_bias"] == ("xfailed", 1)  # a known upstream bug
+    assert cell.counts.total == len(seen) == 19  # every test once, however often it ran
     assert (cell.status, cell.reason) == (CellStatus.FAILED, None)
 
 
@@ -90,7 +91,7 @@ def test_failure_keeps_first_line_and_the_end_of_the_traceback():
     routing = next(t for t in read_cell(ADA).tests if t.test_id.endswith("::test_ep_routing"))
     assert routing.message == ("routing differs: layer 1 sends 1 of 32 tokens to other experts "
                                "than the whole model")
-    assert routing.excerpt.endswith("tests/gpu/test_ep.py:31: AssertionError")
+    assert routing.excerpt.endswith("tests/gpu/test_ep.py:43: AssertionError")
     assert routing.property_value("min_routing_margin") == "0.18"
 
 
@@ -111,7 +112,7 @@ def test_crashed_cell_without_junit_is_errored_with_the_log_tail():
     cell = read_cell(RUN / "results-h200-8gpu-torch2.11.0-tf5.18.0" / "h200-8gpu-torch2.11.0-tf5.18.0")
     assert (cell.status, cell.reason) == (CellStatus.ERRORED, "pytest crashed: killed by signal SIGKILL")
     assert cell.tests == ()
-    assert cell.log_tail.endswith("tests/gpu/test_ep.py .........")
+    assert cell.log_tail.endswith("tests/gpu/test_ep.py ..........x")
     assert [gpu.peak_used_mib for gpu in cell.memory][-1] == 41984.0
 
 
@@ -314,7 +315,7 @@ def test_comparison_with_the_night_before():
     assert comparison.baseline_sha == "0a9b8c7d6e5f40312233445566778899aabbccdd"
     ada = changes["ada-2gpu-torch2.11.0-tf5.9.0"]
     assert [test_id.split("::")[1].split("[pipe")[0] for test_id in ada.new_failures] == [
-        "test_ep_gradients[2-bf16]", "test_ep_routing", "test_hostile_names"]
+        "test_ep_gradients[2-bf16]", "test_ep_logits", "test_ep_routing", "test_fsdp_nvfp4", "test_hostile_names"]
     assert ada.fixed == ("tests/gpu/test_fsdp.py::test_fsdp_fp8",)
     assert [(m.gpu_index, m.before_mib, m.after_mib) for m in ada.memory] == [(0, 11059.0, 12595.3)]
     cpu = changes["cpu-2rank-torch2.13.0-tf5.24.0"]

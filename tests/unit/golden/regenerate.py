@@ -82,6 +82,15 @@ def record_measurements(record_property, world, error, bound, margin, peak_mib):
     record_property("world_size", world)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def ep_coverage(record_testsuite_property):
+    declared = ["qwen3_moe", "mixtral", "gpt_oss"]
+    covered = declared[:2] if "gpt-oss-floor" in FLAGS else declared
+    record_testsuite_property("ep_families_declared", ",".join(declared))
+    record_testsuite_property("ep_families_covered", ",".join(covered))
+    record_testsuite_property("transformers_version", os.environ["SAMPLE_TRANSFORMERS"])
+
+
 @pytest.fixture
 def process_group(world):
     needs(world)
@@ -116,6 +125,18 @@ def test_ep_gradients(world, dtype, record_property):
     assert error <= bound, f"gradient error {error:.2e} above bound {bound:.0e} ({dtype}, {world} ranks)"
 
 
+def test_ep_logits(record_property):
+    difference = 2.4e-3 if "logits-over" in FLAGS else 3.1e-4
+    record_property("max_logits_difference", difference)
+    record_property("logits_atol", 1e-3)
+    assert difference <= 1e-3, f"logits differ by {difference:.1e}, above atol 1e-03"
+
+
+@pytest.mark.xfail(reason="known upstream bug: gpt_oss grouped_mm drops the expert bias on rank 1", strict=True)
+def test_ep_gpt_oss_bias():
+    raise AssertionError("expert bias missing on rank 1")
+
+
 def test_ep_routing(record_property):
     record_property("min_routing_margin", 0.18)
     if "crash" in FLAGS:
@@ -144,7 +165,9 @@ def test_fsdp_gradients(world, process_group, record_property):
 
 @pytest.mark.skipif("nvfp4-floor" in FLAGS, reason="needs torch>=2.14 for nvfp4 fake quant")
 def test_fsdp_nvfp4(record_property):
-    record_measurements(record_property, 2, 1.9e-2, 3e-2, 0.25, 2300.0)
+    error = float("inf") if "grad-inf" in FLAGS else 1.9e-2  # what the suite records for a non-finite gradient
+    record_measurements(record_property, 2, error, 3e-2, 0.25, 2300.0)
+    assert error <= 3e-2, f"gradient error {error} above bound 3e-02"
 
 
 @pytest.mark.xfail(CPU, reason="fp8 fake quant is not implemented for gloo", strict=False)
@@ -207,7 +230,8 @@ H200_8 = "h200-8gpu-torch2.11.0-tf5.18.0"
 RUN = (
     Sample(cell_id=CPU, flags=("nvfp4-floor",), artifact=f"results-{CPU}", duration_s=48.2),
     Sample(cell_id=ADA_5_9, reruns=2, artifact=f"results-{ADA_5_9}", cell_is_artifact=True,
-           flags=("routing-flip", "grad-over-bound", "broken-fixture", "always-red", "flaky", "hostile"),
+           flags=("routing-flip", "grad-over-bound", "broken-fixture", "always-red", "flaky", "hostile", "grad-inf",
+                  "logits-over", "gpt-oss-floor"),
            peaks_mib=(12595.3, 12390.1), duration_s=754.9),
     Sample(cell_id=H200_2, flags=("flaky",), reruns=1, artifact=f"results-{H200_2}",
            peaks_mib=(20480.0, 19968.5), duration_s=402.0),
@@ -255,7 +279,8 @@ def run_sample(sample: Sample, folder: Path, scratch: Path, sha: str) -> None:
         command += ["--reruns", str(sample.reruns)]
     environment = {**os.environ, "PYTHONUNBUFFERED": "1", "SAMPLE_GPUS": str(sample.cell["gpus"]),
                    "SAMPLE_CPU": "1" if sample.cell["gpu"] == "cpu" else "0",
-                   "SAMPLE_FLAGS": ",".join(sample.flags), "SAMPLE_STATE": str(scratch / "state")}
+                   "SAMPLE_FLAGS": ",".join(sample.flags), "SAMPLE_STATE": str(scratch / "state"),
+                   "SAMPLE_TRANSFORMERS": sample.cell["transformers"]}
     done = subprocess.run(command, cwd=scratch, env=environment, capture_output=True, text=True, check=False)
     (folder / "pytest.log").write_text(pin_log(done.stdout + done.stderr, scratch))
     if junit.is_file():

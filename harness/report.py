@@ -39,10 +39,10 @@ from harness.results import (
     compare,
     digest,
     encode_digest,
+    finite,
     load_baseline,
     load_results,
     natural_key,
-    finite,
     paused_gc,
 )
 

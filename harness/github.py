@@ -10,6 +10,7 @@ they run, on a runner that installed harness.
 
 from __future__ import annotations
 
+import datetime
 import email.utils
 import json
 import os
@@ -280,6 +281,7 @@ class CommentEvent:
     comment_id: int
     body: str
     login: str
+    created_at: str  # the server's timestamp of the comment, ISO 8601 ("" where the event lacks it)
 
     @classmethod
     def load(cls, path: str) -> CommentEvent:
@@ -294,6 +296,7 @@ class CommentEvent:
             comment_id=dig(event, "comment.id", int, source),
             body=dig(event, "comment.body", str, source),
             login=dig(event, "comment.user.login", str, source),
+            created_at=str((event.get("comment") or {}).get("created_at") or ""),
         )
 
 
@@ -349,7 +352,64 @@ def authorize(gh: GitHub, event: CommentEvent, matrix: str) -> Approval:
         raise NotAuthorizedError(
             f"`{prefix}` is not the head of #{event.number}, which is now `{head[:12]}`: "
             f"review the new commits, then comment `/ok to test {head[:12]}`")
+    if len(prefix) < 40:
+        unproven = short_sha_doubt(gh, event, prefix, head)
+        if unproven:
+            raise NotAuthorizedError(
+                f"`{prefix}` may not name the commit you reviewed: {unproven}. A full sha is always enough: "
+                f"if you reviewed the head, comment `/ok to test {head}`")
     return Approval(sha=head, pr=event.number, matrix=matrix)
+
+
+# Timeline events that move the head without adding a commit the PR's commit list would show twice.
+HEAD_MOVES = frozenset({"head_ref_force_pushed", "head_ref_restored", "head_ref_deleted"})
+MAX_PR_COMMITS = 250  # GitHub lists at most this many commits of a pull request
+
+
+def short_sha_doubt(gh: GitHub, event: CommentEvent, prefix: str, head: str) -> str | None:
+    """Why a short sha cannot be shown to name only the commit the reviewer saw, or None when it can.
+
+    A contributor can make a commit sharing a 7-character prefix in minutes, and push it between the
+    comment and this job. So the prefix counts only where it matches exactly one commit of the pull
+    request, that commit is the head, and the timeline shows no force-push since the comment (by the
+    server's timestamps; commit dates are the contributor's to choose). A plain push of a twin leaves
+    both commits in the list, which the first rule catches."""
+    try:
+        commits = list(gh.paginate(gh.repo_path(f"pulls/{event.number}/commits")))
+        events = list(gh.paginate(gh.repo_path(f"issues/{event.number}/timeline")))
+    except GitHubError as error:
+        return f"GitHub did not give the pull request's commits and timeline ({_first_line(str(error))})"
+    if len(commits) >= MAX_PR_COMMITS:
+        return f"the pull request has {MAX_PR_COMMITS} commits or more, more than GitHub lists"
+    matching = [str(commit.get("sha") or "") for commit in commits if str(commit.get("sha") or "").startswith(prefix)]
+    if len(matching) != 1:
+        return f"it matches {len(matching)} commits of the pull request"
+    if matching[0] != head:
+        return "the commit it matches is not the head"
+    commented = _timestamp(event.created_at)
+    if commented is None:
+        return "the event gives no time for the comment"
+    for entry in events:
+        if not isinstance(entry, dict) or entry.get("event") not in HEAD_MOVES:
+            continue
+        moved = _timestamp(str(entry.get("created_at") or ""))
+        if moved is None:
+            return f"a {entry.get('event')} event has no time"
+        if moved >= commented:
+            return f"the branch was force-pushed at {moved.isoformat()}, after the comment"
+    return None
+
+
+def _timestamp(text: str) -> datetime.datetime | None:
+    try:
+        moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else None
+
+
+def _first_line(text: str) -> str:
+    return text.splitlines()[0][:200] if text else ""
 
 
 def authorize_command(gh: GitHub, args: Any) -> int:

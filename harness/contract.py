@@ -41,6 +41,9 @@ EP_FAMILIES_COVERED = "ep_families_covered"
 TRANSFORMERS_VERSION = "transformers_version"
 SUITE_PROPERTIES = (EP_FAMILIES_DECLARED, EP_FAMILIES_COVERED, TRANSFORMERS_VERSION)
 
+# The PR comment starts with this line, so the next run finds and edits it (harness gh, no jinja2 needed).
+COMMENT_MARKER = "<!-- harness-report -->"
+
 # A known upstream bug is a strict xfail whose reason starts with this; its XPASS says the other.
 KNOWN_BUG_PREFIX = "known upstream bug: "
 FIXED_UPSTREAM = "fixed upstream: remove the entry"

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import __version__
+from harness.contract import COMMENT_MARKER
 from harness.errors import ConfigError, GitHubError, NotAuthorizedError
 
 NIGHTLY_MARKER = "<!-- harness-nightly -->"
@@ -472,8 +473,6 @@ def upsert_comment(gh: GitHub, issue: int, body: str, marker: str, author: str) 
 
 
 def comment_command(gh: GitHub, args: Any) -> int:
-    from harness.report import COMMENT_MARKER
-
     body = read_text(args.body, "comment body")
     action, comment = upsert_comment(gh, args.pr, body, COMMENT_MARKER, args.author)
     print(f"{action} {comment.get('html_url') or comment.get('id')}")
@@ -482,8 +481,6 @@ def comment_command(gh: GitHub, args: Any) -> int:
 
 def previous_comment_command(gh: GitHub, args: Any) -> int:
     """Save the body of the PR's harness comment, whose digest lets the next report show deltas."""
-    from harness.report import COMMENT_MARKER
-
     existing = find_comment(gh, args.pr, COMMENT_MARKER, args.author)
     if existing is None:
         print(f"no harness comment on #{args.pr} yet")

@@ -20,7 +20,7 @@ from pathlib import Path
 import jinja2
 import markupsafe
 
-from harness.contract import KNOWN_BUG_PREFIX
+from harness.contract import COMMENT_MARKER, KNOWN_BUG_PREFIX
 from harness.errors import ConfigError
 from harness.results import (
     DIGEST_TAG,
@@ -48,7 +48,6 @@ from harness.results import (
 
 FORMATS = ("pr-comment", "summary", "terminal", "html")
 REPORTS_DIR = Path(__file__).resolve().parent.parent / "reports"
-COMMENT_MARKER = "<!-- harness-report -->"  # first line of the comment; the next run edits that comment
 COMMENT_LIMIT = 65_536  # GitHub's limit for a comment body
 SUMMARY_LIMIT_BYTES = 1_000_000  # GitHub's step summary takes 1 MiB
 DIGEST_MAX_CHARS = 16_000

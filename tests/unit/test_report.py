@@ -66,6 +66,15 @@ def test_golden(expected, results, baseline, fmt):
                                 "`python tests/unit/golden/regenerate.py --render` and review the diff")
 
 
+@pytest.mark.parametrize(("expected", "build"), REGENERATE.STAGE_CASES,
+                         ids=[case[0] for case in REGENERATE.STAGE_CASES])
+def test_golden_stage(expected, build):
+    """The reader's model and the digest, each a golden file: a reader change shows here first."""
+    wanted = (GOLDEN / "expected" / expected).read_text(encoding="utf-8")
+    assert build() == wanted, (f"{expected} differs; if the change is intended, run "
+                               "`python tests/unit/golden/regenerate.py --render` and review the diff")
+
+
 def test_every_sample_cell_folder_holds_its_pytest_log():
     # The crashed cell's log tail is in the expected output; a log lost on the way to git must fail here.
     folders = [path.parent for path in (GOLDEN / "samples").rglob("env.json")]

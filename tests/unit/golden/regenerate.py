@@ -14,7 +14,8 @@ samples/run/       the run under test, laid out as downloaded artifacts:
                    artifact-name/cell-id/... for most cells, artifact-name/... (the artifact folder
                    is the cell folder) for one
 samples/baseline/  the run before it, as plain results/<cell-id>/ folders
-expected/          what `harness report` renders for GOLDEN_CASES
+expected/          per stage: the model the reader builds (model-*.json), the digest a comment
+                   carries (digest-run.json), and what `harness report` renders for GOLDEN_CASES
 """
 
 from __future__ import annotations
@@ -363,8 +364,61 @@ def render_case(results: str, baseline: str | None, fmt: str) -> str:
     return render(load_results([SAMPLES / results]), fmt, baseline=loaded_baseline)
 
 
+# The middle stages, each its own file, so a reader change is one focused diff: samples -> model -> digest.
+MODEL_CASES = (("model-run.json", "run"), ("model-baseline.json", "baseline"))
+
+
+def model_document(results: str) -> str:
+    """The model the reader builds from samples/<results>, as JSON (folders relative to samples/)."""
+    import dataclasses
+    import enum
+
+    from harness.results import Labelled, load_results
+
+    def plain(value):
+        if isinstance(value, Labelled):
+            return {"labelled": value.label, "tiny": value.tiny}
+        if dataclasses.is_dataclass(value):
+            return {field.name: plain(getattr(value, field.name)) for field in dataclasses.fields(value)}
+        if isinstance(value, enum.Enum):
+            return value.value
+        if isinstance(value, (tuple, list)):
+            return [plain(item) for item in value]
+        if isinstance(value, dict):
+            return {str(key): plain(item) for key, item in value.items()}
+        return value
+
+    document = plain(load_results([SAMPLES / results]))
+    for cell in document["cells"]:
+        cell["folder"] = Path(cell["folder"]).relative_to(SAMPLES).as_posix()
+    return json.dumps(document, indent=1, ensure_ascii=False, sort_keys=True) + "\n"
+
+
+def digest_document(results: str) -> str:
+    from harness.report import DIGEST_MAX_CHARS
+    from harness.results import decode_digest, digest, encode_digest, load_results
+
+    summary = digest(load_results([SAMPLES / results]))
+    payload = encode_digest(summary, DIGEST_MAX_CHARS)
+    read_back = decode_digest(f"harness-digest v1 {payload}")
+    cells = {key: {"status": cell.status.value, "failing": sorted(cell.failing or ()),
+                   "skipped": sorted(cell.skipped or ()), "peak_used_mib": list(cell.peak_used_mib)}
+             for key, cell in read_back.cells.items()}
+    # The payload itself is left out: zlib builds may compress differently; what it decodes to is the contract.
+    return json.dumps({"sha": read_back.git_sha, "matrix": read_back.matrix,
+                       "complete": read_back.complete, "cells": cells}, indent=1, sort_keys=True) + "\n"
+
+
+STAGE_CASES = (
+    *((name, lambda results=results: model_document(results)) for name, results in MODEL_CASES),
+    ("digest-run.json", lambda: digest_document("run")),
+)
+
+
 def render_expected() -> None:
     EXPECTED.mkdir(exist_ok=True)
+    for file_name, build in STAGE_CASES:
+        (EXPECTED / file_name).write_text(build(), encoding="utf-8")
     for file_name, results, baseline, fmt in GOLDEN_CASES:
         (EXPECTED / file_name).write_text(render_case(results, baseline, fmt), encoding="utf-8")
 

@@ -776,12 +776,12 @@ def _linear_ticks(largest: float) -> list[float]:
 
 
 def render_nightly(kind: str, *, marker: str, sha: str, run_url: str | None, regressions: Iterable[Regression] = (),
-                   matrix: str = "", against: str = "", report: str = "") -> str:
+                   matrix: str = "", against: str = "", report: str = "", triage: str = "") -> str:
     """The nightly issue's body (kind "issue") or a comment on it ("again", "green"), escaped like every
     other rendering of results."""
     return _environment().get_template("nightly-issue.md.j2").render(
         kind=kind, marker=marker, sha=sha, run_url=run_url, regressions=tuple(regressions), matrix=matrix,
-        against=against, report=report)
+        against=against, report=report, triage=triage)
 
 
 def read_baseline(path: str) -> Digest | None:

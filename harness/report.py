@@ -3,14 +3,14 @@
 Pure functions over the results model: `build_report` gathers what every rendering shows (failures
 grouped across cells, skip reasons, flaky tests, metrics, reproduce commands, the baseline diff);
 the templates in reports/ turn it into text. Everything a test wrote passes through one of the
-escaping filters below before it reaches Markdown, HTML or a terminal.
+escaping filters of `harness.filters` before it reaches Markdown, HTML or a terminal, the nightly
+issue included (`render_nightly`); `harness.plots` lays out the HTML report's plots.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import re
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -18,10 +18,28 @@ from functools import cache
 from pathlib import Path
 
 import jinja2
-import markupsafe
 
 from harness.contract import COMMENT_MARKER, KNOWN_BUG_PREFIX
 from harness.errors import ConfigError
+from harness.filters import (
+    clean_block,
+    code_span,
+    duration,
+    fence_for,
+    gib,
+    html_text,
+    markdown_text,
+    memory_per_gpu,
+    mib_or_gib,
+    one_line,
+    pad,
+    percent,
+    plural,
+    scientific,
+    short_sha,
+    significant,
+)
+from harness.plots import html_plots
 from harness.results import (
     DIGEST_TAG,
     BaselineUnreadable,
@@ -429,6 +447,15 @@ def _render(template: str, report: Report, limits: Limits, **extra: object) -> s
     return _environment().get_template(template).render(report=report, limits=limits, **extra)
 
 
+def render_nightly(kind: str, *, marker: str, sha: str, run_url: str | None, regressions: Iterable[Regression] = (),
+                   matrix: str = "", against: str = "", report: str = "", triage: str = "") -> str:
+    """The nightly issue's body (kind "issue") or a comment on it ("again", "green"), escaped like every
+    other rendering of results."""
+    return _environment().get_template("nightly-issue.md.j2").render(
+        kind=kind, marker=marker, sha=sha, run_url=run_url, regressions=tuple(regressions), matrix=matrix,
+        against=against, report=report, triage=triage)
+
+
 @cache
 def _environment() -> jinja2.Environment:
     environment = jinja2.Environment(
@@ -447,131 +474,6 @@ def _environment() -> jinja2.Environment:
         pad=pad,
     )
     return environment
-
-
-# ---------------------------------------------------------------------------------------------
-# Escaping: nothing a test writes may add markup, break a table or ping a user
-
-# C0/C1 controls (ANSI escapes start with one) and bidirectional overrides that reorder what is shown.
-_CONTROL = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]<>|~&!#])")
-_ZERO_WIDTH_SPACE = "&#8203;"  # after '@', so `@team` in a message is text, not a mention
-
-
-def clean_block(text: str | None, max_lines: int | None = None) -> str:
-    """Multi-line text without control characters, keeping at most the last `max_lines` lines."""
-    lines = _CONTROL.sub("", (text or "").replace("\r\n", "\n").replace("\t", "    ")).split("\n")
-    if max_lines is not None and len(lines) > max_lines:
-        lines = lines[-max_lines:]
-    return "\n".join(lines)
-
-
-def one_line(text: object, max_chars: int = 300) -> str:
-    flat = " ".join(_CONTROL.sub(" ", "" if text is None else str(text)).split())
-    return flat if len(flat) <= max_chars else flat[: max_chars - 1] + "…"
-
-
-def markdown_text(text: object, max_chars: int = 300) -> str:
-    """Inline Markdown (table cells, list items): every character that could start markup is escaped."""
-    escaped = _MARKDOWN_SPECIAL.sub(r"\\\1", one_line(text, max_chars))
-    return escaped.replace("@", "@" + _ZERO_WIDTH_SPACE) or "—"
-
-
-def code_span(text: object, max_chars: int = 300, *, table: bool = False) -> str:
-    """An inline code span whose delimiter is longer than any backtick run inside it."""
-    content = one_line(text, max_chars)
-    if not content:
-        return "—"
-    if table:  # GitHub splits table cells on '|' even inside code spans, unless escaped
-        content = content.replace("|", "\\|")
-    longest = max((len(run) for run in re.findall(r"`+", content)), default=0)
-    ticks = "`" * (longest + 1)
-    pad = " " if content.startswith("`") or content.endswith("`") else ""
-    return f"{ticks}{pad}{content}{pad}{ticks}"
-
-
-def html_text(text: object, max_chars: int = 300) -> str:
-    """Text inside raw HTML in Markdown (a <summary>): escaped, one line, no mentions. GitHub does not
-    read Markdown there; '[' is encoded all the same, so no renderer can see a link in it."""
-    escaped = str(markupsafe.escape(one_line(text, max_chars))).replace("[", "&#91;")
-    return escaped.replace("@", "@" + _ZERO_WIDTH_SPACE)
-
-
-def fence_for(text: str | None) -> str:
-    """A code fence longer than any backtick run in `text`, so the text cannot close it."""
-    longest = max((len(run) for run in re.findall(r"`+", text or "")), default=0)
-    return "`" * max(3, longest + 1)
-
-
-# ---------------------------------------------------------------------------------------------
-# Numbers
-
-
-# A labelled value (inf, nan, out of range) is shown as its label, never computed with.
-
-
-def gib(mib: Number | None) -> str:
-    if isinstance(mib, Labelled):
-        return one_line(mib.label, 24)
-    return "?" if mib is None else f"{mib / 1024:.1f}"
-
-
-def mib_or_gib(mib: Number | None) -> str:
-    if isinstance(mib, Labelled):
-        return one_line(mib.label, 24) + " MiB"
-    if mib is None:
-        return "—"
-    return f"{mib:.0f} MiB" if mib < 1024 else f"{mib / 1024:.1f} GiB"
-
-
-def memory_per_gpu(cell: CellResult) -> str:
-    """`12.3 / 12.1 GiB`: peak used per GPU, in index order."""
-    if not cell.memory:
-        return "—"
-    return " / ".join(gib(gpu.peak_used_mib) for gpu in cell.memory) + " GiB"
-
-
-def duration(seconds: Number | None) -> str:
-    if isinstance(seconds, Labelled):
-        return one_line(seconds.label, 24) + "s"
-    if seconds is None:
-        return "—"
-    whole = round(seconds)
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h {minutes:02d}m"
-    if minutes:
-        return f"{minutes}m {secs:02d}s"
-    return f"{seconds:.1f}s" if seconds < 10 else f"{secs}s"
-
-
-def scientific(value: Number | None) -> str:
-    if isinstance(value, Labelled):
-        return one_line(value.label, 24)
-    return "—" if value is None else f"{value:.2e}"
-
-
-def significant(value: Number | None) -> str:
-    if isinstance(value, Labelled):
-        return one_line(value.label, 24)
-    return "—" if value is None else f"{value:.3g}"
-
-
-def pad(text: str, width: int, right: bool = False) -> str:
-    return text.rjust(width) if right else text.ljust(width)
-
-
-def percent(fraction: float | None) -> str:
-    return "—" if fraction is None else f"{fraction * 100:.0f}%"
-
-
-def plural(count: int, word: str) -> str:
-    return f"{count:,} {word if count == 1 else word + 's'}"
-
-
-def short_sha(sha: str | None) -> str:
-    return (sha or "")[:12]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -611,177 +513,7 @@ def _compact_memory(cell: CellResult) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# HTML plots: geometry here, markup in reports/_plot.svg.j2
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Rect:
-    x: float
-    y: float
-    width: float
-    height: float
-    kind: str
-    title: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Dot:
-    x: float
-    y: float
-    kind: str
-    title: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Rule:
-    x1: float
-    y1: float
-    x2: float
-    y2: float
-    kind: str
-    title: str = ""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Label:
-    x: float
-    y: float
-    text: str
-    anchor: str = "start"
-    kind: str = ""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Plot:
-    title: str
-    caption: str
-    width: float
-    height: float
-    rects: tuple[Rect, ...] = ()
-    dots: tuple[Dot, ...] = ()
-    rules: tuple[Rule, ...] = ()
-    labels: tuple[Label, ...] = ()
-
-
-_LABEL_WIDTH = 330.0
-_PLOT_WIDTH = 480.0
-_AXIS_TOP = 28.0
-_BAR = 10.0
-_ROW_GAP = 3.0
-_GROUP_GAP = 12.0
-GRADIENT_PLOT_CASES = 60
-
-
-def html_plots(report: Report) -> tuple[Plot, ...]:
-    plots = (memory_plot(report.cells), gradient_plot(report.metrics[:GRADIENT_PLOT_CASES]))
-    return tuple(plot for plot in plots if plot is not None)
-
-
-def memory_plot(cells: Iterable[CellResult]) -> Plot | None:
-    cells = tuple(cells)
-    largest = max((value for cell in cells for gpu in cell.memory
-                   for value in (finite(gpu.total_mib), finite(gpu.peak_used_mib)) if value), default=0.0)
-    if not largest:
-        return None
-    scale = _PLOT_WIDTH / largest
-    rects, labels, y = [], [], _AXIS_TOP
-    for cell in cells:
-        labels.append(Label(x=_LABEL_WIDTH - 8, y=y + _BAR, text=one_line(cell.id, 60), anchor="end"))
-        if not cell.memory:
-            labels.append(Label(x=_LABEL_WIDTH, y=y + _BAR, text=cell.memory_note or "no GPU memory recorded",
-                                kind="muted"))
-            y += _BAR + _ROW_GAP
-        for gpu in cell.memory:
-            name = f"{cell.id} GPU {gpu.index}" + (f" ({gpu.name})" if gpu.name else "")
-            total, peak = finite(gpu.total_mib), finite(gpu.peak_used_mib)
-            if total and total > 0:
-                rects.append(Rect(x=_LABEL_WIDTH, y=y, width=total * scale, height=_BAR,
-                                  kind="capacity", title=f"{name}: {gib(gpu.total_mib)} GiB in total"))
-            if peak is not None and peak >= 0:
-                rects.append(Rect(
-                    x=_LABEL_WIDTH, y=y, width=peak * scale, height=_BAR, kind="peak",
-                    title=f"{name}: peak {gib(gpu.peak_used_mib)} GiB, {gib(gpu.used_before_mib)} GiB before",
-                ))
-            labels.append(Label(x=_LABEL_WIDTH + _PLOT_WIDTH + 8, y=y + _BAR,
-                                text=f"GPU {gpu.index}: {gib(gpu.peak_used_mib)} GiB", kind="value"))
-            y += _BAR + _ROW_GAP
-        y += _GROUP_GAP
-    ticks = _linear_ticks(largest / 1024)
-    tick_xs = [_LABEL_WIDTH + tick * 1024 * scale for tick in ticks]
-    rules = [Rule(x1=x, y1=_AXIS_TOP - 6, x2=x, y2=y - _GROUP_GAP, kind="grid") for x in tick_xs]
-    labels.extend(Label(x=rule.x1, y=_AXIS_TOP - 10, text=f"{tick:g} GiB", anchor="middle", kind="axis")
-                  for rule, tick in zip(rules, ticks, strict=True))
-    return Plot(title="Peak memory per GPU",
-                caption="Dark: peak used during the cell; light: the GPU's total.",
-                width=_LABEL_WIDTH + _PLOT_WIDTH + 130, height=y, rects=tuple(rects), rules=tuple(rules),
-                labels=tuple(labels))
-
-
-def gradient_plot(cases: Iterable[CaseMetrics]) -> Plot | None:
-    cases = tuple(case for case in cases if any(point.error is not None for point in case.points))
-    values = [value for case in cases for point in case.points
-              for value in (finite(point.error), finite(point.bound)) if value is not None and value > 0]
-    if not values:
-        return None
-    # Labelled values (inf, nan, out of range) sit at the axis' right end; the model's range keeps
-    # every finite value's log10 within a few hundred.
-    low, high = math.floor(math.log10(min(values))), math.ceil(math.log10(max(values)))
-    high = max(high, low + 1)
-
-    def x_of(value: float) -> float:
-        return _LABEL_WIDTH + (math.log10(value) - low) / (high - low) * _PLOT_WIDTH
-
-    dots, rules, labels, y = [], [], [], _AXIS_TOP
-    row = _BAR + 2 * _ROW_GAP
-    bottom = _AXIS_TOP + row * len(cases)
-    for exponent in range(low, high + 1):  # the grid first, so bounds and dots are drawn over it
-        x = x_of(10.0**exponent)
-        rules.append(Rule(x1=x, y1=_AXIS_TOP - 6, x2=x, y2=bottom, kind="grid"))
-        labels.append(Label(x=x, y=_AXIS_TOP - 10, text=f"1e{exponent}", anchor="middle", kind="axis"))
-    for case in cases:
-        labels.append(Label(x=_LABEL_WIDTH - 8, y=y + _BAR, text=one_line(case.case, 60), anchor="end"))
-        bounds = {finite(point.bound) for point in case.points}
-        for bound in sorted(bound for bound in bounds if bound and bound > 0):
-            rules.append(Rule(x1=x_of(bound), y1=y - 1, x2=x_of(bound), y2=y + _BAR + 1, kind="bound",
-                              title=f"bound {scientific(bound)}"))
-        for point in case.points:
-            if point.error is None:
-                continue
-            error = finite(point.error)
-            at_zero = error is not None and error <= 0
-            x = _LABEL_WIDTH + _PLOT_WIDTH if error is None else (_LABEL_WIDTH if at_zero else x_of(error))
-            dots.append(Dot(
-                x=x, y=y + _BAR / 2,
-                kind="over" if point.exceeded else ("zero" if at_zero else "within"),
-                title=f"{point.cell_id}: error {scientific(point.error)}, bound {scientific(point.bound)}",
-            ))
-        y += row
-    return Plot(title="Largest gradient error against its bound",
-                caption="One dot per cell (red: over the bound); the bar is the bound; log scale. "
-                        f"The {len(cases)} cases closest to their bound.",
-                width=_LABEL_WIDTH + _PLOT_WIDTH + 40, height=y + _ROW_GAP, dots=tuple(dots),
-                rules=tuple(rules), labels=tuple(labels))
-
-
-def _linear_ticks(largest: float) -> list[float]:
-    """About five round steps from 0 to `largest`."""
-    raw = largest / 5
-    magnitude = 10 ** math.floor(math.log10(raw))
-    step = next(factor * magnitude for factor in (1, 2, 5, 10) if factor * magnitude >= raw)
-    return [index * step for index in range(int(largest // step) + 1)]
-
-
-# ---------------------------------------------------------------------------------------------
 # CLI
-
-
-def render_nightly(kind: str, *, marker: str, sha: str, run_url: str | None, regressions: Iterable[Regression] = (),
-                   matrix: str = "", against: str = "", report: str = "", triage: str = "") -> str:
-    """The nightly issue's body (kind "issue") or a comment on it ("again", "green"), escaped like every
-    other rendering of results."""
-    return _environment().get_template("nightly-issue.md.j2").render(
-        kind=kind, marker=marker, sha=sha, run_url=run_url, regressions=tuple(regressions), matrix=matrix,
-        against=against, report=report, triage=triage)
 
 
 def read_baseline(path: str) -> Digest | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -438,9 +439,31 @@ def _fit(render_at: Callable[[Limits], str], ladder: tuple[Limits, ...],
     tail_at = text.rfind(keep_from) if keep_from else -1
     head, tail = (text[:tail_at], text[tail_at:]) if tail_at >= 0 else (text, "")
     note = _environment().get_template("cut-note.md.j2").render(limit=limit, unit=unit)
-    while head and measure(head) + measure(note) + measure(tail) > limit:
+    while head and measure(head) + measure(note) + measure(tail) + _CLOSERS_MAX > limit:
         head = head[: int(len(head) * 0.9)]
-    return head[: head.rfind("\n") + 1] + note + tail
+    head = head[: head.rfind("\n") + 1]
+    return head + _closers(head) + note + tail
+
+
+_CLOSERS_MAX = 1_000  # room for the fence and </details> lines a cut may need to close
+
+
+def _closers(markdown: str) -> str:
+    """What closes the code fence and <details> blocks a cut left open, so the note and the digest after
+    it render as themselves, not as text inside a fence."""
+    fence = None
+    details = 0
+    for line in markdown.splitlines():
+        if fence is None:
+            opened = re.match(r"^(`{3,})", line)
+            if opened:
+                fence = opened.group(1)
+            else:
+                details += line.count("<details>") - line.count("</details>")
+        elif line.strip() == fence:
+            fence = None
+    closing = f"{fence}\n" if fence else ""
+    return closing + "\n</details>\n" * min(max(details, 0), 20)
 
 
 def _render(template: str, report: Report, limits: Limits, **extra: object) -> str:

@@ -310,3 +310,20 @@ def test_one_unreadable_cell_folder_is_one_errored_row(tmp_path, monkeypatch):
     assert cells[CELL].status is CellStatus.PASSED
     locked_cell = cells["h200-2gpu-torch2.11.0-tf5.18.0"]
     assert locked_cell.status is CellStatus.ERRORED and "Permission denied" in locked_cell.reason
+
+
+def test_a_comment_cut_past_the_last_rung_closes_its_fence_and_details():
+    from harness import report
+
+    body = "<details><summary>s</summary>\n\n````text\n" + "line\n" * 40_000 + "````\n\n</details>\n"
+    text = report._fit(
+        lambda limits: body + "<!-- harness-digest v1 AAAA -->\n",
+        report.COMMENT_LADDER,
+        report._github_length,
+        10_000,
+        unit="characters",
+        keep_from="<!-- harness-digest v1 ",
+    )
+    assert len(text) <= 10_000 and text.endswith("<!-- harness-digest v1 AAAA -->\n")
+    before_note = text[: text.index("✂️")]
+    assert before_note.count("````") == 2 and before_note.count("</details>") == 1

@@ -29,11 +29,12 @@ STATUSES = ("passed", "failed", "errored")
 # records its metrics before it raises, so a red case still shows its numbers.
 GRAD_ERROR = "max_rel_grad_error"
 GRAD_BOUND = "grad_error_bound"
+GRAD_ERROR_PARAM = "max_rel_grad_error_param"  # the parameter whose gradient had the largest error
 ROUTING_MARGIN = "min_routing_margin"
 LOGITS_DIFFERENCE = "max_logits_difference"
 LOGITS_ATOL = "logits_atol"
 PEAK_ALLOCATED_PREFIX = "peak_allocated_mib."  # + the rank
-CASE_METRICS = (GRAD_ERROR, GRAD_BOUND, ROUTING_MARGIN, LOGITS_DIFFERENCE, LOGITS_ATOL)
+CASE_METRICS = (GRAD_ERROR, GRAD_BOUND, GRAD_ERROR_PARAM, ROUTING_MARGIN, LOGITS_DIFFERENCE, LOGITS_ATOL)
 
 # What the suite records once per run (record_testsuite_property).
 EP_FAMILIES_DECLARED = "ep_families_declared"  # comma-separated model_type names

@@ -16,6 +16,7 @@ from harness.contract import (
     EP_FAMILIES_DECLARED,
     GRAD_BOUND,
     GRAD_ERROR,
+    GRAD_ERROR_PARAM,
     LOGITS_ATOL,
     LOGITS_DIFFERENCE,
     PEAK_ALLOCATED_PREFIX,
@@ -124,6 +125,7 @@ class TestResult:
     # The numbers the report shows, read from `properties` once (a report may hold 200,000 tests).
     grad_error: Number | None = field(init=False, compare=False, repr=False)
     grad_bound: Number | None = field(init=False, compare=False, repr=False)
+    grad_error_param: str | None = field(init=False, compare=False, repr=False)
     routing_margin: Number | None = field(init=False, compare=False, repr=False)
     logits_difference: Number | None = field(init=False, compare=False, repr=False)
     logits_atol: Number | None = field(init=False, compare=False, repr=False)
@@ -136,6 +138,7 @@ class TestResult:
         usable = [peak for peak in peaks if isinstance(peak, float)]
         object.__setattr__(self, "grad_error", number(values.get(GRAD_ERROR)))
         object.__setattr__(self, "grad_bound", number(values.get(GRAD_BOUND)))
+        object.__setattr__(self, "grad_error_param", values.get(GRAD_ERROR_PARAM))
         object.__setattr__(self, "routing_margin", number(values.get(ROUTING_MARGIN)))
         object.__setattr__(self, "logits_difference", number(values.get(LOGITS_DIFFERENCE)))
         object.__setattr__(self, "logits_atol", number(values.get(LOGITS_ATOL)))

@@ -327,3 +327,36 @@ def test_a_comment_cut_past_the_last_rung_closes_its_fence_and_details():
     assert len(text) <= 10_000 and text.endswith("<!-- harness-digest v1 AAAA -->\n")
     before_note = text[: text.index("✂️")]
     assert before_note.count("````") == 2 and before_note.count("</details>") == 1
+
+
+def test_every_metric_the_contract_names_appears_in_some_rendering(tmp_path):
+    """A metric the suite records and no report shows is a number nobody reads."""
+    from harness import contract
+
+    values = {name: f"{index + 1}.2345e-0{index + 1}" for index, name in enumerate(contract.CASE_METRICS)}
+    values[contract.GRAD_ERROR_PARAM] = "model.layers.1.mlp.experts.gate_up_proj"
+    values[contract.PEAK_ALLOCATED_PREFIX + "0"] = "3072"
+    suite = "".join(
+        f'<property name="{name}" value="{value}"/>'
+        for name, value in (
+            (contract.EP_FAMILIES_DECLARED, "qwen3_moe,mixtral_declared_only"),
+            (contract.EP_FAMILIES_COVERED, "qwen3_moe"),
+            (contract.TRANSFORMERS_VERSION, "5.99.1"),
+        )
+    )
+    write_cell(tmp_path / CELL, junit(case("test_m", "", values), f"<properties>{suite}</properties>"))
+    rendered = "\n".join(render(load_results([tmp_path]), fmt) for fmt in ("pr-comment", "summary", "terminal", "html"))
+    shown = {
+        contract.GRAD_ERROR: "1.23e-01",
+        contract.GRAD_BOUND: "2.23e-02",
+        contract.GRAD_ERROR_PARAM: "model.layers.1.mlp.experts.gate_up_proj",
+        contract.ROUTING_MARGIN: "0.000423",
+        contract.LOGITS_DIFFERENCE: "5.23e-05",
+        contract.LOGITS_ATOL: "6.23e-06",
+        contract.PEAK_ALLOCATED_PREFIX: "3.0 GiB",
+        contract.EP_FAMILIES_COVERED: "EP families covered: 1 of 2 (transformers 5.99.1)",
+        contract.EP_FAMILIES_DECLARED: "mixtral_declared_only",
+    }
+    assert set(shown) >= {*contract.CASE_METRICS, *contract.SUITE_PROPERTIES} - {contract.TRANSFORMERS_VERSION}
+    for name, text in shown.items():
+        assert text.replace("_", "\\_") in rendered or text in rendered, name

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from harness import __version__, memory
+from harness.contract import ENV_JSON, EnvRecord
 from harness.env import EnvironmentBuildError, ensure_environment, env_root, plan_environment, probe_versions
 from harness.errors import ConfigError, HostMismatchError
 from harness.matrix import DEFAULT_MATRIX, REPO_ROOT, Cell, Matrix, load_matrix, load_runners, select
@@ -168,13 +169,7 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
     folder.mkdir(parents=True)
     started = time.time()
     gpus = list(host.gpus[: cell.gpus]) if not cell.is_cpu else []
-    record = {"schema": 1, "cell": cell.to_json(), "status": "errored", "error": None, "exit_code": None,
-              "versions": {"python": None, "torch": None, "transformers": None, "accelerate": None,
-                           "cuda": None, "harness": __version__},
-              "gpus": [gpu.to_json() for gpu in gpus],
-              "driver": host.driver, "host": socket.gethostname(), "runner": os.environ.get("RUNNER_NAME"),
-              "git_sha": git_sha(), "git_dirty": git_dirty(), "start": iso(started), "end": None, "duration_s": None,
-              "reproduce": reproduce_command(cell)}
+    record = start_record(cell, host, gpus, started)
     log(f"== {cell.id}")
     memory_report = memory.MemoryReport.unavailable("cpu cell: no GPU" if cell.is_cpu else "no GPU was monitored")
     try:
@@ -208,7 +203,7 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
         ended = time.time()
         record.update(end=iso(ended), duration_s=round(ended - started, 3))
         memory.write_memory_json(folder / "memory.json", memory_report)
-        (folder / "env.json").write_text(json.dumps(record, indent=2) + "\n")
+        write_env_json(folder, record)
     if record["error"]:
         log(f"   {cell.id}: {record['status']}: {record['error']}")
     return CellOutcome(cell=cell, folder=folder, status=record["status"], error=record["error"],
@@ -229,7 +224,8 @@ def pytest_command(cell: Cell, python: Path, folder: Path, pytest_args: list[str
 def pytest_environment(cell: Cell, gpus: list) -> dict[str, str]:
     environ = dict(os.environ)
     environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), environ.get("PYTHONPATH")]))
-    environ.update(HARNESS_CELL_ID=cell.id, PYTHONUNBUFFERED="1")
+    # No bytecode written: a cached environment stays as built, so its manifest check passes next time.
+    environ.update(HARNESS_CELL_ID=cell.id, PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
     if cell.is_cpu:
         environ["HARNESS_CPU_RANKS"] = str(cell.gpus)
         environ["CUDA_VISIBLE_DEVICES"] = ""  # a cpu cell means gloo, even on a GPU machine
@@ -319,17 +315,32 @@ def reproduce_command(cell: Cell) -> str:
     return f"harness run {matrix}--cell {shlex.quote(cell.id)}"
 
 
+def start_record(cell: Cell, host: Host, gpus: list, started: float) -> dict:
+    """env.json as a cell starts (status errored until it says otherwise); its keys are EnvRecord's."""
+    record = EnvRecord(
+        cell=cell.to_json(),
+        versions={"python": None, "torch": None, "transformers": None, "accelerate": None, "cuda": None,
+                  "harness": __version__},
+        gpus=[gpu.to_json() for gpu in gpus], driver=host.driver, host=socket.gethostname(),
+        runner=os.environ.get("RUNNER_NAME"), git_sha=git_sha(), git_dirty=git_dirty(),
+        trigger_sha=os.environ.get("GITHUB_SHA") or None, start=iso(started), reproduce=reproduce_command(cell),
+    )
+    return record.to_json()
+
+
+def write_env_json(folder: Path, record: dict) -> None:
+    # Through the frozen record: a key the contract does not name fails here, not in a later report.
+    (folder / ENV_JSON).write_text(json.dumps(EnvRecord(**record).to_json(), indent=2) + "\n")
+
+
 def git_sha() -> str | None:
-    if os.environ.get("GITHUB_SHA"):
-        return os.environ["GITHUB_SHA"]
+    """The commit checked out: what ran. ($GITHUB_SHA is the commit the workflow was started for, which
+    for an issue_comment run is the default branch's head, not the pull request's; see trigger_sha.)"""
     return (_git("rev-parse", "HEAD") or "").strip() or None
 
 
 def git_dirty() -> bool | None:
-    """Whether tracked files differ from HEAD, so git_sha alone does not say what ran; None where unknown
-    (Actions runs the checked-out GITHUB_SHA)."""
-    if os.environ.get("GITHUB_SHA"):
-        return None
+    """Whether tracked files differ from HEAD, so git_sha alone does not say what ran; None where unknown."""
     status = _git("status", "--porcelain", "--untracked-files=no")
     return None if status is None else bool(status.strip())
 

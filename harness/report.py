@@ -20,6 +20,7 @@ import jinja2
 import markupsafe
 
 from harness.errors import ConfigError
+from harness.project import shipped_reports_dir
 from harness.results import (
     DIGEST_TAG,
     CellResult,
@@ -40,7 +41,6 @@ from harness.results import (
 )
 
 FORMATS = ("pr-comment", "summary", "terminal", "html")
-REPORTS_DIR = Path(__file__).resolve().parent.parent / "reports"
 COMMENT_MARKER = "<!-- harness-report -->"  # first line of the comment; the next run edits that comment
 COMMENT_LIMIT = 65_536  # GitHub's limit for a comment body
 SUMMARY_LIMIT_BYTES = 1_000_000  # GitHub's step summary takes 1 MiB
@@ -367,7 +367,7 @@ def _render(template: str, report: Report, limits: Limits, **extra: object) -> s
 @cache
 def _environment() -> jinja2.Environment:
     environment = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(REPORTS_DIR),
+        loader=jinja2.FileSystemLoader(shipped_reports_dir()),
         undefined=jinja2.StrictUndefined,
         # Per template file: the SVG macros need it as much as the page that imports them.
         autoescape=jinja2.select_autoescape(("html.j2", "svg.j2"), default_for_string=False),

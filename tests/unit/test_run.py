@@ -106,13 +106,12 @@ def test_git_dirty_says_whether_tracked_files_differ_from_head(tmp_path, monkeyp
     (repo / "tracked.txt").write_text("one")
     subprocess.run([*git, "add", "tracked.txt"], check=True)
     subprocess.run([*git, "commit", "-q", "-m", "one"], check=True)
-    monkeypatch.setattr(harness.run, "REPO_ROOT", repo)
     (repo / "untracked.txt").write_text("results and caches are not changes")
-    assert harness.run.git_dirty() is False
+    assert harness.run.git_dirty(repo) is False
     (repo / "tracked.txt").write_text("two")
-    assert harness.run.git_dirty() is True
+    assert harness.run.git_dirty(repo) is True
     monkeypatch.setenv("GITHUB_SHA", "0" * 40)
-    assert harness.run.git_dirty() is None
+    assert harness.run.git_dirty(repo) is None
 
 
 def test_failing_cell_is_failed_and_exits_1(tmp_path):

@@ -61,6 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--sha", help="commit the results belong to (shown in the verdict line)")
     report.add_argument("--matrix", dest="matrix_name", help="matrix name shown in the verdict line")
 
+    init = commands.add_parser("init", help="write a starter matrices/ and the workflow callers into this repository")
+    init.add_argument("--uses", required=True, metavar="OWNER/NAME@REF",
+                      help="the harness repository whose reusable gpu-tests.yml the callers use, at a commit or tag")
+    init.add_argument("--harness", metavar="REQUIREMENT",
+                      help="what the workflows pip-install as harness (default git+https://github.com/OWNER/NAME@REF)")
+    init.add_argument("--force", action="store_true", help="overwrite files that exist")
+
     gh = commands.add_parser("gh", help="GitHub glue: authorize '/ok to test', post the comment and issue")
     gh_commands = _Subcommands(gh.add_subparsers(dest="gh_command", required=True, metavar="GH_COMMAND"), debug)
     # Every gh command talks to one repository: GITHUB_REPOSITORY unless --repo says otherwise.
@@ -131,6 +138,10 @@ def dispatch(args: argparse.Namespace) -> int:
         from harness import report
 
         return report.command(args)
+    if args.command == "init":
+        from harness import adopt
+
+        return adopt.command(args)
     if args.command == "gh":
         from harness import github
 

@@ -316,17 +316,13 @@ def reproduce_command(cell: Cell, matrix_reference: str, pytest_args: list[str])
 
 
 def git_sha(project: Path) -> str | None:
-    """The tested repository's commit (on Actions, the commit the job checked out)."""
-    if os.environ.get("GITHUB_SHA"):
-        return os.environ["GITHUB_SHA"]
-    return (git(project, "rev-parse", "HEAD") or "").strip() or None
+    """The commit checked out in the tested repository. GITHUB_SHA only where git cannot tell: on an
+    issue_comment run it is the default branch's commit, not the approved head a cell checked out."""
+    return (git(project, "rev-parse", "HEAD") or "").strip() or os.environ.get("GITHUB_SHA") or None
 
 
 def git_dirty(project: Path) -> bool | None:
-    """Whether tracked files differ from HEAD, so git_sha alone does not say what ran; None where unknown
-    (Actions runs the checked-out GITHUB_SHA)."""
-    if os.environ.get("GITHUB_SHA"):
-        return None
+    """Whether tracked files differ from HEAD, so git_sha alone does not say what ran; None where unknown."""
     status = git(project, "status", "--porcelain", "--untracked-files=no")
     return None if status is None else bool(status.strip())
 

@@ -110,8 +110,10 @@ def test_git_dirty_says_whether_tracked_files_differ_from_head(tmp_path, monkeyp
     assert harness.run.git_dirty(repo) is False
     (repo / "tracked.txt").write_text("two")
     assert harness.run.git_dirty(repo) is True
-    monkeypatch.setenv("GITHUB_SHA", "0" * 40)
-    assert harness.run.git_dirty(repo) is None
+    monkeypatch.setenv("GITHUB_SHA", "0" * 40)  # an issue_comment run's sha is not what a cell checked out
+    assert harness.run.git_dirty(repo) is True
+    assert harness.run.git_sha(repo) != "0" * 40
+    assert harness.run.git_dirty(repo.parent) is None and harness.run.git_sha(repo.parent) == "0" * 40
 
 
 def test_failing_cell_is_failed_and_exits_1(tmp_path):

@@ -585,13 +585,28 @@ class Plot:
     labels: tuple[Label, ...] = ()
 
 
-_LABEL_WIDTH = 330.0
-_PLOT_WIDTH = 480.0
+_PLOT_WIDTH = 640.0
+_LABEL_CHARS = 56  # a row label's longest; longer ones lose their middle (see plot_label)
+_CHAR_WIDTH = 6.7  # px per character of the 11px monospace row labels (report.html.j2 sets the font)
 _AXIS_TOP = 28.0
 _BAR = 10.0
 _ROW_GAP = 3.0
 _GROUP_GAP = 12.0
 GRADIENT_PLOT_CASES = 60
+
+
+def plot_label(text: object, max_chars: int = _LABEL_CHARS) -> str:
+    """A row label that keeps what tells rows apart: a long test id loses its middle, not its parameters."""
+    flat = one_line(text, 10_000)
+    if len(flat) <= max_chars:
+        return flat
+    head = max_chars // 3
+    return flat[:head] + "…" + flat[len(flat) - (max_chars - head - 1):]
+
+
+def _label_width(labels: Iterable[str]) -> float:
+    """Room left of the plot for the longest row label, so none is cut at the edge."""
+    return max((len(label) for label in labels), default=0) * _CHAR_WIDTH + 16
 
 
 def html_plots(report: Report) -> tuple[Plot, ...]:
@@ -606,35 +621,36 @@ def memory_plot(cells: Iterable[CellResult]) -> Plot | None:
     if not largest:
         return None
     scale = _PLOT_WIDTH / largest
+    left = _label_width(plot_label(cell.id) for cell in cells)
     rects, labels, y = [], [], _AXIS_TOP
     for cell in cells:
-        labels.append(Label(x=_LABEL_WIDTH - 8, y=y + _BAR, text=one_line(cell.id, 60), anchor="end"))
+        labels.append(Label(x=left - 8, y=y + _BAR, text=plot_label(cell.id), anchor="end", kind="row"))
         if not cell.memory:
-            labels.append(Label(x=_LABEL_WIDTH, y=y + _BAR, text=cell.memory_note or "no GPU memory recorded",
+            labels.append(Label(x=left, y=y + _BAR, text=cell.memory_note or "no GPU memory recorded",
                                 kind="muted"))
             y += _BAR + _ROW_GAP
         for gpu in cell.memory:
             name = f"{cell.id} GPU {gpu.index}" + (f" ({gpu.name})" if gpu.name else "")
             if gpu.total_mib:
-                rects.append(Rect(x=_LABEL_WIDTH, y=y, width=gpu.total_mib * scale, height=_BAR,
+                rects.append(Rect(x=left, y=y, width=gpu.total_mib * scale, height=_BAR,
                                   kind="capacity", title=f"{name}: {gib(gpu.total_mib)} GiB in total"))
             if gpu.peak_used_mib is not None:
                 rects.append(Rect(
-                    x=_LABEL_WIDTH, y=y, width=gpu.peak_used_mib * scale, height=_BAR, kind="peak",
+                    x=left, y=y, width=gpu.peak_used_mib * scale, height=_BAR, kind="peak",
                     title=f"{name}: peak {gib(gpu.peak_used_mib)} GiB, {gib(gpu.used_before_mib)} GiB before",
                 ))
-            labels.append(Label(x=_LABEL_WIDTH + _PLOT_WIDTH + 8, y=y + _BAR,
+            labels.append(Label(x=left + _PLOT_WIDTH + 8, y=y + _BAR,
                                 text=f"GPU {gpu.index}: {gib(gpu.peak_used_mib)} GiB", kind="value"))
             y += _BAR + _ROW_GAP
         y += _GROUP_GAP
     ticks = _linear_ticks(largest / 1024)
-    tick_xs = [_LABEL_WIDTH + tick * 1024 * scale for tick in ticks]
+    tick_xs = [left + tick * 1024 * scale for tick in ticks]
     rules = [Rule(x1=x, y1=_AXIS_TOP - 6, x2=x, y2=y - _GROUP_GAP, kind="grid") for x in tick_xs]
     labels.extend(Label(x=rule.x1, y=_AXIS_TOP - 10, text=f"{tick:g} GiB", anchor="middle", kind="axis")
                   for rule, tick in zip(rules, ticks, strict=True))
     return Plot(title="Peak memory per GPU",
                 caption="Dark: peak used during the cell; light: the GPU's total.",
-                width=_LABEL_WIDTH + _PLOT_WIDTH + 130, height=y, rects=tuple(rects), rules=tuple(rules),
+                width=left + _PLOT_WIDTH + 130, height=y, rects=tuple(rects), rules=tuple(rules),
                 labels=tuple(labels))
 
 
@@ -647,8 +663,10 @@ def gradient_plot(cases: Iterable[CaseMetrics]) -> Plot | None:
     low, high = math.floor(math.log10(min(values))), math.ceil(math.log10(max(values)))
     high = max(high, low + 1)
 
+    left = _label_width(plot_label(case.case) for case in cases)
+
     def x_of(value: float) -> float:
-        return _LABEL_WIDTH + (math.log10(value) - low) / (high - low) * _PLOT_WIDTH
+        return left + (math.log10(value) - low) / (high - low) * _PLOT_WIDTH
 
     dots, rules, labels, y = [], [], [], _AXIS_TOP
     row = _BAR + 2 * _ROW_GAP
@@ -658,7 +676,7 @@ def gradient_plot(cases: Iterable[CaseMetrics]) -> Plot | None:
         rules.append(Rule(x1=x, y1=_AXIS_TOP - 6, x2=x, y2=bottom, kind="grid"))
         labels.append(Label(x=x, y=_AXIS_TOP - 10, text=f"1e{exponent}", anchor="middle", kind="axis"))
     for case in cases:
-        labels.append(Label(x=_LABEL_WIDTH - 8, y=y + _BAR, text=one_line(case.case, 60), anchor="end"))
+        labels.append(Label(x=left - 8, y=y + _BAR, text=plot_label(case.case), anchor="end", kind="row"))
         for bound in sorted({point.bound for point in case.points if point.bound and point.bound > 0}):
             rules.append(Rule(x1=x_of(bound), y1=y - 1, x2=x_of(bound), y2=y + _BAR + 1, kind="bound",
                               title=f"bound {scientific(bound)}"))
@@ -667,7 +685,7 @@ def gradient_plot(cases: Iterable[CaseMetrics]) -> Plot | None:
                 continue
             at_zero = point.error <= 0
             dots.append(Dot(
-                x=_LABEL_WIDTH if at_zero else x_of(point.error), y=y + _BAR / 2,
+                x=left if at_zero else x_of(point.error), y=y + _BAR / 2,
                 kind="over" if point.exceeded else ("zero" if at_zero else "within"),
                 title=f"{point.cell_id}: error {scientific(point.error)}, bound {scientific(point.bound)}",
             ))
@@ -675,7 +693,7 @@ def gradient_plot(cases: Iterable[CaseMetrics]) -> Plot | None:
     return Plot(title="Largest gradient error against its bound",
                 caption="One dot per cell (red: over the bound); the bar is the bound; log scale. "
                         f"The {len(cases)} cases closest to their bound.",
-                width=_LABEL_WIDTH + _PLOT_WIDTH + 40, height=y + _ROW_GAP, dots=tuple(dots),
+                width=left + _PLOT_WIDTH + 40, height=y + _ROW_GAP, dots=tuple(dots),
                 rules=tuple(rules), labels=tuple(labels))
 
 

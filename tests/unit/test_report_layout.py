@@ -14,19 +14,22 @@ from pathlib import Path
 import pytest
 
 GOLDEN_HTML = Path(__file__).parent / "golden" / "expected" / "report.html"
-CHROMIUM = next((path for name in ("chromium", "chromium-browser", "google-chrome") if (path := shutil.which(name))),
-                None)
+CHROMIUM = next(
+    (path for name in ("chromium", "chromium-browser", "google-chrome") if (path := shutil.which(name))), None
+)
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs headless Chromium (Debian: apt-get install chromium)")
 
 # Runs in the page; leaves its findings as JSON in <pre id="layout">.
 MEASURE = """
 <script>
 addEventListener("load", () => {
-  for (const details of document.querySelectorAll("details")) details.open = true;  // measure what a reader opens
+  for (const details of document.querySelectorAll("details")) details.open = true;  // what a reader opens
   const problems = [], width = document.documentElement.clientWidth;
-  const name = (e) => e.tagName.toLowerCase() + (e.className && e.className.baseVal === undefined ? "." + e.className : "")
+  const kind = (e) => (typeof e.className === "string" && e.className ? "." + e.className : "");
+  const name = (e) => e.tagName.toLowerCase() + kind(e)
     + " " + JSON.stringify((e.textContent || "").trim().slice(0, 40));
-  if (document.documentElement.scrollWidth > width) problems.push(`page scrolls sideways: ${document.documentElement.scrollWidth} > ${width}`);
+  const pageWidth = document.documentElement.scrollWidth;
+  if (pageWidth > width) problems.push(`page scrolls sideways: ${pageWidth} > ${width}`);
   for (const e of document.body.querySelectorAll("*")) {
     if (e.closest("div.scroll") || e.closest("svg") || e.closest("pre")) continue;  // these scroll in their box
     const box = e.getBoundingClientRect();
@@ -43,8 +46,10 @@ addEventListener("load", () => {
     if (new Set(rows).size !== rows.length) problems.push(`plot rows read alike: ${rows.join(" | ")}`);
     for (const text of svg.querySelectorAll("text")) {
       const box = text.getBoundingClientRect();
+      const spans = `${box.left.toFixed(0)}..${box.right.toFixed(0)}`;
+      const plot = `${frame.left.toFixed(0)}..${frame.right.toFixed(0)}`;
       if (box.left < frame.left - 0.5 || box.right > frame.right + 0.5)
-        problems.push(`plot label cut: ${JSON.stringify(text.textContent)} spans ${box.left.toFixed(0)}..${box.right.toFixed(0)}, plot ${frame.left.toFixed(0)}..${frame.right.toFixed(0)}`);
+        problems.push(`plot label cut: ${JSON.stringify(text.textContent)} spans ${spans}, plot ${plot}`);
     }
   }
   const plots = [...document.querySelectorAll("svg")].map((svg) => svg.getBoundingClientRect().width / width);
@@ -60,9 +65,22 @@ addEventListener("load", () => {
 def layout(tmp_path: Path, width: int) -> dict:
     page = tmp_path / f"report-{width}.html"
     page.write_text(GOLDEN_HTML.read_text().replace("</body>", MEASURE + "</body>"))
-    done = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                           f"--window-size={width},2000", "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--window-size={width},2000",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     found = re.search(r'<pre id="layout">(.*?)</pre>', done.stdout, re.S)
     assert found, f"Chromium gave no measurement (exit {done.returncode}): {done.stderr[-2000:]}"
     return json.loads(found[1].replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&"))

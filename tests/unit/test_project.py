@@ -157,3 +157,55 @@ def test_dry_run_shows_the_plan_with_refused_cells_summarized(capsys, monkeypatc
     assert sum("would be refused: needs" in line for line in out) > 10
     (summary,) = [line for line in out if line.startswith("this machine cannot host")]
     assert len(summary) < 400 and "would stop with exit 3" in summary and "cells: nightly" not in summary
+
+
+def test_a_built_environment_imports_this_harness_and_nothing_else_of_its_venv(tmp_path):
+    from harness import run
+
+    with run.harness_import_path() as folder:
+        entries = {path.name for path in folder.iterdir()}
+        assert "harness" in entries and all(name == "harness" or name.endswith(".dist-info") for name in entries)
+        probe = subprocess.run(
+            [sys.executable, "-S", "-c", "import harness, sys; print(harness.__file__)"],
+            env={"PYTHONPATH": str(folder), "PATH": os.environ["PATH"]},
+            capture_output=True,
+            text=True,
+        )
+        assert probe.returncode == 0 and probe.stdout.strip().endswith("harness/__init__.py"), probe.stderr
+        # pytest finds harness's entry points (the ranks plugin's pytest11, once declared) through it too
+        found = subprocess.run(
+            [sys.executable, "-S", "-c", "import importlib.metadata as m; print(m.distribution('harness').version)"],
+            env={"PYTHONPATH": str(folder), "PATH": os.environ["PATH"]},
+            capture_output=True,
+            text=True,
+        )
+        assert found.stdout.strip() == importlib.metadata.version("harness"), found.stderr
+    assert not folder.exists()
+
+
+def test_an_interpreter_holds_installs_by_name_and_version(tmp_path):
+    from harness import env
+    from harness.matrix import Cell
+
+    def cell(*install: str) -> Cell:
+        return Cell(
+            gpu="cpu",
+            gpus=2,
+            torch=TORCH,
+            transformers=TRANSFORMERS,
+            matrix="m",
+            labels=(),
+            timeout_minutes=5,
+            reruns=0,
+            suite=("tests",),
+            install=install,
+        )
+
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text('[project]\nname = "pytest"\n')  # a name this interpreter has
+    assert env.holds_installs(sys.executable, cell())
+    assert env.holds_installs(sys.executable, cell("pytest>=1", f"-e {project}"))
+    assert not env.holds_installs(sys.executable, cell("pytest==0.0.1"))
+    assert not env.holds_installs(sys.executable, cell("no-such-package-here"))
+    assert not env.holds_installs(sys.executable, cell("--index-url http://x pkg"))

@@ -21,11 +21,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"harness {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for fatal errors")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # --debug is accepted after any subcommand too; SUPPRESS keeps a subcommand from resetting it.
+    debug = argparse.ArgumentParser(add_help=False)
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    commands = _Subcommands(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"), debug)
 
     matrix = commands.add_parser("matrix", help="expand a matrix into cells and print them")
-    matrix.add_argument("--matrix", required=True, metavar="NAME_OR_PATH",
-                        help="a name under matrices/ (e.g. nightly) or a path to a YAML file")
+    matrix.add_argument("--matrix", metavar="NAME_OR_PATH",
+                        help="a name under matrices/ (the repository's own, else shipped) or a path to a YAML file")
+    matrix.add_argument("--list", action="store_true",
+                        help="list the named matrices, where each comes from and which it overrides")
     matrix.add_argument("--format", choices=FORMATS_MATRIX, default="ids",
                         help="ids: one cell id a line; json: the cells; github: {'include': [...]}")
     matrix.add_argument("--cell", action="append", metavar="GLOB",
@@ -35,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--matrix", metavar="NAME_OR_PATH",
                      help="matrix to run (default: the embedded default for this machine)")
     run.add_argument("--cell", action="append", metavar="GLOB", help="keep only matching cells; repeatable")
-    run.add_argument("--results", default="results", metavar="DIR", help="where cell folders go")
+    run.add_argument("--results", default="results", metavar="DIR",
+                     help="where cell folders go; relative to the project root (default results)")
     run.add_argument("--env-dir", metavar="DIR",
                      help="cache of per-cell environments (default $HARNESS_ENV_DIR or ~/.cache/harness/envs)")
     run.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
@@ -55,8 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--sha", help="commit the results belong to (shown in the verdict line)")
     report.add_argument("--matrix", dest="matrix_name", help="matrix name shown in the verdict line")
 
+    init = commands.add_parser("init", help="write a starter matrices/ and the workflow callers into this repository")
+    init.add_argument("--uses", required=True, metavar="OWNER/NAME@REF",
+                      help="the harness repository whose reusable gpu-tests.yml the callers use, at a commit or tag")
+    init.add_argument("--harness", metavar="REQUIREMENT",
+                      help="what the workflows pip-install as harness (default git+https://github.com/OWNER/NAME@REF)")
+    init.add_argument("--force", action="store_true", help="overwrite files that exist")
+
     gh = commands.add_parser("gh", help="GitHub glue: authorize '/ok to test', post the comment and issue")
-    gh_commands = gh.add_subparsers(dest="gh_command", required=True, metavar="GH_COMMAND")
+    gh_commands = _Subcommands(gh.add_subparsers(dest="gh_command", required=True, metavar="GH_COMMAND"), debug)
     # Every gh command talks to one repository: GITHUB_REPOSITORY unless --repo says otherwise.
     on_repo = argparse.ArgumentParser(add_help=False)
     on_repo.add_argument("--repo", metavar="OWNER/NAME", help="repository (default $GITHUB_REPOSITORY)")
@@ -125,6 +138,10 @@ def dispatch(args: argparse.Namespace) -> int:
         from harness import report
 
         return report.command(args)
+    if args.command == "init":
+        from harness import adopt
+
+        return adopt.command(args)
     if args.command == "gh":
         from harness import github
 
@@ -140,6 +157,17 @@ def report_fatal(error: FatalError) -> None:
         print(f"harness: error: {message}", file=sys.stderr)
 
 
+class _Subcommands:
+    """Adds every subcommand with the shared parents (``--debug``), so options work after the subcommand."""
+
+    def __init__(self, action, *parents: argparse.ArgumentParser) -> None:
+        self.action, self.parents = action, parents
+
+    def add_parser(self, name: str, **kwargs) -> argparse.ArgumentParser:
+        kwargs["parents"] = [*kwargs.get("parents", ()), *self.parents]
+        return self.action.add_parser(name, **kwargs)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -152,3 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("harness: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`harness matrix ... | head`): nothing more to say to it. Point stdout at
+        # /dev/null so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141

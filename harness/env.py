@@ -66,6 +66,22 @@ print(json.dumps({"python": "%d.%d.%d" % sys.version_info[:3], "cuda": cuda,
 """
 
 
+# Runs inside the candidate interpreter: "yes" when every (name, specifier) is installed and matches.
+HOLDS_SCRIPT = r"""
+import json, sys
+import importlib.metadata as md
+from packaging.specifiers import SpecifierSet
+for name, specifier in json.loads(sys.argv[1]):
+    try:
+        version = md.version(name)
+    except md.PackageNotFoundError:
+        print("no"); sys.exit()
+    if specifier and version not in SpecifierSet(specifier):
+        print("no"); sys.exit()
+print("yes")
+"""
+
+
 class EnvironmentBuildError(Exception):
     """The cell's environment could not be built; the message carries the installer's last lines."""
 
@@ -91,11 +107,16 @@ def python_tag() -> str:
 
 
 def env_key(cell: Cell) -> str:
-    return f"py{python_tag()}-torch{cell.torch}-tf{cell.transformers}"
+    key = f"py{python_tag()}-torch{cell.torch}-tf{cell.transformers}"
+    if cell.install:
+        # What else it installs is part of the key (local paths are absolute, so repositories differ).
+        key += "-" + hashlib.sha256(json.dumps(cell.install).encode()).hexdigest()[:10]
+    return key
 
 
 def requirements(cell: Cell) -> list[str]:
-    return [f"torch=={cell.torch}", f"transformers=={cell.transformers}", *SUITE_PACKAGES]
+    extra = [argument for entry in cell.install for argument in shlex.split(entry)]
+    return [f"torch=={cell.torch}", f"transformers=={cell.transformers}", *SUITE_PACKAGES, *extra]
 
 
 def probe_versions(python: Path | str) -> dict:
@@ -117,10 +138,47 @@ def satisfies(versions: dict, cell: Cell) -> bool:
             and all(versions.get(name) for name in plugins))
 
 
+def holds_installs(python: Path | str, cell: Cell) -> bool:
+    """Whether an interpreter already has every `install:` entry: a local project by its name (from its
+    pyproject.toml), a requirement by name and version. Anything it cannot tell means no."""
+    wanted = [_installed_as(entry) for entry in cell.install]
+    if not wanted:
+        return True
+    if None in wanted:
+        return False
+    done = subprocess.run([str(python), "-c", HOLDS_SCRIPT, json.dumps(wanted)],
+                          capture_output=True, text=True, timeout=120)
+    return done.returncode == 0 and done.stdout.strip() == "yes"
+
+
+def _installed_as(entry: str) -> tuple[str, str] | None:
+    """(distribution name, version specifier) an `install:` entry leaves behind, or None where unknown."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    tokens = [token for token in shlex.split(entry) if token != "-e"]
+    if len(tokens) != 1 or tokens[0].startswith("-"):
+        return None
+    if tokens[0].startswith("/"):
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10: a build is always correct
+            return None
+        try:
+            name = tomllib.loads((Path(tokens[0]) / "pyproject.toml").read_text())["project"]["name"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return name, ""
+    try:
+        requirement = Requirement(tokens[0])
+    except InvalidRequirement:
+        return None
+    return requirement.name, str(requirement.specifier)
+
+
 def plan_environment(cell: Cell, root: Path) -> tuple[str, Path, Path | None]:
     """Which interpreter a cell gets, without building anything: (origin, python, venv folder or None),
-    origin being "current" (this interpreter holds the releases), "cached" or "build"."""
-    if satisfies(probe_versions(sys.executable), cell):
+    origin being "current" (this interpreter holds the releases and the cell's `install:`), "cached" or "build"."""
+    if satisfies(probe_versions(sys.executable), cell) and holds_installs(sys.executable, cell):
         return "current", Path(sys.executable), None
     path = root / env_key(cell)
     return ("cached" if _marker_matches(path, cell) else "build"), path / "bin" / "python", path

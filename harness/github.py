@@ -73,7 +73,7 @@ class GitHub:
     def from_env(cls, repo: str | None) -> GitHub:
         token = os.environ.get("GITHUB_TOKEN", "")
         if not token:
-            raise GitHubError("GITHUB_TOKEN is not set; the workflow step must pass it in env")
+            raise ConfigError("GITHUB_TOKEN is not set; the workflow step must pass it in env")
         repo = repo or os.environ.get("GITHUB_REPOSITORY", "")
         if not re.fullmatch(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+", repo):
             raise ConfigError(f"repository {repo!r} is not OWNER/NAME; pass --repo or set GITHUB_REPOSITORY")

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import re
+import shlex
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -21,11 +22,11 @@ from typing import Any
 import yaml
 
 from harness.errors import ConfigError
+from harness.project import project_root, shipped_matrices_dir
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 AXES = ("gpu", "gpus", "torch", "transformers")
 MATRIX_KEYS = {"description", "axes", "exclude", "include", "suite", "timeout_minutes", "reruns",
-               "test_timeout_seconds"}
+               "test_timeout_seconds", "install"}
 RUNNER_KEYS = {"labels", "gpus", "nvml_name", "ranks"}
 CPU = "cpu"
 DEFAULT_MATRIX = "cpu"
@@ -68,6 +69,8 @@ class Cell:
     reruns: int
     suite: tuple[str, ...]
     test_timeout_seconds: int = 600
+    # What the cell's environment installs besides the suite's packages (pip arguments, from the project root).
+    install: tuple[str, ...] = ()
 
     @property
     def is_cpu(self) -> bool:
@@ -95,24 +98,72 @@ class Matrix:
     path: Path
     description: str
     cells: tuple[Cell, ...]
+    root: Path  # the project root: the cells' suite and install paths are relative to it
+    reference: str  # what `--matrix` takes to find this matrix again from the project root
 
 
-def matrices_dir() -> Path:
-    return Path(os.environ.get("HARNESS_MATRICES_DIR", REPO_ROOT / "matrices"))
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MatrixSource:
+    """A named matrix, where it comes from, and the one it hides (a repository's own overrides the shipped)."""
+
+    name: str
+    path: Path
+    origin: str  # "repository", "shipped" or "$HARNESS_MATRICES_DIR"
+    hides: Path | None
 
 
-def resolve_matrix_path(name_or_path: str) -> Path:
-    """A bare name means ``matrices/<name>.yaml``; anything with a suffix or a slash is a path."""
-    candidate = Path(name_or_path)
-    if candidate.suffix in (".yaml", ".yml") or os.sep in name_or_path:
+def matrix_dirs(root: Path) -> list[tuple[str, Path]]:
+    """Folders of named matrices, the one that wins first: $HARNESS_MATRICES_DIR, the repository's
+    matrices/, the matrices harness ships."""
+    shipped = shipped_matrices_dir()
+    folders = []
+    if os.environ.get("HARNESS_MATRICES_DIR"):
+        folders.append(("$HARNESS_MATRICES_DIR", Path(os.environ["HARNESS_MATRICES_DIR"])))
+    own = root / "matrices"
+    if own.is_dir() and not _same_folder(own, shipped):
+        folders.append(("repository", own))
+    folders.append(("shipped", shipped))
+    return folders
+
+
+def named_matrices(root: Path) -> list[MatrixSource]:
+    found: dict[str, MatrixSource] = {}
+    for origin, folder in matrix_dirs(root):
+        for path in sorted(folder.glob("*.yaml")):
+            if path.stem == "runners":
+                continue
+            if path.stem in found:
+                if found[path.stem].hides is None:
+                    found[path.stem] = dataclasses.replace(found[path.stem], hides=path)
+                continue
+            found[path.stem] = MatrixSource(name=path.stem, path=path, origin=origin, hides=None)
+    return sorted(found.values(), key=lambda source: source.name)
+
+
+def is_path(name_or_path: str) -> bool:
+    """A bare name means ``matrices/<name>.yaml``; anything with a YAML suffix or a slash is a path."""
+    return Path(name_or_path).suffix in (".yaml", ".yml") or "/" in name_or_path or os.sep in name_or_path
+
+
+def resolve_matrix_path(name_or_path: str, root: Path | None = None) -> Path:
+    """A path is taken from the working directory where it exists there, else from the project root;
+    a name is looked up in `matrix_dirs`, the first that has it winning."""
+    if is_path(name_or_path):
+        candidate = Path(name_or_path).expanduser()
+        if not candidate.is_absolute() and not candidate.exists():
+            candidate = (root or project_root()) / candidate
+        if candidate.is_dir():
+            raise ConfigError(f"{name_or_path}: is a folder; --matrix takes a matrix name or a YAML file")
         if not candidate.is_file():
             raise ConfigError(f"{name_or_path}: no such matrix file")
         return candidate
-    path = matrices_dir() / f"{name_or_path}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in matrices_dir().glob("*.yaml") if p.stem != "runners")
-        raise ConfigError(f"unknown matrix {name_or_path!r}: no {path}; known: {', '.join(known)}")
-    return path
+    root = root or project_root()
+    for _origin, folder in matrix_dirs(root):
+        if (folder / f"{name_or_path}.yaml").is_file():
+            return folder / f"{name_or_path}.yaml"
+    known = [source.name for source in named_matrices(root)]
+    raise ConfigError(f"unknown matrix {name_or_path!r}: not in {root / 'matrices'} nor shipped with harness; "
+                      f"known: {', '.join(known) or 'none'}")
 
 
 def read_yaml(path: Path) -> Any:
@@ -127,8 +178,20 @@ def read_yaml(path: Path) -> Any:
         raise ConfigError(f"{path}: cannot read: {error.strerror}") from None
 
 
-def load_runners(path: Path | None = None) -> dict[str, Runner]:
-    path = path or matrices_dir() / "runners.yaml"
+def load_runners(root: Path | None = None, beside: Path | None = None) -> dict[str, Runner]:
+    """The shipped runners, updated by each runners.yaml that wins over them: the repository's matrices/,
+    $HARNESS_MATRICES_DIR, and the one beside a matrix file (`beside`, its folder)."""
+    folders = [folder for _origin, folder in reversed(matrix_dirs(root or project_root()))]
+    if beside is not None and not any(_same_folder(beside, folder) for folder in folders):
+        folders.append(beside)
+    runners: dict[str, Runner] = {}
+    for folder in folders:
+        if (folder / "runners.yaml").is_file():
+            runners.update(read_runners(folder / "runners.yaml"))
+    return runners
+
+
+def read_runners(path: Path) -> dict[str, Runner]:
     data = read_yaml(path)
     if not isinstance(data, dict) or not data:
         raise ConfigError(f"{path}: expected a mapping of GPU type to runner")
@@ -153,12 +216,18 @@ def load_runners(path: Path | None = None) -> dict[str, Runner]:
 
 
 def load_matrix(name_or_path: str, runners: Mapping[str, Runner] | None = None) -> Matrix:
-    path = resolve_matrix_path(name_or_path)
+    path = resolve_matrix_path(name_or_path).resolve()
+    root = project_root(path) if is_path(name_or_path) else project_root()
     spec = read_yaml(path)
-    runners = runners if runners is not None else load_runners()
+    runners = runners if runners is not None else load_runners(root, beside=path.parent)
     name = path.stem
-    cells = expand(spec, runners, name=name, source=str(path))
-    return Matrix(name=name, path=path, description=str(spec.get("description", "")), cells=tuple(cells))
+    cells = [dataclasses.replace(cell, install=tuple(resolve_install(entry, root) for entry in cell.install))
+             for cell in expand(spec, runners, name=name, source=str(path))]
+    reference = name_or_path
+    if is_path(name_or_path):
+        reference = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+    return Matrix(name=name, path=path, description=str(spec.get("description", "")), cells=tuple(cells),
+                  root=root, reference=reference)
 
 
 def expand(spec: Any, runners: Mapping[str, Runner], *, name: str, source: str) -> list[Cell]:
@@ -197,7 +266,11 @@ def expand(spec: Any, runners: Mapping[str, Runner], *, name: str, source: str) 
     suite = spec.get("suite", ["tests/gpu"])
     if not isinstance(suite, list) or not suite or not all(isinstance(s, str) for s in suite):
         raise ConfigError(f"{source}: suite: expected a non-empty list of test paths")
+    install = spec.get("install", [])
+    if not isinstance(install, list) or not all(isinstance(s, str) and s.strip() for s in install):
+        raise ConfigError(f"{source}: install: expected a list of pip arguments, e.g. [\"-e .\", \"pkg==1.2\"]")
     settings = {
+        "install": tuple(s.strip() for s in install),
         "timeout_minutes": _positive_number(spec.get("timeout_minutes", 30), f"{source}: timeout_minutes"),
         "reruns": _non_negative_int(spec.get("reruns", 0), f"{source}: reruns"),
         "test_timeout_seconds": _positive_int(spec.get("test_timeout_seconds", 600),
@@ -246,12 +319,44 @@ def format_cells(cells: list[Cell], fmt: str) -> str:
 
 
 def command(args) -> int:
+    if args.list:
+        print(format_sources(named_matrices(project_root())))
+        return 0
+    if not args.matrix:
+        raise ConfigError("harness matrix: give --matrix NAME_OR_PATH, or --list to see the names")
     matrix = load_matrix(args.matrix)
     cells = select(matrix.cells, args.cell)
     if not cells:
         raise ConfigError(f"{matrix.path}: no cell matches --cell {' '.join(args.cell)}")
     print(format_cells(cells, args.format))
     return 0
+
+
+def resolve_install(entry: str, root: Path) -> str:
+    """An `install:` entry with its local paths made absolute from the project root (``-e .`` is the
+    repository itself), so the environment's cache key tells two repositories apart."""
+    tokens = shlex.split(entry)
+    for i, token in enumerate(tokens):
+        if not token.startswith("-") and (token.startswith((".", "/", "~")) or (root / token).exists()):
+            tokens[i] = str((root / Path(token).expanduser()).resolve())
+    return shlex.join(tokens)
+
+
+def format_sources(sources: list[MatrixSource]) -> str:
+    """One line per named matrix: name, where it comes from, and what it overrides."""
+    width = max((len(source.name) for source in sources), default=4)
+    lines = []
+    for source in sources:
+        hides = f" (overrides {source.hides})" if source.hides else ""
+        lines.append(f"{source.name:<{width}}  {source.origin:<10}  {source.path}{hides}")
+    return "\n".join(lines)
+
+
+def _same_folder(one: Path, other: Path) -> bool:
+    try:
+        return one.resolve() == other.resolve()
+    except OSError:
+        return False
 
 
 def _axis_value(axis: str, value: Any, where: str) -> Any:

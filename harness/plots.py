@@ -68,13 +68,28 @@ class Plot:
     labels: tuple[Label, ...] = ()
 
 
-_LABEL_WIDTH = 330.0
-_PLOT_WIDTH = 480.0
+_PLOT_WIDTH = 640.0
+_LABEL_CHARS = 56  # a row label's longest; longer ones lose their middle (see plot_label)
+_CHAR_WIDTH = 6.7  # px per character of the 11px monospace row labels (report.html.j2 sets the font)
 _AXIS_TOP = 28.0
 _BAR = 10.0
 _ROW_GAP = 3.0
 _GROUP_GAP = 12.0
 GRADIENT_PLOT_CASES = 60
+
+
+def plot_label(text: object, max_chars: int = _LABEL_CHARS) -> str:
+    """A row label that keeps what tells rows apart: a long test id loses its middle, not its parameters."""
+    flat = one_line(text, 10_000)
+    if len(flat) <= max_chars:
+        return flat
+    head = max_chars // 3
+    return flat[:head] + "…" + flat[len(flat) - (max_chars - head - 1) :]
+
+
+def _label_width(labels: Iterable[str]) -> float:
+    """Room left of the plot for the longest row label, so none is cut at the edge."""
+    return max((len(label) for label in labels), default=0) * _CHAR_WIDTH + 16
 
 
 def html_plots(report: Report) -> tuple[Plot, ...]:
@@ -97,12 +112,13 @@ def memory_plot(cells: Iterable[CellResult]) -> Plot | None:
     if not largest:
         return None
     scale = _PLOT_WIDTH / largest
+    left = _label_width(plot_label(cell.id) for cell in cells)
     rects, labels, y = [], [], _AXIS_TOP
     for cell in cells:
-        labels.append(Label(x=_LABEL_WIDTH - 8, y=y + _BAR, text=one_line(cell.id, 60), anchor="end"))
+        labels.append(Label(x=left - 8, y=y + _BAR, text=plot_label(cell.id), anchor="end", kind="row"))
         if not cell.memory:
             labels.append(
-                Label(x=_LABEL_WIDTH, y=y + _BAR, text=cell.memory_note or "no GPU memory recorded", kind="muted")
+                Label(x=left, y=y + _BAR, text=cell.memory_note or "no GPU memory recorded", kind="muted")
             )
             y += _BAR + _ROW_GAP
         for gpu in cell.memory:
@@ -111,7 +127,7 @@ def memory_plot(cells: Iterable[CellResult]) -> Plot | None:
             if total and total > 0:
                 rects.append(
                     Rect(
-                        x=_LABEL_WIDTH,
+                        x=left,
                         y=y,
                         width=total * scale,
                         height=_BAR,
@@ -122,7 +138,7 @@ def memory_plot(cells: Iterable[CellResult]) -> Plot | None:
             if peak is not None and peak >= 0:
                 rects.append(
                     Rect(
-                        x=_LABEL_WIDTH,
+                        x=left,
                         y=y,
                         width=peak * scale,
                         height=_BAR,
@@ -132,7 +148,7 @@ def memory_plot(cells: Iterable[CellResult]) -> Plot | None:
                 )
             labels.append(
                 Label(
-                    x=_LABEL_WIDTH + _PLOT_WIDTH + 8,
+                    x=left + _PLOT_WIDTH + 8,
                     y=y + _BAR,
                     text=f"GPU {gpu.index}: {gib(gpu.peak_used_mib)} GiB",
                     kind="value",
@@ -141,7 +157,7 @@ def memory_plot(cells: Iterable[CellResult]) -> Plot | None:
             y += _BAR + _ROW_GAP
         y += _GROUP_GAP
     ticks = _linear_ticks(largest / 1024)
-    tick_xs = [_LABEL_WIDTH + tick * 1024 * scale for tick in ticks]
+    tick_xs = [left + tick * 1024 * scale for tick in ticks]
     rules = [Rule(x1=x, y1=_AXIS_TOP - 6, x2=x, y2=y - _GROUP_GAP, kind="grid") for x in tick_xs]
     labels.extend(
         Label(x=rule.x1, y=_AXIS_TOP - 10, text=f"{tick:g} GiB", anchor="middle", kind="axis")
@@ -150,7 +166,7 @@ def memory_plot(cells: Iterable[CellResult]) -> Plot | None:
     return Plot(
         title="Peak memory per GPU",
         caption="Dark: peak used during the cell; light: the GPU's total.",
-        width=_LABEL_WIDTH + _PLOT_WIDTH + 130,
+        width=left + _PLOT_WIDTH + 130,
         height=y,
         rects=tuple(rects),
         rules=tuple(rules),
@@ -173,9 +189,10 @@ def gradient_plot(cases: Iterable[CaseMetrics]) -> Plot | None:
     # every finite value's log10 within a few hundred.
     low, high = math.floor(math.log10(min(values))), math.ceil(math.log10(max(values)))
     high = max(high, low + 1)
+    left = _label_width(plot_label(case.case) for case in cases)
 
     def x_of(value: float) -> float:
-        return _LABEL_WIDTH + (math.log10(value) - low) / (high - low) * _PLOT_WIDTH
+        return left + (math.log10(value) - low) / (high - low) * _PLOT_WIDTH
 
     dots, rules, labels, y = [], [], [], _AXIS_TOP
     row = _BAR + 2 * _ROW_GAP
@@ -185,7 +202,7 @@ def gradient_plot(cases: Iterable[CaseMetrics]) -> Plot | None:
         rules.append(Rule(x1=x, y1=_AXIS_TOP - 6, x2=x, y2=bottom, kind="grid"))
         labels.append(Label(x=x, y=_AXIS_TOP - 10, text=f"1e{exponent}", anchor="middle", kind="axis"))
     for case in cases:
-        labels.append(Label(x=_LABEL_WIDTH - 8, y=y + _BAR, text=one_line(case.case, 60), anchor="end"))
+        labels.append(Label(x=left - 8, y=y + _BAR, text=plot_label(case.case), anchor="end", kind="row"))
         bounds = {finite(point.bound) for point in case.points}
         for bound in sorted(bound for bound in bounds if bound and bound > 0):
             rules.append(
@@ -203,7 +220,7 @@ def gradient_plot(cases: Iterable[CaseMetrics]) -> Plot | None:
                 continue
             error = finite(point.error)
             at_zero = error is not None and error <= 0
-            x = _LABEL_WIDTH + _PLOT_WIDTH if error is None else (_LABEL_WIDTH if at_zero else x_of(error))
+            x = left + _PLOT_WIDTH if error is None else (left if at_zero else x_of(error))
             dots.append(
                 Dot(
                     x=x,
@@ -217,7 +234,7 @@ def gradient_plot(cases: Iterable[CaseMetrics]) -> Plot | None:
         title="Largest gradient error against its bound",
         caption="One dot per cell (red: over the bound); the bar is the bound; log scale. "
         f"The {len(cases)} cases closest to their bound.",
-        width=_LABEL_WIDTH + _PLOT_WIDTH + 40,
+        width=left + _PLOT_WIDTH + 40,
         height=y + _ROW_GAP,
         dots=tuple(dots),
         rules=tuple(rules),

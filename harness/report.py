@@ -41,6 +41,7 @@ from harness.filters import (
     significant,
 )
 from harness.plots import html_plots
+from harness.project import shipped_reports_dir
 from harness.results import (
     DIGEST_TAG,
     BaselineUnreadable,
@@ -66,7 +67,6 @@ from harness.results import (
 )
 
 FORMATS = ("pr-comment", "summary", "terminal", "html")
-REPORTS_DIR = Path(__file__).resolve().parent.parent / "reports"
 COMMENT_LIMIT = 65_536  # GitHub's limit for a comment body
 SUMMARY_LIMIT_BYTES = 1_000_000  # GitHub's step summary takes 1 MiB
 DIGEST_MAX_CHARS = 16_000
@@ -482,7 +482,7 @@ def render_nightly(kind: str, *, marker: str, sha: str, run_url: str | None, reg
 @cache
 def _environment() -> jinja2.Environment:
     environment = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(REPORTS_DIR),
+        loader=jinja2.FileSystemLoader(shipped_reports_dir()),
         undefined=jinja2.StrictUndefined,
         # Per template file: the SVG macros need it as much as the page that imports them.
         autoescape=jinja2.select_autoescape(("html.j2", "svg.j2"), default_for_string=False),

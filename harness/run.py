@@ -25,11 +25,13 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import harness
 from harness import __version__, memory
 from harness.contract import ENV_JSON, EnvRecord
 from harness.env import EnvironmentBuildError, ensure_environment, env_root, plan_environment, probe_versions
 from harness.errors import ConfigError, HostMismatchError
-from harness.matrix import DEFAULT_MATRIX, REPO_ROOT, Cell, Matrix, load_matrix, load_runners, select
+from harness.matrix import DEFAULT_MATRIX, Cell, Matrix, load_matrix, load_runners, select
+from harness.project import git, project_root, resolve, shipped_matrices_dir
 from harness.ranks.lifecycle import CELL_TOKEN_ENV, kill_cell_processes
 
 # Memory other processes may hold on a cell's GPUs before the cell refuses to start.
@@ -47,6 +49,8 @@ class Interrupted(BaseException):  # a signal, like KeyboardInterrupt: `except E
     def __init__(self, signum: int):
         super().__init__(f"interrupted by {signal.Signals(signum).name}")
         self.signum = signum
+# A refusal names at most this many distinct reasons; the rest are counted.
+REFUSAL_REASONS_SHOWN = 3
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -77,24 +81,29 @@ def command(args) -> int:
         if args.reruns < 0:
             raise ConfigError(f"--reruns {args.reruns}: expected a whole number >= 0")
         cells = [dataclasses.replace(cell, reruns=args.reruns) for cell in cells]
-    refused = [(cell, why) for cell in cells if (why := unfit_reason(cell, host))]
-    if refused and not args.force:
-        lines = "; ".join(f"{cell.id}: {why}" for cell, why in refused)
-        raise HostMismatchError(f"this machine cannot host {len(refused)} of {len(cells)} cells ({lines}); "
-                                "pick others with --cell, or pass --force")
-    results_root = Path(args.results)
+    refused = {cell.id: why for cell in cells if (why := unfit_reason(cell, host))} if not args.force else {}
+    if refused and not args.dry_run:
+        raise HostMismatchError(f"this machine cannot host {len(refused)} of {len(cells)} cells: "
+                                f"{summarize_refusals(refused)}; pick others with --cell, or pass --force")
+    results_root = results_folder(args.results, matrix.root)
     root = env_root(args.env_dir)
     if args.dry_run:
-        print_plan(matrix, cells, host, results_root, root, args.pytest_args)
+        print_plan(matrix, cells, host, results_root, root, args.pytest_args, refused)
         return 0
     try:
-        with interruptible():
+        results_root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"--results {args.results}: cannot create {results_root}: {error.strerror}") from None
+    try:
+        with interruptible(), harness_import_path() as import_path:
             outcomes = [run_cell(cell, host=host, results_root=results_root, env_dir=root,
-                                 pytest_args=args.pytest_args, log=progress) for cell in cells]
+                                 pytest_args=args.pytest_args, log=progress, project=matrix.root,
+                                 matrix_reference=matrix.reference, import_path=import_path) for cell in cells]
     except Interrupted as interrupted:
         print(f"harness: {interrupted}; the cell's folder says so", file=sys.stderr, flush=True)
         return 128 + interrupted.signum
     print_table([outcome.folder for outcome in outcomes])
+    print_where(results_root)
     return 0 if all(outcome.status == "passed" for outcome in outcomes) else 1
 
 
@@ -118,6 +127,27 @@ def interruptible() -> Iterator[None]:
             signal.signal(each, handler)
 
 
+def results_folder(value: str, root: Path) -> Path:
+    """--results taken from the project root, so every file a cell writes lands in one folder."""
+    folder = resolve(value, root)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"--results {value}: {folder} is a file; give a folder for the cells' results")
+    return folder
+
+
+def summarize_refusals(refused: dict[str, str]) -> str:
+    """'needs 2 h200 GPUs, this machine has none (12 cells: h200-2gpu-..., ...)', a few reasons at most."""
+    by_reason: dict[str, list[str]] = {}
+    for cell_id, why in refused.items():
+        by_reason.setdefault(why, []).append(cell_id)
+    parts = []
+    for why, ids in list(by_reason.items())[:REFUSAL_REASONS_SHOWN]:
+        parts.append(f"{why} ({ids[0]})" if len(ids) == 1 else f"{why} ({len(ids)} cells: {ids[0]}, ...)")
+    if len(by_reason) > REFUSAL_REASONS_SHOWN:
+        parts.append(f"{len(by_reason) - REFUSAL_REASONS_SHOWN} more reasons")
+    return "; ".join(parts)
+
+
 def detect_host() -> Host:
     try:
         gpus = tuple(memory.resolve_gpus(os.environ.get("CUDA_VISIBLE_DEVICES")))
@@ -136,8 +166,8 @@ def default_matrix(host: Host) -> Matrix:
     if not host.gpus:
         return load_matrix(DEFAULT_MATRIX)
     if host.gpu_type is None:
-        raise ConfigError(f"matrices/runners.yaml: no GPU type has nvml_name matching {host.gpus[0].name!r}; "
-                          "add it, or pass --matrix")
+        raise ConfigError(f"runners.yaml: no GPU type has nvml_name matching {host.gpus[0].name!r}; "
+                          "add it to the repository's matrices/runners.yaml, or pass --matrix")
     installed = probe_versions(sys.executable)
     if not installed.get("torch") or not installed.get("transformers"):
         raise ConfigError("this interpreter has no torch or transformers to test; pass --matrix to build one")
@@ -145,8 +175,8 @@ def default_matrix(host: Host) -> Matrix:
     cell = Cell(gpu=host.gpu_type, gpus=min(len(host.gpus), runner.gpus), matrix="local",
                 torch=installed["torch"].split("+")[0], transformers=installed["transformers"].split("+")[0],
                 labels=runner.labels, timeout_minutes=60, reruns=0, suite=("tests/gpu",))
-    return Matrix(name="local", path=Path("matrices/runners.yaml"), description="this machine's GPUs",
-                  cells=(cell,))
+    return Matrix(name="local", path=shipped_matrices_dir() / "runners.yaml", description="this machine's GPUs",
+                  cells=(cell,), root=project_root(), reference="local")
 
 
 def unfit_reason(cell: Cell, host: Host) -> str | None:
@@ -162,15 +192,17 @@ def unfit_reason(cell: Cell, host: Host) -> str | None:
 
 
 def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytest_args: list[str],
-             log: Callable[[str], None]) -> CellOutcome:
+             log: Callable[[str], None], project: Path, matrix_reference: str,
+             import_path: Path | None = None) -> CellOutcome:
     folder = results_root / cell.id
     if folder.exists():
         shutil.rmtree(folder)  # results of an earlier run of this cell would mix with these
     folder.mkdir(parents=True)
     started = time.time()
     gpus = list(host.gpus[: cell.gpus]) if not cell.is_cpu else []
-    record = start_record(cell, host, gpus, started)
-    log(f"== {cell.id}")
+    record = start_record(cell, host, gpus, started, project=project,
+                          reproduce=reproduce_command(cell, matrix_reference, pytest_args))
+    log(f"== {cell.id}: results in {folder}")
     memory_report = memory.MemoryReport.unavailable("cpu cell: no GPU" if cell.is_cpu else "no GPU was monitored")
     try:
         with (folder / "install.log").open("w") as install_log:
@@ -185,7 +217,10 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
             if monitor:
                 monitor.start()
             try:
-                exit_code, timed_out = run_pytest(cell, environment.python, folder, gpus, pytest_args, log)
+                # A built environment lacks harness itself: its ranks plugin comes through import_path.
+                extra_path = import_path if environment.origin != "current" else None
+                exit_code, timed_out = run_pytest(cell, environment.python, folder, gpus, pytest_args, log,
+                                                  project=project, import_path=extra_path)
             finally:
                 if monitor:
                     memory_report = monitor.stop()
@@ -221,9 +256,10 @@ def pytest_command(cell: Cell, python: Path, folder: Path, pytest_args: list[str
     return command + list(pytest_args)
 
 
-def pytest_environment(cell: Cell, gpus: list) -> dict[str, str]:
+def pytest_environment(cell: Cell, gpus: list, import_path: Path | None = None) -> dict[str, str]:
     environ = dict(os.environ)
-    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), environ.get("PYTHONPATH")]))
+    if import_path is not None:
+        environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(import_path), environ.get("PYTHONPATH")]))
     # No bytecode written: a cached environment stays as built, so its manifest check passes next time.
     environ.update(HARNESS_CELL_ID=cell.id, PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
     if cell.is_cpu:
@@ -237,8 +273,10 @@ def pytest_environment(cell: Cell, gpus: list) -> dict[str, str]:
 
 
 def run_pytest(cell: Cell, python: Path, folder: Path, gpus: list, pytest_args: list[str],
-               log: Callable[[str], None]) -> tuple[int | None, bool]:
-    """Runs the suite, streaming its output to pytest.log and the terminal. Returns (exit code, timed out).
+               log: Callable[[str], None], *, project: Path, import_path: Path | None = None,
+               echo: Callable[[bytes], None] | None = None) -> tuple[int | None, bool]:
+    """Runs the suite from the project root, streaming its output as it comes to pytest.log and the
+    terminal. Returns (exit code, timed out).
 
     Every process of the cell carries a token in its environment and writes temporary files under a folder
     of its own; on every way out, whatever still carries the token is killed and the folder removed."""
@@ -246,13 +284,14 @@ def run_pytest(cell: Cell, python: Path, folder: Path, gpus: list, pytest_args: 
     log("   " + shlex.join(command))
     token = uuid.uuid4().hex
     temporary = tempfile.mkdtemp(prefix="harness-cell-")
-    environ = {**pytest_environment(cell, gpus), CELL_TOKEN_ENV: token, "TMPDIR": temporary}
+    environ = {**pytest_environment(cell, gpus, import_path), CELL_TOKEN_ENV: token, "TMPDIR": temporary}
     try:
-        with (folder / "pytest.log").open("w") as pytest_log:
-            process = subprocess.Popen(command, cwd=REPO_ROOT, env=environ,
-                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        with (folder / "pytest.log").open("wb") as pytest_log:
+            process = subprocess.Popen(command, cwd=project, env=environ,
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                        start_new_session=True)  # its own group, so a timeout kills every rank
-            reader = threading.Thread(target=_pump, args=(process.stdout, tee(pytest_log, log)), daemon=True)
+            reader = threading.Thread(target=stream_output,
+                                      args=(process.stdout, pytest_log, echo or echo_terminal), daemon=True)
             reader.start()
             timed_out = False
             try:
@@ -288,10 +327,13 @@ def classify(cell: Cell, exit_code: int | None, timed_out: bool, junit: Path) ->
 
 
 def print_plan(matrix: Matrix, cells: list[Cell], host: Host, results_root: Path, root: Path,
-               pytest_args: list[str]) -> None:
+               pytest_args: list[str], refused: dict[str, str]) -> None:
     where = f"{len(host.gpus)} x {host.gpus[0].name}" if host.gpus else "no GPU"
-    print(f"matrix {matrix.name} ({matrix.path}); this machine: {where}")
+    print(f"matrix {matrix.name} ({matrix.path}); project {matrix.root}; this machine: {where}")
     for cell in cells:
+        if cell.id in refused:
+            print(f"{cell.id}\n  would be refused: {refused[cell.id]}")
+            continue
         try:
             origin, python, path = plan_environment(cell, root)
         except EnvironmentBuildError as error:
@@ -301,6 +343,9 @@ def print_plan(matrix: Matrix, cells: list[Cell], host: Host, results_root: Path
         print(f"  environment: {environment.get(origin, origin)}")
         print(f"  results:     {results_root / cell.id}")
         print(f"  command:     {shlex.join(pytest_command(cell, python, results_root / cell.id, pytest_args))}")
+    if refused:
+        print(f"this machine cannot host {len(refused)} of {len(cells)} cells: {summarize_refusals(refused)}; "
+              "harness run would stop with exit 3 (pick others with --cell, or pass --force)")
 
 
 def print_table(folders: list[Path]) -> None:
@@ -310,20 +355,20 @@ def print_table(folders: list[Path]) -> None:
     print(render(load_results([str(folder) for folder in folders]), "terminal"))
 
 
-def reproduce_command(cell: Cell) -> str:
-    matrix = f"--matrix {shlex.quote(cell.matrix)} " if cell.matrix != "local" else ""
-    return f"harness run {matrix}--cell {shlex.quote(cell.id)}"
+def print_where(results_root: Path) -> None:
+    print(f"results: {results_root}")
+    print(f"render:  harness report {shlex.quote(str(results_root))} --format html -o harness-report.html")
 
 
-def start_record(cell: Cell, host: Host, gpus: list, started: float) -> dict:
+def start_record(cell: Cell, host: Host, gpus: list, started: float, *, project: Path, reproduce: str) -> dict:
     """env.json as a cell starts (status errored until it says otherwise); its keys are EnvRecord's."""
     record = EnvRecord(
         cell=cell.to_json(),
         versions={"python": None, "torch": None, "transformers": None, "accelerate": None, "cuda": None,
                   "harness": __version__},
         gpus=[gpu.to_json() for gpu in gpus], driver=host.driver, host=socket.gethostname(),
-        runner=os.environ.get("RUNNER_NAME"), git_sha=git_sha(), git_dirty=git_dirty(),
-        trigger_sha=os.environ.get("GITHUB_SHA") or None, start=iso(started), reproduce=reproduce_command(cell),
+        runner=os.environ.get("RUNNER_NAME"), git_sha=git_sha(project), git_dirty=git_dirty(project),
+        trigger_sha=os.environ.get("GITHUB_SHA") or None, start=iso(started), reproduce=reproduce,
     )
     return record.to_json()
 
@@ -333,25 +378,52 @@ def write_env_json(folder: Path, record: dict) -> None:
     (folder / ENV_JSON).write_text(json.dumps(EnvRecord(**record).to_json(), indent=2) + "\n")
 
 
-def git_sha() -> str | None:
-    """The commit checked out: what ran. ($GITHUB_SHA is the commit the workflow was started for, which
-    for an issue_comment run is the default branch's head, not the pull request's; see trigger_sha.)"""
-    return (_git("rev-parse", "HEAD") or "").strip() or None
+def reproduce_command(cell: Cell, matrix_reference: str, pytest_args: list[str]) -> str:
+    """What reruns this cell alone, from the project root: the matrix as it was named, and pytest's arguments."""
+    matrix = f"--matrix {shlex.quote(matrix_reference)} " if matrix_reference != "local" else ""
+    extra = f" -- {shlex.join(pytest_args)}" if pytest_args else ""
+    return f"harness run {matrix}--cell {shlex.quote(cell.id)}{extra}"
 
 
-def git_dirty() -> bool | None:
+def git_sha(project: Path) -> str | None:
+    """The commit checked out in the tested repository: what ran. ($GITHUB_SHA is the commit the workflow was
+    started for, which for an issue_comment run is the default branch's head, not the pull request's; it is
+    recorded apart as trigger_sha.)"""
+    return (git(project, "rev-parse", "HEAD") or "").strip() or None
+
+
+def git_dirty(project: Path) -> bool | None:
     """Whether tracked files differ from HEAD, so git_sha alone does not say what ran; None where unknown."""
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    status = git(project, "status", "--porcelain", "--untracked-files=no")
     return None if status is None else bool(status.strip())
 
 
-def _git(*arguments: str) -> str | None:
-    """git's output in the repository, or None where git is missing or fails."""
+@contextlib.contextmanager
+def harness_import_path() -> Iterator[Path]:
+    """A folder holding only this harness (its package and, where installed, its metadata with the pytest
+    plugin entry point), for PYTHONPATH of a cell environment that does not have harness installed.
+    The folder around the package is not used: installed, it is a site-packages whose torch would
+    shadow the cell's."""
+    with tempfile.TemporaryDirectory(prefix="harness-import-") as folder:
+        package = Path(harness.__file__).resolve().parent
+        (Path(folder) / "harness").symlink_to(package, target_is_directory=True)
+        metadata = _distribution_metadata()
+        if metadata is not None:
+            (Path(folder) / metadata.name).symlink_to(metadata, target_is_directory=True)
+        yield Path(folder)
+
+
+def _distribution_metadata() -> Path | None:
+    import importlib.metadata
+
     try:
-        done = subprocess.run(["git", *arguments], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout if done.returncode == 0 else None
+        distribution = importlib.metadata.distribution("harness")
+    except importlib.metadata.PackageNotFoundError:
+        return None  # run from a checkout on PYTHONPATH: the suite's conftest registers the plugin itself
+    for file in distribution.files or ():
+        if file.name == "METADATA" and file.parent.name.endswith(".dist-info"):
+            return Path(str(distribution.locate_file(file))).resolve().parent
+    return None
 
 
 def iso(timestamp: float) -> str:
@@ -371,9 +443,29 @@ def tee(stream, log: Callable[[str], None]) -> Callable[[str], None]:
     return write
 
 
-def _pump(source, sink: Callable[[str], None]) -> None:
-    for line in source:
-        sink(line.rstrip("\n"))
+def stream_output(source, log_file, echo: Callable[[bytes], None]) -> None:
+    """Copies pytest's output as it arrives, not a line at a time: its progress dots for one test file
+    are one line, which on a long GPU cell would leave the terminal silent for minutes."""
+    terminal_open = True
+    while chunk := os.read(source.fileno(), 65536):
+        log_file.write(chunk)
+        log_file.flush()
+        if terminal_open:
+            try:
+                echo(chunk)
+            except OSError:
+                terminal_open = False  # the terminal went away; pytest.log still gets everything
+
+
+def echo_terminal(chunk: bytes) -> None:
+    sys.stdout.flush()  # harness's own lines come first
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is None:
+        sys.stdout.write(chunk.decode(errors="replace"))
+        sys.stdout.flush()
+        return
+    buffer.write(chunk)
+    buffer.flush()
 
 
 def _kill_leftovers(process: subprocess.Popen, token: str) -> None:

@@ -106,11 +106,11 @@ def test_git_dirty_says_whether_tracked_files_differ_from_head(tmp_path, monkeyp
     (repo / "tracked.txt").write_text("one")
     subprocess.run([*git, "add", "tracked.txt"], check=True)
     subprocess.run([*git, "commit", "-q", "-m", "one"], check=True)
-    monkeypatch.setattr(harness.run, "REPO_ROOT", repo)
     (repo / "untracked.txt").write_text("results and caches are not changes")
-    assert harness.run.git_dirty() is False
+    assert harness.run.git_dirty(repo) is False
     (repo / "tracked.txt").write_text("two")
-    assert harness.run.git_dirty() is True
+    assert harness.run.git_dirty(repo) is True
+    assert harness.run.git_dirty(repo.parent) is None and harness.run.git_sha(repo.parent) is None
 
 
 def test_git_sha_is_the_commit_checked_out_and_the_trigger_sha_is_recorded_apart(tmp_path, monkeypatch):
@@ -121,12 +121,11 @@ def test_git_sha_is_the_commit_checked_out_and_the_trigger_sha_is_recorded_apart
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "the pull request's head"], check=True)
     head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
-    monkeypatch.setattr(harness.run, "REPO_ROOT", repo)
     monkeypatch.setenv("GITHUB_SHA", "0" * 40)  # the default branch's head
-    assert harness.run.git_sha() == head
+    assert harness.run.git_sha(repo) == head
     cell = harness.run.load_matrix(write_matrix(tmp_path, "passing")).cells[0]
     host = harness.run.Host(gpus=(), gpu_type=None, driver=None)
-    record = harness.run.start_record(cell, host, [], 0.0)
+    record = harness.run.start_record(cell, host, [], 0.0, project=repo, reproduce="harness run")
     assert (record["git_sha"], record["trigger_sha"], record["git_dirty"]) == (head, "0" * 40, False)
 
 
@@ -216,3 +215,41 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path, capsys):
 def test_pytest_args_after_double_dash_reach_pytest(tmp_path):
     assert run(tmp_path, write_matrix(tmp_path, "failing"), "--", "-k", "test_ok") == 0
     assert "1 passed, 1 deselected" in (cell_folder(tmp_path / "results") / "pytest.log").read_text()
+
+
+def test_output_streams_in_chunks_before_the_line_ends(tmp_path):
+    """pytest's progress dots for one file are one line: they must reach the terminal and pytest.log as they
+    come, not when the line (or the cell) ends."""
+    import threading
+
+    read_end, write_end = os.pipe()
+    arrived = threading.Event()
+    echoed: list[bytes] = []
+
+    def echo(chunk: bytes) -> None:
+        echoed.append(chunk)
+        arrived.set()
+
+    log_path = tmp_path / "pytest.log"
+    with open(read_end, "rb") as source, log_path.open("wb") as log_file:
+        reader = threading.Thread(target=harness.run.stream_output, args=(source, log_file, echo))
+        reader.start()
+        os.write(write_end, b"tests/gpu/test_x.py ..")
+        assert arrived.wait(30), "a chunk without a newline did not come through while the writer was alive"
+        assert log_path.read_bytes() == b"tests/gpu/test_x.py .."
+        os.write(write_end, b"F\n")
+        os.close(write_end)
+        reader.join(30)
+    assert b"".join(echoed) == log_path.read_bytes() == b"tests/gpu/test_x.py ..F\n"
+
+
+def test_a_closed_terminal_does_not_stop_the_log(tmp_path):
+    def gone(chunk: bytes) -> None:
+        raise BrokenPipeError
+
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"one\n")
+    os.close(write_end)
+    with open(read_end, "rb") as source, (tmp_path / "pytest.log").open("wb") as log_file:
+        harness.run.stream_output(source, log_file, gone)
+    assert (tmp_path / "pytest.log").read_bytes() == b"one\n"

@@ -287,7 +287,7 @@ def test_ci_runs_only_github_hosted_and_all_checks():
 
 def test_gpu_cells_run_the_approved_sha_and_always_upload():
     gpu = all_workflows()["gpu-tests.yml"]
-    assert set(gpu["on"]["workflow_call"]["inputs"]) == {"matrix", "sha", "pr", "reruns"}
+    assert set(gpu["on"]["workflow_call"]["inputs"]) == {"matrix", "sha", "pr", "reruns", "harness"}
     cell = jobs(gpu)["cell"]
     assert cell["runs-on"] == "${{ matrix.runs_on }}"
     assert cell["timeout-minutes"] == "${{ matrix.timeout_minutes }}"

@@ -1,0 +1,51 @@
+"""Where things are: the repository harness runs in (the project root) and the data harness ships.
+
+Relative paths a user gives (a matrix file, ``--results``, a matrix's ``suite:`` and ``install:``) resolve
+against the project root, the git top level of the working directory or of the matrix file's repository,
+so harness does the same thing from any subfolder. The shipped matrices and report templates are package
+data read through importlib.resources, so an installed harness needs no checkout.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import subprocess
+from pathlib import Path
+
+
+def shipped_matrices_dir() -> Path:
+    return Path(str(importlib.resources.files("harness._matrices")))
+
+
+def shipped_reports_dir() -> Path:
+    return Path(str(importlib.resources.files("harness._reports")))
+
+
+def project_root(matrix_file: Path | None = None) -> Path:
+    """The matrix file's repository when it is in one, else the working directory's, else the working
+    directory itself."""
+    if matrix_file is not None:
+        top = git_toplevel(matrix_file.resolve().parent)
+        if top is not None:
+            return top
+    return git_toplevel(Path.cwd()) or Path.cwd().resolve()
+
+
+def git_toplevel(folder: Path) -> Path | None:
+    done = git(folder, "rev-parse", "--show-toplevel")
+    return Path(done.strip()).resolve() if done and done.strip() else None
+
+
+def git(folder: Path, *arguments: str) -> str | None:
+    """git's output in a folder, or None where git is missing, fails, or the folder is no repository."""
+    try:
+        done = subprocess.run(["git", "-C", str(folder), *arguments], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def resolve(path: str | Path, root: Path) -> Path:
+    """An absolute path stays; a relative one is taken from the project root."""
+    path = Path(path).expanduser()
+    return path if path.is_absolute() else root / path

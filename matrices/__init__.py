@@ -1,0 +1,1 @@
+"""Matrices shipped with harness (package data: harness._matrices). A repository's own matrices/ adds to these."""

@@ -1,0 +1,1 @@
+"""Report templates shipped with harness (package data: harness._reports)."""

@@ -1,0 +1,76 @@
+"""`harness init`: the starter a repository gets, the example repository that is its output, and the
+callers' workflows keeping the same safety rules as harness's own."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_workflows import RULES, load, uses_pinned
+
+from harness.adopt import starter_files
+from harness.cli import main
+from harness.matrix import load_matrix
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "adopter"
+EXAMPLE_USES = "your-org/harness@v0.1.0"
+
+
+@pytest.fixture
+def repository(tmp_path, monkeypatch):
+    subprocess.run(["git", "init", "-q", str(tmp_path / "repo")], check=True)
+    (tmp_path / "repo" / "src").mkdir()
+    monkeypatch.chdir(tmp_path / "repo" / "src")
+    monkeypatch.delenv("HARNESS_MATRICES_DIR", raising=False)
+    return tmp_path / "repo"
+
+
+def test_the_example_repository_is_what_init_writes():
+    for relative, text in starter_files(EXAMPLE_USES, None).items():
+        assert (EXAMPLE / relative).read_text() == text, f"examples/adopter/{relative} differs from harness init"
+
+
+def test_init_writes_the_starter_at_the_repository_root_and_overwrites_nothing(repository, capsys):
+    assert main(["init", "--uses", "acme/harness@" + "a" * 40]) == 0
+    written = {
+        str(path.relative_to(repository))
+        for path in repository.rglob("*")
+        if path.is_file() and ".git" not in path.parts
+    }
+    assert written == {
+        "matrices/runners.yaml",
+        "matrices/cpu.yaml",
+        "matrices/gpu.yaml",
+        ".github/workflows/harness-ok-to-test.yml",
+        ".github/workflows/harness-nightly.yml",
+    }
+    caller = (repository / ".github/workflows/harness-nightly.yml").read_text()
+    assert f"uses: acme/harness/.github/workflows/gpu-tests.yml@{'a' * 40}" in caller
+    assert f'harness: "git+https://github.com/acme/harness@{"a" * 40}"' in caller
+    assert [cell.id for cell in load_matrix("gpu").cells] == ["ada-2gpu-torch2.13.0-tf5.24.0"]
+    assert load_matrix("cpu").path == repository / "matrices" / "cpu.yaml"
+    capsys.readouterr()
+    assert main(["init", "--uses", "acme/harness@v1"]) == 2
+    assert "exists; harness init overwrites nothing without --force" in capsys.readouterr().err
+    assert main(["init", "--uses", "acme/harness@v1", "--force", "--harness", "harness==0.1.0"]) == 0
+    assert 'harness: "harness==0.1.0"' in (repository / ".github/workflows/harness-nightly.yml").read_text()
+
+
+def test_init_refuses_a_malformed_uses_in_one_line(repository, capsys):
+    assert main(["init", "--uses", "acme-harness"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "expected OWNER/NAME@REF" in err
+
+
+@pytest.mark.parametrize("name", ["harness-ok-to-test.yml", "harness-nightly.yml"])
+def test_the_callers_keep_harnesss_workflow_rules(name):
+    text = starter_files("acme/harness@" + "a" * 40, None)[f".github/workflows/{name}"]
+    workflow = load(text)
+    for rule in RULES:
+        problems = rule(workflow, text, name.removeprefix("harness-"))  # the same jobs as harness's own
+        if rule is uses_pinned:  # the call of harness's workflow carries no "# tag"; every action does
+            problems = [problem for problem in problems if "acme/harness/.github/workflows" not in problem]
+        assert problems == [], (rule.__name__, problems)
+    called = [job for job in workflow["jobs"].values() if "uses" in job]
+    assert called and all(set(job["with"]) >= {"matrix", "sha", "harness"} for job in called)

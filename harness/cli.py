@@ -55,6 +55,25 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--sha", help="commit the results belong to (shown in the verdict line)")
     report.add_argument("--matrix", dest="matrix_name", help="matrix name shown in the verdict line")
 
+    bisect = commands.add_parser("bisect", help="find the release (or commit) of torch or transformers that "
+                                 "broke (or fixed) a selection of tests")
+    bisect.add_argument("--matrix", metavar="NAME_OR_PATH", help="matrix of the cell shape (default: this machine's)")
+    bisect.add_argument("--cell", action="append", metavar="GLOB", help="the cell shape to run on; repeatable")
+    bisect.add_argument("--package", metavar="NAME", help="torch or transformers (any package with --repo)")
+    bisect.add_argument("--good", required=True, metavar="V",
+                        help="version (or ref with --repo) where the tests pass; torch=V,transformers=V for both")
+    bisect.add_argument("--bad", required=True, metavar="V", help="version (or ref) where they fail")
+    bisect.add_argument("--runs", type=int, default=1, metavar="N",
+                        help="run each probe N times; differing outcomes make the version flaky")
+    bisect.add_argument("--pre", action="store_true", help="include pre-releases between good and bad")
+    bisect.add_argument("--repo", metavar="PATH", help="a local git checkout of the package: search its commits")
+    bisect.add_argument("--json", metavar="FILE", help="also write the probes and the answer as JSON")
+    bisect.add_argument("--results", default="results/bisect", metavar="DIR", help="where probe folders go")
+    bisect.add_argument("--env-dir", metavar="DIR",
+                        help="cache of per-cell environments (default $HARNESS_ENV_DIR or ~/.cache/harness/envs)")
+    bisect.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="-- PYTEST_ARGS",
+                        help="which tests, after --: -k EXPR or test ids")
+
     gh = commands.add_parser("gh", help="GitHub glue: authorize '/ok to test', post the comment and issue")
     gh_commands = gh.add_subparsers(dest="gh_command", required=True, metavar="GH_COMMAND")
     # Every gh command talks to one repository: GITHUB_REPOSITORY unless --repo says otherwise.
@@ -125,6 +144,10 @@ def dispatch(args: argparse.Namespace) -> int:
         from harness import report
 
         return report.command(args)
+    if args.command == "bisect":
+        from harness import bisect
+
+        return bisect.command(args)
     if args.command == "gh":
         from harness import github
 

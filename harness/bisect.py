@@ -1,0 +1,453 @@
+"""`harness bisect`: which upstream, and which release (or commit) of it, turned a selection of tests
+from passing to failing (a regression) or from failing to passing (a fix).
+
+The search is pure: `bisect(...)` takes the ordered versions and a `probe` callable that runs the
+selection on one version and returns its `Probe`. The real probe (`CellProber`) runs one cell shape
+through `run.run_cell`, so each version gets the cached per-cell environment (built once, reused by
+later bisects and runs) and leaves its own results folder.
+
+A version's verdict: pass (every selected test that ran passed), fail (any failed), untestable (all
+skipped, or it cannot be installed: skipped over, and said), flaky (outcomes differ across runs:
+the search stops rather than guess).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from harness.errors import ConfigError
+
+PACKAGES = ("torch", "transformers")
+
+
+class Verdict(str, enum.Enum):
+    PASS = "pass"
+    FAIL = "fail"
+    UNTESTABLE = "untestable"
+    FLAKY = "flaky"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunOutcome:
+    """What one pytest run of the selection said, reduced to what a verdict needs."""
+
+    outcomes: Mapping[str, str]  # test name -> passed | failed | skipped | flaky
+    failure: tuple[str, str] | None = None  # (test name, first line) of the first failing test
+    skip_reason: str | None = None  # first skip reason, for 'all skipped'
+    error: str | None = None  # the cell broke without failing tests (crash, hang): a red of its own
+    install_error: str | None = None  # the version could not be installed
+    nothing_selected: bool = False  # pytest collected no tests
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Probe:
+    versions: Mapping[str, str]  # package -> version this probe ran
+    label: str  # "transformers 5.20.0", or "torch 2.13.0 + transformers 5.20.0" when both vary
+    verdict: Verdict
+    note: str | None = None  # the failing test and its first line, or why untestable / flaky
+    failure: tuple[str, str] | None = None
+    nothing_selected: bool = False
+    duration_s: float = 0.0
+    environments_built: int = 0
+    folders: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        note = f"  {self.note}" if self.note else ""
+        return f"  {self.label:<34} {self.verdict.value:<10} {self.duration_s:7.1f}s{note}"
+
+    def to_json(self) -> dict:
+        return {
+            "versions": dict(self.versions),
+            "label": self.label,
+            "verdict": self.verdict.value,
+            "note": self.note,
+            "failure": list(self.failure) if self.failure else None,
+            "duration_s": round(self.duration_s, 3),
+            "environments_built": self.environments_built,
+            "folders": list(self.folders),
+        }
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BisectResult:
+    """The search's answer: a boundary (first and last versions on either side), or why there is none."""
+
+    package: str
+    kind: str  # regression | fix
+    versions: tuple[str, ...]  # the range searched, oldest first
+    probes: tuple[Probe, ...]
+    first: str | None = None  # first bad (regression) or first good (fix)
+    last: str | None = None  # the version before it: last good or last bad
+    test: str | None = None
+    message: str | None = None
+    stopped: str | None = None  # why no boundary: flaky, or untestable versions hide it
+    culprit_note: str | None = None  # with both packages different: which swap said which upstream
+
+    @property
+    def found(self) -> bool:
+        return self.first is not None and self.stopped is None
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.found else 1
+
+    def line(self) -> str:
+        if not self.found:
+            return f"no boundary: {self.stopped}"
+        first_word, other = ("first bad", "last good") if self.kind == "regression" else ("first good", "last bad")
+        text = f"{first_word}: {self.package} {self.first} ({other} {self.last})"
+        if self.test:
+            text += f" · {self.test}"
+        if self.message:
+            text += f" · {self.message}"
+        return text
+
+    def summary(self, seconds: float) -> str:
+        built = sum(probe.environments_built for probe in self.probes)
+        return f"{len(self.probes)} probes, {built} environments built, {seconds:.1f}s"
+
+    def to_json(self, seconds: float) -> dict:
+        return {
+            "package": self.package,
+            "kind": self.kind,
+            "range": list(self.versions),
+            "found": self.found,
+            "first": self.first,
+            "last": self.last,
+            "test": self.test,
+            "message": self.message,
+            "stopped": self.stopped,
+            "culprit": self.culprit_note,
+            "line": self.line(),
+            "exit_code": self.exit_code,
+            "duration_s": round(seconds, 3),
+            "environments_built": sum(p.environments_built for p in self.probes),
+            "probes": [probe.to_json() for probe in self.probes],
+        }
+
+
+# --------------------------------------------------------------------------- verdicts
+
+
+def verdict_of(runs: Sequence[RunOutcome]) -> tuple[Verdict, str | None, tuple[str, str] | None]:
+    """(verdict, note, failure) of one version from its runs."""
+    for run in runs:
+        if run.install_error:
+            return Verdict.UNTESTABLE, f"cannot install: {run.install_error}", None
+        if run.nothing_selected:
+            return Verdict.UNTESTABLE, "nothing selected: pytest collected no tests", None
+    flaky = sorted(name for run in runs for name, outcome in run.outcomes.items() if outcome == "flaky")
+    if flaky:
+        return Verdict.FLAKY, f"{flaky[0]} failed, then passed on a rerun", None
+    first = runs[0]
+    for index, run in enumerate(runs[1:], start=2):
+        differing = sorted(
+            name
+            for name in set(first.outcomes) | set(run.outcomes)
+            if first.outcomes.get(name) != run.outcomes.get(name)
+        )
+        if differing or bool(first.error) != bool(run.error):
+            name = differing[0] if differing else "the cell"
+            said = (
+                (first.outcomes.get(name, "errored"), run.outcomes.get(name, "errored"))
+                if differing
+                else ("errored" if first.error else "ran", "errored" if run.error else "ran")
+            )
+            return Verdict.FLAKY, f"{name}: {said[0]} in run 1, {said[1]} in run {index}", None
+    if first.failure:
+        return Verdict.FAIL, f"{first.failure[0]} · {first.failure[1]}", first.failure
+    if first.error:
+        return Verdict.FAIL, first.error, ("(cell)", first.error)
+    ran = [name for name, outcome in first.outcomes.items() if outcome != "skipped"]
+    if not ran:
+        count = len(first.outcomes)
+        return Verdict.UNTESTABLE, f"all {count} selected tests skipped: {first.skip_reason or 'no reason'}", None
+    return Verdict.PASS, f"{len(ran)} passed", None
+
+
+# --------------------------------------------------------------------------- the search
+
+
+def bisect(
+    package: str,
+    versions: Sequence[str],
+    *,
+    good: str,
+    bad: str,
+    probe: Callable[[str], Probe],
+    emit: Callable[[Probe], None] = lambda probe: None,
+) -> BisectResult:
+    """Binary search over `versions` (oldest first, `good` and `bad` at either end) for where the
+    selection's verdict changes. Raises ConfigError when the ends do not disagree as claimed."""
+    if good == bad:
+        raise ConfigError(f"--good and --bad are both {package} {good}")
+    if {good, bad} != {versions[0], versions[-1]}:
+        raise AssertionError("good and bad must be the ends of the range")
+    kind = "regression" if versions[0] == good else "fix"
+    probes: list[Probe] = []
+    seen: dict[int, Probe] = {}
+
+    def run(index: int) -> Probe:
+        if index not in seen:
+            seen[index] = probe(versions[index])
+            probes.append(seen[index])
+            emit(seen[index])
+        return seen[index]
+
+    def stop(why: str) -> BisectResult:
+        return BisectResult(package=package, kind=kind, versions=tuple(versions), probes=tuple(probes), stopped=why)
+
+    # The ends first: each must give its claimed verdict. An untestable end (below a floor, not
+    # installable) is skipped over inward until a version can say.
+    ends = {}
+    for name, version in (("good", good), ("bad", bad)):
+        start = versions.index(version)
+        index, step = start, 1 if start == 0 else -1
+        while True:
+            result = run(index)
+            if result.nothing_selected and index == start:
+                raise ConfigError(
+                    f"nothing selected: pytest collected no tests on {result.label}; check the -k "
+                    "expression or test ids after --"
+                )
+            if result.verdict is Verdict.FLAKY:
+                return stop(f"{result.label} is flaky ({result.note}); fix or deselect the flaky test first")
+            if result.verdict is not Verdict.UNTESTABLE:
+                break
+            index += step
+            if index in seen or not 0 <= index < len(versions):
+                raise ConfigError(
+                    f"--{name} {version}: no version from it towards the other end "
+                    "can run the selection (all untestable)"
+                )
+        ends[name] = index, result
+    (good_index, good_probe), (bad_index, bad_probe) = ends["good"], ends["bad"]
+    if good_probe.verdict is bad_probe.verdict:
+        raise ConfigError(
+            f"good and bad give the same verdict: {good_probe.label} and {bad_probe.label} both "
+            f"{good_probe.verdict.value}" + (f" ({good_probe.note})" if good_probe.note else "")
+        )
+    if good_probe.verdict is not Verdict.PASS:
+        raise ConfigError(f"--good {good_probe.label} fails and --bad {bad_probe.label} passes; swap them")
+
+    low, high = sorted((good_index, bad_index))
+    untestable: set[int] = set()
+    while True:
+        candidates = [i for i in range(low + 1, high) if i not in untestable]
+        if not candidates:
+            break
+        middle = (low + high) / 2
+        index = min(candidates, key=lambda i: (abs(i - middle), i))
+        result = run(index)
+        if result.verdict is Verdict.FLAKY:
+            return stop(f"{result.label} is flaky ({result.note}); stopped rather than guess")
+        if result.verdict is Verdict.UNTESTABLE:
+            untestable.add(index)
+        elif result.verdict is seen[low].verdict:
+            low = index
+        else:
+            high = index
+    if high - low > 1:
+        hidden = ", ".join(versions[i] for i in range(low + 1, high))
+        return stop(
+            f"the change lies between {package} {versions[low]} and {versions[high]}, and {hidden} cannot be tested"
+        )
+    failing = seen[high] if kind == "regression" else seen[low]
+    test, message = failing.failure or (None, None)
+    return BisectResult(
+        package=package,
+        kind=kind,
+        versions=tuple(versions),
+        probes=tuple(probes),
+        first=versions[high],
+        last=versions[low],
+        test=test,
+        message=message,
+    )
+
+
+def write_json(path: str | Path, outcome: BisectResult, seconds: float, extra: Mapping[str, object]) -> None:
+    Path(path).write_text(json.dumps({**extra, **outcome.to_json(seconds)}, indent=2) + "\n")
+
+
+def timed() -> Callable[[], float]:
+    started = time.monotonic()
+    return lambda: time.monotonic() - started
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def parse_side(text: str, package: str | None, flag: str) -> dict[str, str]:
+    """`5.20.0` (of --package), or `torch=2.11.0,transformers=5.19.0` for a cell with both different."""
+    if "=" not in text:
+        if not package:
+            raise ConfigError(f"{flag} {text!r}: say which package (--package), or write torch=V,transformers=V")
+        return {package: text}
+    pairs = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        name, value = name.strip(), value.strip().lstrip("=")
+        if name not in PACKAGES or not value:
+            raise ConfigError(f"{flag} {text!r}: expected PACKAGE=VERSION pairs of {', '.join(PACKAGES)}")
+        pairs[name] = value
+    return pairs
+
+
+def choose_cell(cells: Sequence, source: str, patterns: list[str] | None):
+    """One cell shape: every selected cell must agree on GPU type and count."""
+    if not cells:
+        raise ConfigError(f"{source}: no cell matches --cell {' '.join(patterns or [])}")
+    shapes = sorted({(cell.gpu, cell.gpus) for cell in cells})
+    if len(shapes) > 1:
+        listed = ", ".join(f"{gpu} x{count}" for gpu, count in shapes)
+        raise ConfigError(f"{source}: --cell selects {len(shapes)} cell shapes ({listed}); pick one with --cell")
+    return cells[0]
+
+
+def command(args) -> int:
+    from harness import run, versions
+    from harness.matrix import load_matrix, select
+    from harness.probes import CellProber
+
+    if args.pytest_args and args.pytest_args[0] == "--":
+        args.pytest_args = args.pytest_args[1:]
+    if args.runs < 1:
+        raise ConfigError(f"--runs {args.runs}: expected a whole number >= 1")
+    if args.package and args.package not in PACKAGES and not args.repo:
+        raise ConfigError(f"--package {args.package!r}: expected one of {', '.join(PACKAGES)} (any name with --repo)")
+    host = run.detect_host()
+    matrix = load_matrix(args.matrix) if args.matrix else run.default_matrix(host)
+    cell = choose_cell(select(matrix.cells, args.cell), str(matrix.path), args.cell)
+    if (why := run.unfit_reason(cell, host)) is not None:
+        from harness.errors import HostMismatchError
+
+        raise HostMismatchError(f"{cell.id}: {why}; bisect runs on the cell's own machine shape")
+    good, bad = parse_side(args.good, args.package, "--good"), parse_side(args.bad, args.package, "--bad")
+    prober = CellProber(
+        cell=cell,
+        host=host,
+        results_root=Path(args.results),
+        env_dir=run.env_root(args.env_dir),
+        pytest_args=list(args.pytest_args),
+        runs=args.runs,
+        log=_say,
+    )
+    clock = timed()
+    shape = f"{cell.gpu}-{cell.gpus}{'rank' if cell.is_cpu else 'gpu'}"
+    if args.repo:
+        from harness.commits import bisect_commits
+
+        result = bisect_commits(args, cell, prober, good, bad, emit=lambda p: _say(p.line()), shape=shape)
+    else:
+        result = bisect_releases(
+            cell,
+            prober,
+            good,
+            bad,
+            pre=args.pre,
+            shape=shape,
+            between=lambda p, a, b, pre: versions.releases_between(p, a, b, pre=pre),
+        )
+    seconds = clock()
+    _say(result.line())
+    _say(result.summary(seconds))
+    if args.json:
+        write_json(args.json, result, seconds, {"cell": cell.id, "pytest_args": list(args.pytest_args)})
+    return result.exit_code
+
+
+def bisect_releases(
+    cell,
+    prober: Callable[..., Probe],
+    good: Mapping[str, str],
+    bad: Mapping[str, str],
+    *,
+    pre: bool,
+    shape: str,
+    between: Callable[[str, str, str, bool], list[str]],
+    emit: Callable[[Probe], None] | None = None,
+) -> BisectResult:
+    """Which package (when both differ) and which release of it; the other package pinned as the cell or
+    the swap says."""
+    emit = emit or (lambda probe: _say(probe.line()))
+    pinned = {package: getattr(cell, package) for package in PACKAGES}
+    good, bad = {**pinned, **good}, {**pinned, **bad}
+    differing = [package for package in PACKAGES if good[package] != bad[package]]
+    if not differing:
+        raise ConfigError(f"--good and --bad name the same versions ({_label(good, PACKAGES)})")
+    for package in differing:  # bad input (an unknown version) before anything runs
+        between(package, good[package], bad[package], pre)
+    cache: dict[tuple, Probe] = {}
+
+    def probe(versions: Mapping[str, str], shown: Sequence[str]) -> Probe:
+        key = tuple(sorted(versions.items()))
+        if key not in cache:
+            cache[key] = prober(versions, _label(versions, shown))
+            emit(cache[key])
+        return cache[key]
+
+    culprit_note = None
+    package = differing[0]
+    base = good
+    if len(differing) == 2:
+        _say(f"bisect on {shape}: torch and transformers both differ; swapping one package at a time")
+        good_probe, bad_probe = probe(good, PACKAGES), probe(bad, PACKAGES)
+        if good_probe.verdict is bad_probe.verdict and good_probe.verdict in (Verdict.PASS, Verdict.FAIL):
+            raise ConfigError(
+                f"good and bad give the same verdict: {good_probe.label} and {bad_probe.label} both "
+                f"{good_probe.verdict.value}"
+            )
+        for moved in PACKAGES:  # the good cell with one package moved to the bad cell's version
+            mixed = {**good, moved: bad[moved]}
+            mixed_probe = probe(mixed, PACKAGES)
+            if mixed_probe.verdict in (Verdict.PASS, Verdict.FAIL):
+                break
+        else:
+            prior = tuple(p for p in cache.values())
+            return BisectResult(
+                package="torch or transformers",
+                kind="regression",
+                versions=(),
+                probes=prior,
+                stopped="neither one-package swap could be tested",
+            )
+        if mixed_probe.verdict is bad_probe.verdict:
+            package, base = moved, good  # moving this package alone reproduces the bad verdict
+        else:
+            package = next(p for p in PACKAGES if p != moved)
+            base = mixed  # the other package, with the moved one at its bad version
+        culprit_note = (
+            f"{_label(mixed, PACKAGES)} gives {mixed_probe.verdict.value}: "
+            f"{package} {good[package]} -> {bad[package]} changes the verdict"
+        )
+        _say(f"  -> {package} is the upstream that changes it ({culprit_note})")
+    range_ = between(package, good[package], bad[package], pre)
+    budget = math.ceil(math.log2(len(range_))) + 2
+    _say(
+        f"bisect {package} over {len(range_)} releases {range_[0]}..{range_[-1]} on {shape} "
+        f"({_label({k: v for k, v in base.items() if k != package}, PACKAGES)}): at most {budget} probes"
+    )
+    result = bisect(
+        package,
+        range_,
+        good=good[package],
+        bad=bad[package],
+        probe=lambda version: probe({**base, package: version}, (package,)),
+    )
+    earlier = tuple(p for p in cache.values() if p not in result.probes)
+    return dataclasses.replace(result, probes=earlier + result.probes, culprit_note=culprit_note)
+
+
+def _label(versions: Mapping[str, str], shown: Sequence[str]) -> str:
+    return " + ".join(f"{package} {versions[package]}" for package in shown if package in versions)
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)

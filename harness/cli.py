@@ -74,6 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
     bisect.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="-- PYTEST_ARGS",
                         help="which tests, after --: -k EXPR or test ids")
 
+    triage = commands.add_parser("triage", help="classify tonight's new reds and plan bisects of the real ones")
+    triage.add_argument("--results", required=True, metavar="DIR", help="tonight's cell folders")
+    triage.add_argument("--baseline", metavar="DIR", help="the previous night's cell folders, if any")
+    triage.add_argument("--bisects", metavar="DIR", help="bisect jobs' --json files, to add their answers")
+    triage.add_argument("-o", "--output", metavar="FILE", help="write every red and the bisect plan as JSON")
+    triage.add_argument("--github-matrix", metavar="FILE",
+                        help="write the bisect plan as the {'include': [...]} object strategy.matrix takes")
+
     gh = commands.add_parser("gh", help="GitHub glue: authorize '/ok to test', post the comment and issue")
     gh_commands = gh.add_subparsers(dest="gh_command", required=True, metavar="GH_COMMAND")
     # Every gh command talks to one repository: GITHUB_REPOSITORY unless --repo says otherwise.
@@ -148,6 +156,10 @@ def dispatch(args: argparse.Namespace) -> int:
         from harness import bisect
 
         return bisect.command(args)
+    if args.command == "triage":
+        from harness import triage
+
+        return triage.command(args)
     if args.command == "gh":
         from harness import github
 

@@ -26,6 +26,18 @@ from harness.errors import ConfigError
 PACKAGES = ("torch", "transformers")
 
 
+class SameVerdictError(ConfigError):
+    """Good and bad agree, so there is nothing to search; in the nightly, a bad end that passes again
+    means the red did not reproduce."""
+
+    def __init__(self, good: Probe, bad: Probe) -> None:
+        note = f" ({good.note})" if good.note else ""
+        super().__init__(
+            f"good and bad give the same verdict: {good.label} and {bad.label} both {good.verdict.value}{note}"
+        )
+        self.verdict = good.verdict
+
+
 class Verdict(str, enum.Enum):
     PASS = "pass"
     FAIL = "fail"
@@ -229,10 +241,7 @@ def bisect(
         ends[name] = index, result
     (good_index, good_probe), (bad_index, bad_probe) = ends["good"], ends["bad"]
     if good_probe.verdict is bad_probe.verdict:
-        raise ConfigError(
-            f"good and bad give the same verdict: {good_probe.label} and {bad_probe.label} both "
-            f"{good_probe.verdict.value}" + (f" ({good_probe.note})" if good_probe.note else "")
-        )
+        raise SameVerdictError(good_probe, bad_probe)
     if good_probe.verdict is not Verdict.PASS:
         raise ConfigError(f"--good {good_probe.label} fails and --bad {bad_probe.label} passes; swap them")
 
@@ -329,7 +338,10 @@ def command(args) -> int:
         from harness.errors import HostMismatchError
 
         raise HostMismatchError(f"{cell.id}: {why}; bisect runs on the cell's own machine shape")
-    good, bad = parse_side(args.good, args.package, "--good"), parse_side(args.bad, args.package, "--bad")
+    if args.repo and not args.package:
+        raise ConfigError("--repo needs --package: the distribution name the checkout builds")
+    if not args.repo:
+        good, bad = parse_side(args.good, args.package, "--good"), parse_side(args.bad, args.package, "--bad")
     prober = CellProber(
         cell=cell,
         host=host,
@@ -341,25 +353,37 @@ def command(args) -> int:
     )
     clock = timed()
     shape = f"{cell.gpu}-{cell.gpus}{'rank' if cell.is_cpu else 'gpu'}"
-    if args.repo:
-        from harness.commits import bisect_commits
+    extra = {"cell": cell.id, "pytest_args": list(args.pytest_args)}
+    try:
+        if args.repo:
+            from harness.commits import bisect_commits
 
-        result = bisect_commits(args, cell, prober, good, bad, emit=lambda p: _say(p.line()), shape=shape)
-    else:
-        result = bisect_releases(
-            cell,
-            prober,
-            good,
-            bad,
-            pre=args.pre,
-            shape=shape,
-            between=lambda p, a, b, pre: versions.releases_between(p, a, b, pre=pre),
-        )
+            result = bisect_commits(cell, prober, args.package, args.repo, args.good, args.bad, shape=shape)
+        else:
+            result = bisect_releases(
+                cell,
+                prober,
+                good,
+                bad,
+                pre=args.pre,
+                shape=shape,
+                between=lambda p, a, b, pre: versions.releases_between(p, a, b, pre=pre),
+            )
+    except ConfigError as error:
+        if args.json:  # the nightly reads why a bisect said nothing, e.g. its bad end passed again
+            same = error.verdict.value if isinstance(error, SameVerdictError) else None
+            Path(args.json).write_text(
+                json.dumps(
+                    {**extra, "error": str(error), "exit_code": error.return_code, "same_verdict": same}, indent=2
+                )
+                + "\n"
+            )
+        raise
     seconds = clock()
     _say(result.line())
     _say(result.summary(seconds))
     if args.json:
-        write_json(args.json, result, seconds, {"cell": cell.id, "pytest_args": list(args.pytest_args)})
+        write_json(args.json, result, seconds, extra)
     return result.exit_code
 
 
@@ -400,10 +424,7 @@ def bisect_releases(
         _say(f"bisect on {shape}: torch and transformers both differ; swapping one package at a time")
         good_probe, bad_probe = probe(good, PACKAGES), probe(bad, PACKAGES)
         if good_probe.verdict is bad_probe.verdict and good_probe.verdict in (Verdict.PASS, Verdict.FAIL):
-            raise ConfigError(
-                f"good and bad give the same verdict: {good_probe.label} and {bad_probe.label} both "
-                f"{good_probe.verdict.value}"
-            )
+            raise SameVerdictError(good_probe, bad_probe)
         for moved in PACKAGES:  # the good cell with one package moved to the bad cell's version
             mixed = {**good, moved: bad[moved]}
             mixed_probe = probe(mixed, PACKAGES)

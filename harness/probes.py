@@ -78,11 +78,13 @@ class CellProber:
         label: str,
         prepare: PrepareEnvironment | None = None,
         built: Callable[[Cell], bool] | None = None,
+        pins: Mapping[str, str] | None = None,
     ) -> Probe:
+        """`pins`: the cell's torch / transformers for this probe (default: those in `versions`)."""
         started = time.monotonic()
-        cell = dataclasses.replace(
-            self.cell, reruns=0, **{k: v for k, v in versions.items() if k in ("torch", "transformers")}
-        )
+        if pins is None:
+            pins = {k: v for k, v in versions.items() if k in ("torch", "transformers")}
+        cell = dataclasses.replace(self.cell, reruns=0, **pins)
         will_build = (built or self._will_build)(cell)
         outcomes, folders = [], []
         for index in range(1, self.runs + 1):

@@ -554,6 +554,8 @@ def nightly_issue_command(gh: GitHub, args: Any) -> int:
         return 0
 
     listing = "\n".join(f"- {line}" for line in regressions) or "- nothing new since the night before"
+    if args.triage and regressions:  # each red's class and bisect line, as `harness triage` rendered it
+        listing += "\n\n" + read_text(args.triage, "triage").strip()
     against = "the night before" if baseline is not None else "no earlier results (first night, or they expired)"
     report = read_text(args.report, "report") if args.report else ""
     body = fit_body(f"{NIGHTLY_MARKER}\nNightly `{args.matrix}` on `{sha}`{run}, compared with {against}:\n\n"

@@ -243,7 +243,7 @@ def with_bisects(reds: Sequence[Red], bisects: Mapping[str, Mapping]) -> list[di
 def load_bisects(folder: str | Path | None) -> dict[str, dict]:
     """The bisect jobs' --json files, by cell id; a missing or broken file is a bisect that said nothing."""
     found: dict[str, dict] = {}
-    for path in sorted(Path(folder).rglob("*.json")) if folder and Path(folder).is_dir() else []:
+    for path in sorted(Path(folder).rglob("bisect*.json")) if folder and Path(folder).is_dir() else []:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):

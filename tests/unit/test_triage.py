@@ -249,7 +249,7 @@ def test_harness_triage_writes_the_plan_the_table_and_folds_in_bisect_answers(ni
     bisects.mkdir()
     line = f"first bad: transformers 5.20.0 (last good 5.19.0) · test_fsdp_ep_moe[2-float32] · {GRAD}"
     (bisects / "bisect-h200.json").write_text(json.dumps({"cell": "h200-2gpu-torch2.13.0-tf5.20.0", "line": line}))
-    (bisects / "broken.json").write_text("{not json")
+    (bisects / "bisect-broken.json").write_text("{not json")
     out, plan = tmp_path / "triage.json", tmp_path / "plan.json"
     assert (
         main(
@@ -292,7 +292,7 @@ def test_a_bisect_whose_bad_end_passes_again_makes_the_red_flaky(nights, tmp_pat
     before, after = nights
     bisects = tmp_path / "bisects"
     bisects.mkdir()
-    (bisects / "x.json").write_text(
+    (bisects / "bisect-x.json").write_text(
         json.dumps(
             {"cell": "h200-2gpu-torch2.13.0-tf5.20.0", "exit_code": 2, "same_verdict": "pass", "error": "both pass"}
         )

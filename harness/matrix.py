@@ -189,8 +189,8 @@ def expand(spec: Any, runners: Mapping[str, Runner], *, name: str, source: str,
         listed = axes.get(axis)
         if not isinstance(listed, list) or not listed:
             raise ConfigError(f"{source}: axes.{axis}: expected a non-empty list")
-        values[axis] = [floating(axis, _axis_value(axis, v, f"{source}: axes.{axis}"), f"axes.{axis}")
-                        for v in listed]
+        resolved = [floating(axis, _axis_value(axis, v, f"{source}: axes.{axis}"), f"axes.{axis}") for v in listed]
+        values[axis] = list(dict.fromkeys(resolved))  # `latest` may name a release the list already has
 
     excludes = [floating.partial(_partial_cell(e, f"{source}: exclude[{i}]"), f"exclude[{i}]")
                 for i, e in enumerate(_list(spec, "exclude", source))]

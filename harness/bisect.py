@@ -24,6 +24,7 @@ from pathlib import Path
 from harness.errors import ConfigError
 
 PACKAGES = ("torch", "transformers")
+NOTE_CHARS = 140  # of a probe line's note in the terminal
 
 
 class SameVerdictError(ConfigError):
@@ -69,9 +70,11 @@ class Probe:
     environments_built: int = 0
     folders: tuple[str, ...] = ()
 
-    def line(self) -> str:
-        note = f"  {self.note}" if self.note else ""
-        return f"  {self.label:<34} {self.verdict.value:<10} {self.duration_s:7.1f}s{note}"
+    def line(self, width: int = NOTE_CHARS) -> str:
+        """One terminal line; the note is cut (the --json output and the probe's folder keep it whole)."""
+        note = self.note or ""
+        note = note if len(note) <= width else note[: width - 1] + "…"
+        return f"  {self.label:<34} {self.verdict.value:<10} {self.duration_s:7.1f}s  {note}".rstrip()
 
     def to_json(self) -> dict:
         return {

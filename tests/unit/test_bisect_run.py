@@ -176,3 +176,41 @@ def test_bad_input_exits_2_with_one_line(project, capsys, arguments, message):
     code, _ = bisect(project, *arguments)
     error = capsys.readouterr().err
     assert code == 2 and message in error and len(error.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (
+            ["--package", "transformers", "--good", "5.99.0", "--bad", "5.20.0"],
+            "transformers 5.99.0: no such release on the package index",
+        ),
+        (
+            ["--package", "transformers", "--good", "5.20.0", "--bad", "5.20.0"],
+            "--good and --bad name the same versions",
+        ),
+        (["--package", "numpy", "--good", "1.0", "--bad", "2.0"], "--package 'numpy': expected one of torch"),
+        (
+            ["--package", "transformers", "--good", "5.19.0", "--bad", "5.20.0", "--runs", "0"],
+            "--runs 0: expected a whole number >= 1",
+        ),
+        (
+            ["--package", "transformers", "--good", "5.19.0", "--bad", "5.20.0", "--cell", "h200-*"],
+            "no cell matches --cell h200-*",
+        ),
+        (["--good", "5.19.0", "--bad", "5.20.0"], "--good '5.19.0': say which package"),
+    ],
+)
+def test_release_bisect_bad_input_exits_2_before_any_probe(tmp_path, monkeypatch, capsys, arguments, message):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for release in ("5.19.0", "5.20.0"):
+        (wheels / f"transformers-{release}-py3-none-any.whl").write_bytes(b"")
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("HARNESS_FIND_LINKS", str(wheels))
+    results = tmp_path / "results"
+    assert main(["bisect", "--matrix", "cpu", "--results", str(results), *arguments]) == 2
+    error = capsys.readouterr().err.strip()
+    assert message in error and len(error.splitlines()) == 1
+    assert not results.exists()  # nothing ran

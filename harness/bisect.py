@@ -236,7 +236,7 @@ def bisect(
             if result.verdict is not Verdict.UNTESTABLE:
                 break
             index += step
-            if index in seen or not 0 <= index < len(versions):
+            if index in seen or index == len(versions) - 1 - start:  # reached the other end
                 raise ConfigError(
                     f"--{name} {version}: no version from it towards the other end "
                     "can run the selection (all untestable)"

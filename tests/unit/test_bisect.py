@@ -143,6 +143,14 @@ def test_ends_that_do_not_disagree_as_claimed_are_bad_input(verdicts, expected):
     assert raised.value.return_code == 2
 
 
+def test_an_untestable_good_end_never_walks_into_the_bad_end():
+    verdicts = {**{v: Verdict.UNTESTABLE for v in RELEASES}, "5.23.0": Verdict.FAIL}
+    calls: list[str] = []
+    with pytest.raises(ConfigError, match=r"--good 5\.19\.0: no version from it towards the other end"):
+        bisect("transformers", RELEASES, good="5.19.0", bad="5.23.0", probe=table_probe(verdicts, calls))
+    assert "5.23.0" not in calls
+
+
 def test_nothing_selected_is_bad_input():
     def probe(version):
         return Probe(

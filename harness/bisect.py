@@ -312,6 +312,26 @@ def parse_side(text: str, package: str | None, flag: str) -> dict[str, str]:
     return pairs
 
 
+def split_test_ids(arguments: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(test ids or files, the other pytest arguments): `tests/gpu/test_x.py::test_y[2]` is a test id,
+    the value of an option such as `-k` is not."""
+    ids: list[str] = []
+    rest: list[str] = []
+    takes_value = False
+    for argument in arguments:
+        if takes_value:
+            rest.append(argument)
+            takes_value = False
+        elif argument in ("-k", "-m", "-p", "-o", "--deselect", "--ignore", "--rootdir", "-c"):
+            rest.append(argument)
+            takes_value = True
+        elif not argument.startswith("-") and ("::" in argument or argument.endswith(".py")):
+            ids.append(argument)
+        else:
+            rest.append(argument)
+    return ids, rest
+
+
 def choose_cell(cells: Sequence, source: str, patterns: list[str] | None):
     """One cell shape: every selected cell must agree on GPU type and count."""
     if not cells:
@@ -337,6 +357,9 @@ def command(args) -> int:
     host = run.detect_host()
     matrix = load_matrix(args.matrix) if args.matrix else run.default_matrix(host)
     cell = choose_cell(select(matrix.cells, args.cell), str(matrix.path), args.cell)
+    test_ids, args.pytest_args = split_test_ids(args.pytest_args)
+    if test_ids:  # test ids replace the suite, or pytest would run the whole suite beside them
+        cell = dataclasses.replace(cell, suite=tuple(test_ids))
     if (why := run.unfit_reason(cell, host)) is not None:
         from harness.errors import HostMismatchError
 

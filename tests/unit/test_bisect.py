@@ -6,7 +6,17 @@ import math
 
 import pytest
 
-from harness.bisect import BisectResult, Probe, RunOutcome, Verdict, bisect, bisect_releases, parse_side, verdict_of
+from harness.bisect import (
+    BisectResult,
+    Probe,
+    RunOutcome,
+    Verdict,
+    bisect,
+    bisect_releases,
+    parse_side,
+    split_test_ids,
+    verdict_of,
+)
 from harness.errors import ConfigError
 
 RELEASES = ["5.19.0", "5.20.0", "5.20.1", "5.20.2", "5.21.0", "5.21.1", "5.22.0", "5.22.1", "5.22.2", "5.23.0"]
@@ -299,3 +309,19 @@ def test_parse_side(text, expected):
 def test_parse_side_refuses_other_packages(text):
     with pytest.raises(ConfigError, match="expected PACKAGE=VERSION pairs of torch, transformers"):
         parse_side(text, None, "--good")
+
+
+@pytest.mark.parametrize(
+    ("arguments", "ids", "rest"),
+    [
+        (["-k", "test_fsdp_ep_moe"], [], ["-k", "test_fsdp_ep_moe"]),
+        (
+            ["tests/gpu/test_fsdp2.py::test_fsdp_ep_moe[2-float32]", "-x", "tests/gpu/test_x.py"],
+            ["tests/gpu/test_fsdp2.py::test_fsdp_ep_moe[2-float32]", "tests/gpu/test_x.py"],
+            ["-x"],
+        ),
+        (["-k", "a::b", "--deselect", "t.py::c"], [], ["-k", "a::b", "--deselect", "t.py::c"]),
+    ],
+)
+def test_test_ids_become_the_suite(arguments, ids, rest):
+    assert split_test_ids(arguments) == (ids, rest)

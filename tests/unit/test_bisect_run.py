@@ -29,6 +29,10 @@ def test_value():
             open(marker, "w").close()
             assert False, "first run fails"
     assert tinypkg.value() == 1, f"value() is {tinypkg.value()}"
+
+
+def test_unrelated():
+    assert False, "never selected: each bisect here selects test_value"
 """
 
 
@@ -100,6 +104,7 @@ def bisect(project, *arguments: str) -> tuple[int, dict | None]:
             "--json",
             str(out),
             *arguments,
+            *([] if "--" in arguments else ["--", "-k", "test_value"]),
         ]
     )
     return code, json.loads(out.read_text()) if out.exists() else None
@@ -132,7 +137,8 @@ def test_a_regression_between_commits_is_found_then_found_again_from_the_cache(p
 def test_a_fix_between_commits(project):
     repo = project["repo"]
     shas = [commit(repo, "c0 broken", value=2), commit(repo, "c1 fixed"), commit(repo, "c2 after")]
-    code, result = bisect(project, "--good", shas[-1], "--bad", shas[0])
+    test_id = f"{project['tmp'] / 'suite' / 'test_tiny.py'}::test_value"  # an id replaces the suite
+    code, result = bisect(project, "--good", shas[-1], "--bad", shas[0], "--", test_id)
     assert (code, result["kind"], result["first"], result["last"]) == (0, "fix", shas[1][:12], shas[0][:12])
     assert result["line"].startswith(f"first good: tinypkg {shas[1][:12]} (last bad {shas[0][:12]}) · test_value")
 

@@ -118,7 +118,8 @@ def build(
     source.mkdir(parents=True)
     archive = git(repo, "archive", "--format=tar", sha, binary=True)
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(source, filter="data")
+        # git archive of our own checkout; the data filter where this Python has it (3.10.12+, 3.11.4+).
+        tar.extractall(source, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     installer = env.choose_installer()
     uv = env._uv()
     if installer == "uv" and uv:

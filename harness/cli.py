@@ -155,9 +155,9 @@ def dispatch(args: argparse.Namespace) -> int:
 
         return report.command(args)
     if args.command == "bisect":
-        from harness import bisect
+        from harness import bisect_command
 
-        return bisect.command(args)
+        return bisect_command.command(args)
     if args.command == "triage":
         from harness import triage
 

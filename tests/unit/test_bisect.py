@@ -6,17 +6,8 @@ import math
 
 import pytest
 
-from harness.bisect import (
-    BisectResult,
-    Probe,
-    RunOutcome,
-    Verdict,
-    bisect,
-    bisect_releases,
-    parse_side,
-    split_test_ids,
-    verdict_of,
-)
+from harness.bisect import BisectResult, Probe, RunOutcome, Verdict, bisect, verdict_of
+from harness.bisect_command import bisect_releases, parse_side, split_test_ids
 from harness.errors import ConfigError
 
 RELEASES = ["5.19.0", "5.20.0", "5.20.1", "5.20.2", "5.21.0", "5.21.1", "5.22.0", "5.22.1", "5.22.2", "5.23.0"]

@@ -124,7 +124,7 @@ class BisectResult:
 
     def summary(self, seconds: float) -> str:
         built = sum(probe.environments_built for probe in self.probes)
-        return f"{len(self.probes)} probes, {built} environments built, {seconds:.1f}s"
+        return f"{len(self.probes)} probes, {built} environment{'' if built == 1 else 's'} built, {seconds:.1f}s"
 
     def to_json(self, seconds: float) -> dict:
         return {

@@ -310,7 +310,9 @@ def choose_installer() -> str:
     return "uv" if _uv() else "pip"
 
 
-def index_arguments(installer: str) -> list[str]:
+def index_arguments(installer: str, *, installer_args: bool = True) -> list[str]:
+    """Where packages come from, as the installer's options; `installer_args` adds HARNESS_INSTALLER_ARGS
+    (left out where another command asks the same index, e.g. `pip index versions`)."""
     arguments = []
     if os.environ.get("HARNESS_INDEX_URL"):
         arguments += ["--index-url", os.environ["HARNESS_INDEX_URL"]]
@@ -324,7 +326,7 @@ def index_arguments(installer: str) -> list[str]:
     if installer == "uv" and len(arguments) > 2:
         # A CUDA torch index and PyPI both carry torch; take the best match, not the first index.
         arguments += ["--index-strategy", "unsafe-best-match"]
-    return arguments + shlex.split(os.environ.get("HARNESS_INSTALLER_ARGS", ""))
+    return arguments + (shlex.split(os.environ.get("HARNESS_INSTALLER_ARGS", "")) if installer_args else [])
 
 
 def _marker_matches(path: Path, cell: Cell) -> bool:

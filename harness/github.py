@@ -575,8 +575,8 @@ def nightly_issue_command(gh: GitHub, args: Any) -> int:
 
     against = "the night before" if baseline is not None else "no earlier results (first night, or they expired)"
     report = read_text(args.report, "report") if args.report else ""
-    # Each red's class and bisect line, as `harness triage` rendered it (the option comes with issue 16's CLI).
-    triage = read_text(args.triage, "triage").strip() if getattr(args, "triage", None) else ""
+    # Each red's class and bisect line, as `harness triage` rendered it.
+    triage = read_text(args.triage, "triage").strip() if args.triage else ""
     body = fit_body(render_nightly("issue", marker=NIGHTLY_MARKER, sha=sha, run_url=run_url, regressions=regressions,
                                    matrix=args.matrix, against=against, report=report, triage=triage))
     if issue is None:

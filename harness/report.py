@@ -466,6 +466,11 @@ def _closers(markdown: str) -> str:
     return closing + "\n</details>\n" * min(max(details, 0), 20)
 
 
+def render_template(template: str, **values: object) -> str:
+    """Any template under reports/ with the same filters and escaping as the reports (e.g. triage.md.j2)."""
+    return _environment().get_template(template).render(**values)
+
+
 def _render(template: str, report: Report, limits: Limits, **extra: object) -> str:
     return _environment().get_template(template).render(report=report, limits=limits, **extra)
 

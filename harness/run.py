@@ -193,7 +193,9 @@ def unfit_reason(cell: Cell, host: Host) -> str | None:
 
 def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytest_args: list[str],
              log: Callable[[str], None], project: Path, matrix_reference: str,
-             import_path: Path | None = None) -> CellOutcome:
+             import_path: Path | None = None, prepare_environment: Callable = ensure_environment) -> CellOutcome:
+    """`prepare_environment(cell, env_dir, log)` gives the cell its interpreter; bisect swaps in one
+    that installs a package built from a commit on top of the cell's environment."""
     folder = results_root / cell.id
     if folder.exists():
         shutil.rmtree(folder)  # results of an earlier run of this cell would mix with these
@@ -206,7 +208,7 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
     memory_report = memory.MemoryReport.unavailable("cpu cell: no GPU" if cell.is_cpu else "no GPU was monitored")
     try:
         with (folder / "install.log").open("w") as install_log:
-            environment = ensure_environment(cell, env_dir, tee(install_log, log))
+            environment = prepare_environment(cell, env_dir, tee(install_log, log))
         record["versions"].update({k: environment.versions.get(k) for k in
                                    ("python", "torch", "transformers", "accelerate", "cuda")})
         busy = memory.preflight(gpus, BUSY_THRESHOLD_MIB) if gpus else []

@@ -78,3 +78,38 @@ class EnvRecord:
 
 
 ENV_FIELDS = tuple(entry.name for entry in dataclasses.fields(EnvRecord))
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryGpuRecord:
+    """One GPU of memory.json: what the NVML monitor measured; None wherever NVML could not tell."""
+
+    index: int  # NVML's index (the parent GPU's for a MIG instance)
+    name: str
+    uuid: str
+    total_mib: float | None
+    used_before_mib: float | None  # used when the cell began (other processes, driver reservations)
+    peak_used_mib: float | None
+    interval_s: float
+    sample_count: int
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryRecord:
+    """memory.json. `available` False (with the reason) on a CPU cell or where NVML cannot be used."""
+
+    schema: int = SCHEMA
+    available: bool
+    reason: str | None
+    interval_s: float
+    sample_count: int
+    gpus: list[MemoryGpuRecord] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+MEMORY_GPU_FIELDS = tuple(entry.name for entry in dataclasses.fields(MemoryGpuRecord))

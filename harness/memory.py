@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 # GPU selection lives in harness.gpus; these names stay importable from here for existing callers.
+from harness.contract import SCHEMA as CONTRACT_SCHEMA
+from harness.contract import MemoryGpuRecord, MemoryRecord
 from harness.gpus import (  # noqa: F401
     GpuIdentity,
     MigDevice,
@@ -34,7 +36,7 @@ from harness.gpus import (  # noqa: F401
     select_visible,
 )
 
-SCHEMA = 1
+SCHEMA = CONTRACT_SCHEMA  # memory.json speaks the results contract's schema
 DEFAULT_INTERVAL_S = 0.05
 DEFAULT_BUSY_THRESHOLD_MIB = 1024.0
 # What `used` (nvmlDeviceGetMemoryInfo v1) shows on an idle GPU: driver reservations, no process.
@@ -52,8 +54,9 @@ class Availability:
 
 
 @dataclass(frozen=True, kw_only=True)
-class GpuMemory:
-    """One GPU's numbers for memory.json; None wherever NVML could not tell (never 0 instead)."""
+class GpuSamples:
+    """What the monitor measured on one GPU; None wherever NVML could not tell (never 0 instead). It is
+    written as contract.MemoryGpuRecord and read back as harness.results.GpuMemory."""
 
     gpu: GpuIdentity
     total_mib: float | None
@@ -62,15 +65,14 @@ class GpuMemory:
     interval_s: float
     sample_count: int
 
+    def record(self) -> MemoryGpuRecord:
+        return MemoryGpuRecord(index=self.gpu.index, name=self.gpu.name, uuid=self.gpu.uuid,
+                               total_mib=self.total_mib, used_before_mib=self.used_before_mib,
+                               peak_used_mib=self.peak_used_mib, interval_s=self.interval_s,
+                               sample_count=self.sample_count)
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            **self.gpu.to_json(),
-            "total_mib": self.total_mib,
-            "used_before_mib": self.used_before_mib,
-            "peak_used_mib": self.peak_used_mib,
-            "interval_s": self.interval_s,
-            "sample_count": self.sample_count,
-        }
+        return self.record().to_json()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,21 +81,15 @@ class MemoryReport:
     reason: str | None
     interval_s: float
     sample_count: int
-    gpus: tuple[GpuMemory, ...] = ()
+    gpus: tuple[GpuSamples, ...] = ()
 
     @classmethod
     def unavailable(cls, reason: str, interval_s: float = DEFAULT_INTERVAL_S) -> MemoryReport:
         return cls(available=False, reason=reason, interval_s=interval_s, sample_count=0)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "schema": SCHEMA,
-            "available": self.available,
-            "reason": self.reason,
-            "interval_s": self.interval_s,
-            "sample_count": self.sample_count,
-            "gpus": [gpu.to_json() for gpu in self.gpus],
-        }
+        return MemoryRecord(available=self.available, reason=self.reason, interval_s=self.interval_s,
+                            sample_count=self.sample_count, gpus=[gpu.record() for gpu in self.gpus]).to_json()
 
     def summary_lines(self) -> list[str]:
         """One line per GPU for a terminal or log."""
@@ -421,7 +417,7 @@ class MemoryMonitor:
             return MemoryReport.unavailable(self._unavailable_reason, self._interval_s)
         with self._sample_lock:
             gpus = tuple(
-                GpuMemory(
+                GpuSamples(
                     gpu=track.gpu,
                     total_mib=track.total_mib,
                     used_before_mib=track.used_before_mib,

@@ -49,6 +49,7 @@ ID_CHARS = 1_000  # cell and test ids
 LOG_TAIL_LINES = 30
 LOG_TAIL_BYTES = 64 * 1024
 JSON_BYTES = 4 * 1024 * 1024  # an env.json or memory.json beyond this is not one harness wrote
+MAX_GPUS = 64  # per cell; a runner has at most 8, MIG slices included a few dozen
 
 # pytest's messages that say where a test broke but not why; the traceback's `E` line says why.
 _GENERIC_MESSAGES = {"", "collection failure"}
@@ -308,7 +309,10 @@ def _read_memory(document: Mapping[str, object], problems: list[Problem]) -> tup
     if fields.boolean("available") is False:
         return (), fields.text("reason") or "memory.json says not available"
     gpus = []
-    for position, entry in enumerate(fields.items("gpus")):
+    entries = fields.items("gpus")
+    if len(entries) > MAX_GPUS:
+        problems.append(Problem(MEMORY_JSON, f"lists {len(entries)} GPUs; the first {MAX_GPUS} are read"))
+    for position, entry in enumerate(entries[:MAX_GPUS]):
         gpu = _Fields(f"memory.json: gpus[{position}]", entry, problems)
         index = gpu.integer("index")
         gpus.append(

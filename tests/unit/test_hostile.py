@@ -360,3 +360,17 @@ def test_every_metric_the_contract_names_appears_in_some_rendering(tmp_path):
     assert set(shown) >= {*contract.CASE_METRICS, *contract.SUITE_PROPERTIES} - {contract.TRANSFORMERS_VERSION}
     for name, text in shown.items():
         assert text.replace("_", "\\_") in rendered or text in rendered, name
+
+
+def test_a_memory_json_listing_thousands_of_gpus_reads_the_first_64(tmp_path):
+    gpus = [{"index": index, "peak_used_mib": 1024.0} for index in range(20_000)]
+    write_cell(
+        tmp_path / CELL,
+        junit(case("t")),
+        env={"status": "passed"},
+        memory=json.dumps({"schema": 1, "available": True, "gpus": gpus}),
+    )
+    [cell] = load_results([tmp_path]).cells
+    assert len(cell.memory) == 64
+    assert "memory.json: lists 20000 GPUs; the first 64 are read" in map(str, cell.problems)
+    assert len(render(load_results([tmp_path]), "pr-comment")) <= COMMENT_LIMIT

@@ -380,3 +380,20 @@ def test_paused_gc_restores_the_collector_even_on_errors(enabled_before):
         assert gc.isenabled() is enabled_before
     finally:
         gc.enable()
+
+
+def test_what_the_memory_monitor_writes_the_reader_reads_back(tmp_path):
+    """memory.json has one shape, contract.MemoryGpuRecord: the monitor writes it, the reader reads it."""
+    from harness import contract, memory
+
+    gpu = memory.GpuIdentity(index=3, uuid="GPU-1234", name="NVIDIA H200")
+    samples = memory.GpuSamples(gpu=gpu, total_mib=143771.0, used_before_mib=512.0, peak_used_mib=40960.5,
+                                interval_s=0.05, sample_count=120)
+    folder = write_cell(tmp_path / "h200-2gpu-torch2.11.0-tf5.18.0")
+    report = memory.MemoryReport(available=True, reason=None, interval_s=0.05, sample_count=120, gpus=(samples,))
+    memory.write_memory_json(folder / contract.MEMORY_JSON, report)
+    assert set(report.to_json()["gpus"][0]) == set(contract.MEMORY_GPU_FIELDS)
+    [read] = read_cell(folder).memory
+    assert (read.index, read.name, read.uuid, read.total_mib, read.used_before_mib, read.peak_used_mib) == (
+        3, "NVIDIA H200", "GPU-1234", 143771.0, 512.0, 40960.5)
+    assert not read_cell(folder).problems

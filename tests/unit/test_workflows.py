@@ -322,7 +322,7 @@ def test_the_report_renders_without_a_token_and_a_separate_job_posts_the_rendere
     fetched = [step["with"] for step in comment["steps"] if "download-artifact@" in str(step.get("uses"))]
     assert fetched == [{"name": "rendered-comment", "path": "rendered"}]
     [post] = [step for step in comment["steps"] if "GITHUB_TOKEN" in step.get("env", {})]
-    assert post["run"] == 'python3 -m harness gh comment --pr "$PR" --body rendered/comment.md'
+    assert re.search(r"harness gh comment --pr \"\$PR\" --body rendered/comment\.md$", post["run"])
 
 
 def test_authorize_runs_one_at_a_time_per_pull_request():

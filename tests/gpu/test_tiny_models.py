@@ -23,6 +23,9 @@ def test_router_decides_clearly_on_the_test_batch(checkpoint, record_property, d
     """Token t goes to experts t % 8 and secondary_expert(t) in every MoE layer, by the margins the suite
     relies on, as each family's own router decides it (bias, sigmoid, groups and correction bias included)."""
     family = families.family(checkpoint.family)
+    if transformers_version() < Version(family.ep_floor):
+        # only EP cases rely on the routing code, and older releases' routers return other things
+        pytest.skip(f"needs transformers>={family.ep_floor} for expert parallelism of {family.model_type}")
     model = load_whole(checkpoint.path, getattr(torch, dtype), torch.device("cpu"))
     recorder = RoutingRecorder(model, family)
     batch = tiny_models.make_batch()

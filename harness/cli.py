@@ -68,6 +68,33 @@ def build_parser() -> argparse.ArgumentParser:
                       help="what the workflows pip-install as harness (default git+https://github.com/OWNER/NAME@REF)")
     init.add_argument("--force", action="store_true", help="overwrite files that exist")
 
+    bisect = commands.add_parser("bisect", help="find the release (or commit) of torch or transformers that "
+                                 "broke (or fixed) a selection of tests")
+    bisect.add_argument("--matrix", metavar="NAME_OR_PATH", help="matrix of the cell shape (default: this machine's)")
+    bisect.add_argument("--cell", action="append", metavar="GLOB", help="the cell shape to run on; repeatable")
+    bisect.add_argument("--package", metavar="NAME", help="torch or transformers (any package with --repo)")
+    bisect.add_argument("--good", required=True, metavar="V",
+                        help="version (or ref with --repo) where the tests pass; torch=V,transformers=V for both")
+    bisect.add_argument("--bad", required=True, metavar="V", help="version (or ref) where they fail")
+    bisect.add_argument("--runs", type=int, default=1, metavar="N",
+                        help="run each probe N times; differing outcomes make the version flaky")
+    bisect.add_argument("--pre", action="store_true", help="include pre-releases between good and bad")
+    bisect.add_argument("--repo", metavar="PATH", help="a local git checkout of the package: search its commits")
+    bisect.add_argument("--json", metavar="FILE", help="also write the probes and the answer as JSON")
+    bisect.add_argument("--results", default="results/bisect", metavar="DIR", help="where probe folders go")
+    bisect.add_argument("--env-dir", metavar="DIR",
+                        help="cache of per-cell environments (default $HARNESS_ENV_DIR or ~/.cache/harness/envs)")
+    bisect.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="-- PYTEST_ARGS",
+                        help="which tests, after --: -k EXPR or test ids")
+
+    triage = commands.add_parser("triage", help="classify tonight's new reds and plan bisects of the real ones")
+    triage.add_argument("--results", required=True, metavar="DIR", help="tonight's cell folders")
+    triage.add_argument("--baseline", metavar="DIR", help="the previous night's cell folders, if any")
+    triage.add_argument("--bisects", metavar="DIR", help="bisect jobs' --json files, to add their answers")
+    triage.add_argument("-o", "--output", metavar="FILE", help="write every red and the bisect plan as JSON")
+    triage.add_argument("--github-matrix", metavar="FILE",
+                        help="write the bisect plan as the {'include': [...]} object strategy.matrix takes")
+
     gh = commands.add_parser("gh", help="GitHub glue: authorize '/ok to test', post the comment and issue")
     gh_commands = _Subcommands(gh.add_subparsers(dest="gh_command", required=True, metavar="GH_COMMAND"), debug)
     # Every gh command talks to one repository: GITHUB_REPOSITORY unless --repo says otherwise.
@@ -115,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     nightly.add_argument("--matrix", default="nightly", help="matrix name shown in the issue")
     nightly.add_argument("--sha", help="commit tested (default $GITHUB_SHA)")
     nightly.add_argument("--label", default="nightly-regression", help="label of the one regression issue")
+    nightly.add_argument("--triage", metavar="FILE",
+                         help="`harness triage` output: each new red's class and bisect line, added to the issue")
     nightly.add_argument("--memory-percent", type=float, default=10.0, metavar="PCT",
                          help="memory growth counts when above PCT percent ...")
     nightly.add_argument("--memory-mib", type=float, default=64.0, metavar="MIB",
@@ -142,6 +171,14 @@ def dispatch(args: argparse.Namespace) -> int:
         from harness import adopt
 
         return adopt.command(args)
+    if args.command == "bisect":
+        from harness import bisect_command
+
+        return bisect_command.command(args)
+    if args.command == "triage":
+        from harness import triage
+
+        return triage.command(args)
     if args.command == "gh":
         from harness import github
 

@@ -11,6 +11,12 @@ fast path, pip the fallback. Where packages come from is configuration:
   HARNESS_FIND_LINKS       folders or pages of wheels, space-separated (default: $PIP_FIND_LINKS)
   HARNESS_INSTALLER_ARGS   anything else for the installer (shell-quoted)
   HARNESS_ENV_DIR          the cache folder (default ~/.cache/harness/envs)
+
+Trust: a cached environment is used only while every file in it is the file its build wrote. The build
+records a manifest (sha256 of every file, the target of every link); each later use checks it first and
+rebuilds on any difference, so code a pull request's run planted in the cache (a `.pth` file, a patched
+module, a `__pycache__` entry) never runs in a later run. Cells run with PYTHONDONTWRITEBYTECODE so an
+honest run leaves its environment as built.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from harness.matrix import Cell
 # Besides the pinned torch and transformers, what the suite imports in its own environment.
 SUITE_PACKAGES = ("accelerate>=1.10", "pytest>=8", "pytest-rerunfailures>=14", "pytest-timeout>=2.3")
 MARKER = "harness-env.json"
+MANIFEST = "harness-manifest.json"
+_HASH_CHUNK = 1024 * 1024
 TAIL_LINES = 12
 
 # Runs inside the candidate interpreter; reads versions from package metadata so it
@@ -179,14 +187,71 @@ def plan_environment(cell: Cell, root: Path) -> tuple[str, Path, Path | None]:
 def ensure_environment(cell: Cell, root: Path, log: Callable[[str], None]) -> Environment:
     origin, python, path = plan_environment(cell, root)
     with contextlib.ExitStack() as held:
+        if origin == "cached" and path is not None:
+            changed = manifest_difference(path)
+            if changed:
+                log(f"environment {path.name} changed since it was built ({changed}); rebuilding it")
+                origin = "build"
         if origin == "build":
             # Runners on one host share the cache: one run builds, the others wait, then find it cached.
             held.enter_context(_build_lock(path, log))
             origin, python, path = plan_environment(cell, root)
+            if origin == "cached" and manifest_difference(path):
+                origin = "build"
         if origin == "build":
             build(cell, path, log)
             origin = "built"
         return _checked(cell, origin, python, path)
+
+
+def write_manifest(path: Path) -> None:
+    """Record every file of a freshly built environment; the marker and manifest are left out."""
+    (path / MANIFEST).write_text(json.dumps(_fingerprint(path), indent=0, sort_keys=True))
+
+
+def manifest_difference(path: Path) -> str | None:
+    """What differs between an environment and its manifest (None: nothing), e.g. `added lib/.../x.pth`."""
+    try:
+        recorded = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return "no readable manifest"
+    if not isinstance(recorded, dict):
+        return "no readable manifest"
+    current = _fingerprint(path)
+    for name in sorted(current.keys() - recorded.keys()):
+        return f"added {name}"
+    for name in sorted(recorded.keys() - current.keys()):
+        return f"removed {name}"
+    for name in sorted(current):
+        if current[name] != recorded[name]:
+            return f"changed {name}"
+    return None
+
+
+def _fingerprint(path: Path) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for folder, folders, files in os.walk(path):
+        for name in files + [entry for entry in folders if os.path.islink(os.path.join(folder, entry))]:
+            full = os.path.join(folder, name)
+            relative = os.path.relpath(full, path)
+            if relative in (MARKER, MANIFEST):
+                continue
+            if os.path.islink(full):
+                found[relative] = "link:" + os.readlink(full)
+            else:
+                found[relative] = "sha256:" + _sha256(full)
+    return found
+
+
+def _sha256(file: str) -> str:
+    digest = hashlib.sha256()
+    try:
+        with open(file, "rb") as stream:
+            while chunk := stream.read(_HASH_CHUNK):
+                digest.update(chunk)
+    except OSError as error:  # a socket, or a file nobody may read: never what a build wrote
+        return f"unreadable ({error.strerror or error})"
+    return digest.hexdigest()
 
 
 def _checked(cell: Cell, origin: str, python: Path, path: Path | None) -> Environment:
@@ -197,6 +262,7 @@ def _checked(cell: Cell, origin: str, python: Path, path: Path | None) -> Enviro
                 f"{path}: built, but holds torch {versions.get('torch')} and transformers "
                 f"{versions.get('transformers')} instead of {cell.torch} and {cell.transformers}")
         (path / MARKER).write_text(json.dumps({"requirements": requirements(cell), "versions": versions}, indent=2))
+        write_manifest(path)  # after the probe: nothing runs in it between the build and the manifest
     return Environment(python=python, origin=origin, path=path, versions=versions)
 
 
@@ -244,7 +310,9 @@ def choose_installer() -> str:
     return "uv" if _uv() else "pip"
 
 
-def index_arguments(installer: str) -> list[str]:
+def index_arguments(installer: str, *, installer_args: bool = True) -> list[str]:
+    """Where packages come from, as the installer's options; `installer_args` adds HARNESS_INSTALLER_ARGS
+    (left out where another command asks the same index, e.g. `pip index versions`)."""
     arguments = []
     if os.environ.get("HARNESS_INDEX_URL"):
         arguments += ["--index-url", os.environ["HARNESS_INDEX_URL"]]
@@ -258,7 +326,7 @@ def index_arguments(installer: str) -> list[str]:
     if installer == "uv" and len(arguments) > 2:
         # A CUDA torch index and PyPI both carry torch; take the best match, not the first index.
         arguments += ["--index-strategy", "unsafe-best-match"]
-    return arguments + shlex.split(os.environ.get("HARNESS_INSTALLER_ARGS", ""))
+    return arguments + (shlex.split(os.environ.get("HARNESS_INSTALLER_ARGS", "")) if installer_args else [])
 
 
 def _marker_matches(path: Path, cell: Cell) -> bool:

@@ -10,6 +10,7 @@ they run, on a runner that installed harness.
 
 from __future__ import annotations
 
+import datetime
 import email.utils
 import json
 import os
@@ -21,13 +22,11 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from harness import __version__
+from harness.contract import COMMENT_MARKER
 from harness.errors import ConfigError, GitHubError, NotAuthorizedError
-
-if TYPE_CHECKING:  # the commands that read results import them when they run
-    from harness.results import Digest, ResultSet
 
 NIGHTLY_MARKER = "<!-- harness-nightly -->"
 BODY_LIMIT = 65_536  # characters GitHub accepts in an issue or comment body
@@ -283,6 +282,7 @@ class CommentEvent:
     comment_id: int
     body: str
     login: str
+    created_at: str  # the server's timestamp of the comment, ISO 8601 ("" where the event lacks it)
 
     @classmethod
     def load(cls, path: str) -> CommentEvent:
@@ -297,6 +297,7 @@ class CommentEvent:
             comment_id=dig(event, "comment.id", int, source),
             body=dig(event, "comment.body", str, source),
             login=dig(event, "comment.user.login", str, source),
+            created_at=str((event.get("comment") or {}).get("created_at") or ""),
         )
 
 
@@ -352,7 +353,64 @@ def authorize(gh: GitHub, event: CommentEvent, matrix: str) -> Approval:
         raise NotAuthorizedError(
             f"`{prefix}` is not the head of #{event.number}, which is now `{head[:12]}`: "
             f"review the new commits, then comment `/ok to test {head[:12]}`")
+    if len(prefix) < 40:
+        unproven = short_sha_doubt(gh, event, prefix, head)
+        if unproven:
+            raise NotAuthorizedError(
+                f"`{prefix}` may not name the commit you reviewed: {unproven}. A full sha is always enough: "
+                f"if you reviewed the head, comment `/ok to test {head}`")
     return Approval(sha=head, pr=event.number, matrix=matrix)
+
+
+# Timeline events that move the head without adding a commit the PR's commit list would show twice.
+HEAD_MOVES = frozenset({"head_ref_force_pushed", "head_ref_restored", "head_ref_deleted"})
+MAX_PR_COMMITS = 250  # GitHub lists at most this many commits of a pull request
+
+
+def short_sha_doubt(gh: GitHub, event: CommentEvent, prefix: str, head: str) -> str | None:
+    """Why a short sha cannot be shown to name only the commit the reviewer saw, or None when it can.
+
+    A contributor can make a commit sharing a 7-character prefix in minutes, and push it between the
+    comment and this job. So the prefix counts only where it matches exactly one commit of the pull
+    request, that commit is the head, and the timeline shows no force-push since the comment (by the
+    server's timestamps; commit dates are the contributor's to choose). A plain push of a twin leaves
+    both commits in the list, which the first rule catches."""
+    try:
+        commits = list(gh.paginate(gh.repo_path(f"pulls/{event.number}/commits")))
+        events = list(gh.paginate(gh.repo_path(f"issues/{event.number}/timeline")))
+    except GitHubError as error:
+        return f"GitHub did not give the pull request's commits and timeline ({_first_line(str(error))})"
+    if len(commits) >= MAX_PR_COMMITS:
+        return f"the pull request has {MAX_PR_COMMITS} commits or more, more than GitHub lists"
+    matching = [str(commit.get("sha") or "") for commit in commits if str(commit.get("sha") or "").startswith(prefix)]
+    if len(matching) != 1:
+        return f"it matches {len(matching)} commits of the pull request"
+    if matching[0] != head:
+        return "the commit it matches is not the head"
+    commented = _timestamp(event.created_at)
+    if commented is None:
+        return "the event gives no time for the comment"
+    for entry in events:
+        if not isinstance(entry, dict) or entry.get("event") not in HEAD_MOVES:
+            continue
+        moved = _timestamp(str(entry.get("created_at") or ""))
+        if moved is None:
+            return f"a {entry.get('event')} event has no time"
+        if moved >= commented:
+            return f"the branch was force-pushed at {moved.isoformat()}, after the comment"
+    return None
+
+
+def _timestamp(text: str) -> datetime.datetime | None:
+    try:
+        moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else None
+
+
+def _first_line(text: str) -> str:
+    return text.splitlines()[0][:200] if text else ""
 
 
 def authorize_command(gh: GitHub, args: Any) -> int:
@@ -415,8 +473,6 @@ def upsert_comment(gh: GitHub, issue: int, body: str, marker: str, author: str) 
 
 
 def comment_command(gh: GitHub, args: Any) -> int:
-    from harness.report import COMMENT_MARKER
-
     body = read_text(args.body, "comment body")
     action, comment = upsert_comment(gh, args.pr, body, COMMENT_MARKER, args.author)
     print(f"{action} {comment.get('html_url') or comment.get('id')}")
@@ -425,8 +481,6 @@ def comment_command(gh: GitHub, args: Any) -> int:
 
 def previous_comment_command(gh: GitHub, args: Any) -> int:
     """Save the body of the PR's harness comment, whose digest lets the next report show deltas."""
-    from harness.report import COMMENT_MARKER
-
     existing = find_comment(gh, args.pr, COMMENT_MARKER, args.author)
     if existing is None:
         print(f"no harness comment on #{args.pr} yet")
@@ -481,41 +535,6 @@ def previous_run_command(gh: GitHub, args: Any) -> int:
     return 0
 
 
-def nightly_regressions(
-    result_set: ResultSet, baseline: Digest, *, memory_mib: float, memory_percent: float,
-) -> list[str]:
-    """What got worse since the previous night: tests failing that did not fail then, cells that
-    newly errored, and GPU peak memory that grew by more than both limits."""
-    from harness.results import CellStatus, compare, natural_key
-
-    cells = {cell.id: cell for cell in result_set.cells}
-    comparison = compare(result_set, baseline, memory_change_mib=memory_mib,
-                         memory_change_fraction=memory_percent / 100)
-    findings = []
-    for change in comparison.cells:
-        cell = cells.get(change.cell_id)
-        if cell is None:  # a cell of the night before that did not run tonight
-            continue
-        if cell.status is CellStatus.ERRORED:
-            if change.status_before is not CellStatus.ERRORED:
-                findings.append(f"`{cell.id}` errored: {cell.reason}")
-            continue
-        outcomes = {test.test_id: test.outcome.value for test in cell.failing_tests}
-        if change.tests_compared:
-            new_failures, since = change.new_failures, ""
-        else:  # no tests the night before (a new or errored cell): every failure tonight is new
-            new_failures, since = sorted(outcomes, key=natural_key), " (no result the night before)"
-        findings.extend(f"`{cell.id}` `{test_id}` {outcomes[test_id]}{since}" for test_id in new_failures)
-        findings.extend(f"`{cell.id}` GPU {gpu.gpu_index} peak used memory grew from {gpu.before_mib:,.0f} "
-                        f"to {gpu.after_mib:,.0f} MiB{_percent(gpu.before_mib, gpu.after_mib)}"
-                        for gpu in change.memory if gpu.after_mib > gpu.before_mib)
-    return findings
-
-
-def _percent(before: float, after: float) -> str:
-    return f" (+{(after - before) / before * 100:.0f}%)" if before > 0 else ""
-
-
 def find_open_issue(gh: GitHub, label: str, author: str) -> dict | None:
     # The label filter of the issues list is exact and has no search-index delay.
     for issue in gh.paginate(gh.repo_path("issues"), state="open", labels=label):
@@ -526,11 +545,12 @@ def find_open_issue(gh: GitHub, label: str, author: str) -> dict | None:
 
 
 def nightly_issue_command(gh: GitHub, args: Any) -> int:
-    from harness.results import CellStatus, Digest, load_baseline, load_results
+    from harness.report import read_baseline, render_nightly
+    from harness.results import CellStatus, Digest, load_results, nightly_regressions
 
     current = load_results([args.results])
     # No baseline folder: the first night, or the previous night's artifacts expired.
-    baseline = load_baseline(args.baseline) if args.baseline and Path(args.baseline).exists() else None
+    baseline = read_baseline(args.baseline) if args.baseline and Path(args.baseline).exists() else None
     regressions = nightly_regressions(current, baseline or Digest(cells={}),
                                       memory_mib=args.memory_mib, memory_percent=args.memory_percent)
     green = all(cell.status is CellStatus.PASSED for cell in current.cells)
@@ -538,26 +558,27 @@ def nightly_issue_command(gh: GitHub, args: Any) -> int:
     sha = (args.sha or os.environ.get("GITHUB_SHA") or "unknown")[:12]
     run_id = os.environ.get("GITHUB_RUN_ID", "")
     server = os.environ.get("GITHUB_SERVER_URL", "")
-    run = f" ([run]({server}/{gh.repo}/actions/runs/{run_id}))" if server and run_id else ""
+    run_url = f"{server}/{gh.repo}/actions/runs/{run_id}" if server and run_id.isdigit() else None
     # One comment per night, even when the job is re-run.
-    night_marker = f"<!-- harness-nightly:{run_id or sha} -->"
+    night_marker = f"<!-- harness-nightly:{run_id if run_id.isdigit() else 'local'} -->"
 
     if green:
         if issue is None:
             print("all green; no open regression issue")
             return 0
-        upsert_comment(gh, issue["number"], f"All green again on `{sha}`{run}; closing.",
+        upsert_comment(gh, issue["number"], render_nightly("green", marker=night_marker, sha=sha, run_url=run_url),
                        night_marker, args.author)
         gh.request("PATCH", gh.repo_path(f"issues/{issue['number']}"),
                    body={"state": "closed", "state_reason": "completed"})
         print(f"closed issue #{issue['number']}")
         return 0
 
-    listing = "\n".join(f"- {line}" for line in regressions) or "- nothing new since the night before"
     against = "the night before" if baseline is not None else "no earlier results (first night, or they expired)"
     report = read_text(args.report, "report") if args.report else ""
-    body = fit_body(f"{NIGHTLY_MARKER}\nNightly `{args.matrix}` on `{sha}`{run}, compared with {against}:\n\n"
-                    f"{listing}\n\n<details><summary>Report</summary>\n\n{report}\n\n</details>\n")
+    # Each red's class and bisect line, as `harness triage` rendered it.
+    triage = read_text(args.triage, "triage").strip() if args.triage else ""
+    body = fit_body(render_nightly("issue", marker=NIGHTLY_MARKER, sha=sha, run_url=run_url, regressions=regressions,
+                                   matrix=args.matrix, against=against, report=report, triage=triage))
     if issue is None:
         if not regressions:
             print("failures persist from the night before, and no regression issue is open")
@@ -568,8 +589,8 @@ def nightly_issue_command(gh: GitHub, args: Any) -> int:
         return 0
     gh.request("PATCH", gh.repo_path(f"issues/{issue['number']}"), body={"body": body})
     if regressions:
-        upsert_comment(gh, issue["number"], f"Regressed again on `{sha}`{run}:\n\n{listing}\n",
-                       night_marker, args.author)
+        again = render_nightly("again", marker=night_marker, sha=sha, run_url=run_url, regressions=regressions)
+        upsert_comment(gh, issue["number"], again, night_marker, args.author)
     print(f"updated issue #{issue['number']}")
     return 0
 

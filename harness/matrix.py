@@ -15,7 +15,7 @@ import math
 import os
 import re
 import shlex
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,8 @@ DEFAULT_MATRIX = "cpu"
 # A job's timeout is the cell's pytest budget plus this much for checkout and building its environment.
 JOB_SETUP_MINUTES = 20
 # PEP 440 release versions as pip pins them: 2.11.0, 5.0.0rc1, 2.14.0.dev20261101, 2.11.0+cu130.
+# A version that floats: the newest release on the index, or the one N releases before it.
+FLOATING = re.compile(r"latest(?:-([0-9]+))?")
 VERSION_PATTERN = re.compile(r"\d+(\.\d+){1,3}((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?(\+[a-z0-9.]+)?")
 
 
@@ -215,14 +217,18 @@ def read_runners(path: Path) -> dict[str, Runner]:
     return runners
 
 
-def load_matrix(name_or_path: str, runners: Mapping[str, Runner] | None = None) -> Matrix:
+def load_matrix(name_or_path: str, runners: Mapping[str, Runner] | None = None,
+                resolve: Callable[[str, str], str] | None = None) -> Matrix:
+    """`resolve(package, "latest-N")` names the release a floating version stands for (default: ask the index)."""
     path = resolve_matrix_path(name_or_path).resolve()
     root = project_root(path) if is_path(name_or_path) else project_root()
     spec = read_yaml(path)
     runners = runners if runners is not None else load_runners(root, beside=path.parent)
     name = path.stem
+    if resolve is None:
+        from harness.versions import resolve_floating as resolve
     cells = [dataclasses.replace(cell, install=tuple(resolve_install(entry, root) for entry in cell.install))
-             for cell in expand(spec, runners, name=name, source=str(path))]
+             for cell in expand(spec, runners, name=name, source=str(path), resolve=resolve)]
     reference = name_or_path
     if is_path(name_or_path):
         reference = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
@@ -230,8 +236,12 @@ def load_matrix(name_or_path: str, runners: Mapping[str, Runner] | None = None) 
                   root=root, reference=reference)
 
 
-def expand(spec: Any, runners: Mapping[str, Runner], *, name: str, source: str) -> list[Cell]:
-    """The product of the axes, minus excludes, plus includes; validated; deterministic order."""
+def expand(spec: Any, runners: Mapping[str, Runner], *, name: str, source: str,
+           resolve: Callable[[str, str], str] | None = None) -> list[Cell]:
+    """The product of the axes, minus excludes, plus includes; validated; deterministic order.
+    Floating versions (`latest`, `latest-N`) become releases through `resolve(package, value)` first,
+    so the cell id, env.json and reports name the release that ran."""
+    floating = _Floating(resolve, source)
     if not isinstance(spec, dict):
         raise ConfigError(f"{source}: expected a mapping with axes, include, exclude, suite")
     unknown = set(spec) - MATRIX_KEYS
@@ -248,10 +258,13 @@ def expand(spec: Any, runners: Mapping[str, Runner], *, name: str, source: str) 
         listed = axes.get(axis)
         if not isinstance(listed, list) or not listed:
             raise ConfigError(f"{source}: axes.{axis}: expected a non-empty list")
-        values[axis] = [_axis_value(axis, v, f"{source}: axes.{axis}") for v in listed]
+        resolved = [floating(axis, _axis_value(axis, v, f"{source}: axes.{axis}"), f"axes.{axis}") for v in listed]
+        values[axis] = list(dict.fromkeys(resolved))  # `latest` may name a release the list already has
 
-    excludes = [_partial_cell(e, f"{source}: exclude[{i}]") for i, e in enumerate(_list(spec, "exclude", source))]
-    includes = [_partial_cell(e, f"{source}: include[{i}]") for i, e in enumerate(_list(spec, "include", source))]
+    excludes = [floating.partial(_partial_cell(e, f"{source}: exclude[{i}]"), f"exclude[{i}]")
+                for i, e in enumerate(_list(spec, "exclude", source))]
+    includes = [floating.partial(_partial_cell(e, f"{source}: include[{i}]"), f"include[{i}]")
+                for i, e in enumerate(_list(spec, "include", source))]
     for i, entry in enumerate(includes):
         missing = [axis for axis in AXES if axis not in entry]
         if missing:
@@ -368,9 +381,34 @@ def _axis_value(axis: str, value: Any, where: str) -> Any:
         return value
     if not isinstance(value, str):
         raise ConfigError(f"{where}: {value!r}: versions must be quoted strings (YAML reads 2.10 as a number)")
-    if not VERSION_PATTERN.fullmatch(value):
-        raise ConfigError(f"{where}: {value!r}: malformed version (expected e.g. 2.11.0)")
+    if not VERSION_PATTERN.fullmatch(value) and not FLOATING.fullmatch(value):
+        raise ConfigError(f"{where}: {value!r}: malformed version (expected e.g. 2.11.0, latest or latest-1)")
     return value
+
+
+class _Floating:
+    """Resolves `latest` / `latest-N` once per (package, value) while one matrix expands."""
+
+    def __init__(self, resolve: Callable[[str, str], str] | None, source: str) -> None:
+        self.resolve, self.source, self.seen = resolve, source, {}
+
+    def __call__(self, axis: str, value: Any, where: str) -> Any:
+        if axis not in ("torch", "transformers") or not FLOATING.fullmatch(value):
+            return value
+        if (axis, value) not in self.seen:
+            if self.resolve is None:
+                raise ConfigError(f"{self.source}: {where}: {value!r}: floating versions need a package index")
+            try:
+                resolved = self.resolve(axis, value)
+            except ConfigError as error:
+                raise ConfigError(f"{self.source}: {where}: {value!r}: cannot resolve: {error}") from None
+            if not isinstance(resolved, str) or not VERSION_PATTERN.fullmatch(resolved):
+                raise ConfigError(f"{self.source}: {where}: {value!r} resolved to {resolved!r}, not a version")
+            self.seen[axis, value] = resolved
+        return self.seen[axis, value]
+
+    def partial(self, entry: dict[str, Any], where: str) -> dict[str, Any]:
+        return {key: self(key, value, f"{where}.{key}") for key, value in entry.items()}
 
 
 def _partial_cell(entry: Any, where: str) -> dict[str, Any]:

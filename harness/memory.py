@@ -1,4 +1,5 @@
-"""GPU memory of a cell through NVML: which GPUs it got, whether they are free, and their peak use.
+"""GPU memory of a cell through NVML: whether its GPUs are free, and their peak use (which GPUs a cell got
+ is harness.gpus).
 
 One `MemoryMonitor` per cell (not per rank) samples the device-wide used memory of the cell's GPUs in
 a background thread and writes `memory.json`. Every entry point takes and releases its own NVML
@@ -13,16 +14,29 @@ import atexit
 import json
 import logging
 import os
-import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SCHEMA = 1
+# GPU selection lives in harness.gpus; these names stay importable from here for existing callers.
+from harness.contract import SCHEMA as CONTRACT_SCHEMA
+from harness.contract import MemoryGpuRecord, MemoryRecord
+from harness.gpus import (  # noqa: F401
+    GpuIdentity,
+    MigDevice,
+    NvmlUnavailable,
+    load_nvml,
+    nvml_init,
+    nvml_session,
+    nvml_shutdown,
+    resolve_gpus,
+    select_visible,
+)
+
+SCHEMA = CONTRACT_SCHEMA  # memory.json speaks the results contract's schema
 DEFAULT_INTERVAL_S = 0.05
 DEFAULT_BUSY_THRESHOLD_MIB = 1024.0
 # What `used` (nvmlDeviceGetMemoryInfo v1) shows on an idle GPU: driver reservations, no process.
@@ -33,10 +47,6 @@ MIB = 1024 * 1024
 log = logging.getLogger(__name__)
 
 
-class NvmlUnavailable(Exception):
-    """NVML cannot be used on this host; the message says why."""
-
-
 @dataclass(frozen=True)
 class Availability:
     available: bool
@@ -44,20 +54,9 @@ class Availability:
 
 
 @dataclass(frozen=True, kw_only=True)
-class GpuIdentity:
-    """A GPU as NVML names it. `index` is NVML's (nvidia-smi's) index, the parent's for a MIG device."""
-
-    index: int
-    uuid: str
-    name: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, "name": self.name, "uuid": self.uuid}
-
-
-@dataclass(frozen=True, kw_only=True)
-class GpuMemory:
-    """One GPU's numbers for memory.json; None wherever NVML could not tell (never 0 instead)."""
+class GpuSamples:
+    """What the monitor measured on one GPU; None wherever NVML could not tell (never 0 instead). It is
+    written as contract.MemoryGpuRecord and read back as harness.results.GpuMemory."""
 
     gpu: GpuIdentity
     total_mib: float | None
@@ -66,15 +65,14 @@ class GpuMemory:
     interval_s: float
     sample_count: int
 
+    def record(self) -> MemoryGpuRecord:
+        return MemoryGpuRecord(index=self.gpu.index, name=self.gpu.name, uuid=self.gpu.uuid,
+                               total_mib=self.total_mib, used_before_mib=self.used_before_mib,
+                               peak_used_mib=self.peak_used_mib, interval_s=self.interval_s,
+                               sample_count=self.sample_count)
+
     def to_json(self) -> dict[str, Any]:
-        return {
-            **self.gpu.to_json(),
-            "total_mib": self.total_mib,
-            "used_before_mib": self.used_before_mib,
-            "peak_used_mib": self.peak_used_mib,
-            "interval_s": self.interval_s,
-            "sample_count": self.sample_count,
-        }
+        return self.record().to_json()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,21 +81,15 @@ class MemoryReport:
     reason: str | None
     interval_s: float
     sample_count: int
-    gpus: tuple[GpuMemory, ...] = ()
+    gpus: tuple[GpuSamples, ...] = ()
 
     @classmethod
     def unavailable(cls, reason: str, interval_s: float = DEFAULT_INTERVAL_S) -> MemoryReport:
         return cls(available=False, reason=reason, interval_s=interval_s, sample_count=0)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "schema": SCHEMA,
-            "available": self.available,
-            "reason": self.reason,
-            "interval_s": self.interval_s,
-            "sample_count": self.sample_count,
-            "gpus": [gpu.to_json() for gpu in self.gpus],
-        }
+        return MemoryRecord(available=self.available, reason=self.reason, interval_s=self.interval_s,
+                            sample_count=self.sample_count, gpus=[gpu.record() for gpu in self.gpus]).to_json()
 
     def summary_lines(self) -> list[str]:
         """One line per GPU for a terminal or log."""
@@ -125,45 +117,6 @@ def write_memory_json(path: str | os.PathLike[str], report: MemoryReport) -> Pat
     partial.write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
     os.replace(partial, target)
     return target
-
-
-# --- NVML access: every caller goes through a session, so each init has exactly one shutdown ---
-
-
-def load_nvml(nvml: Any = None) -> Any:
-    if nvml is not None:
-        return nvml
-    try:
-        import pynvml
-    except ImportError as error:
-        raise NvmlUnavailable(f"nvidia-ml-py is not installed ({error})") from None
-    return pynvml
-
-
-def _init(lib: Any) -> None:
-    try:
-        lib.nvmlInit()
-    except lib.NVMLError as error:
-        raise NvmlUnavailable(f"nvmlInit failed: {error}") from None
-
-
-def _shutdown(lib: Any) -> None:
-    # Called once per successful init; a failure here must not hide the caller's own result or error.
-    try:
-        lib.nvmlShutdown()
-    except lib.NVMLError as error:
-        log.warning("nvmlShutdown failed: %s", error)
-
-
-@contextmanager
-def nvml_session(nvml: Any = None) -> Iterator[Any]:
-    """Yield an initialised NVML module and shut it down afterwards; raises NvmlUnavailable."""
-    lib = load_nvml(nvml)
-    _init(lib)
-    try:
-        yield lib
-    finally:
-        _shutdown(lib)
 
 
 def _read_memory_mib(lib: Any, handle: Any) -> tuple[float, float]:
@@ -220,126 +173,6 @@ def _probe_devices(lib: Any) -> Availability:
         else:
             return Availability(True)
     return Availability(False, "no GPU reports memory use: " + "; ".join(failures))
-
-
-# --- which GPUs a cell gets ---
-
-
-@dataclass(frozen=True, kw_only=True)
-class MigDevice:
-    """A MIG instance, with what the legacy `MIG-GPU-<uuid>/<gi>/<ci>` form names it by."""
-
-    identity: GpuIdentity
-    parent_uuid: str
-    gpu_instance: int
-    compute_instance: int
-
-
-def resolve_gpus(cuda_visible_devices: str | None, nvml: Any = None) -> list[GpuIdentity]:
-    """The GPUs CUDA will show a process with this CUDA_VISIBLE_DEVICES, in CUDA's order.
-
-    None (unset) means every GPU. Integer entries are NVML indices, which are CUDA's only with
-    CUDA_DEVICE_ORDER=PCI_BUS_ID (or on a host of identical GPUs). Raises NvmlUnavailable.
-    """
-    with nvml_session(nvml) as lib:
-        try:
-            devices = _list_devices(lib)
-            if cuda_visible_devices is None:
-                return [identity for identity, _ in devices]
-            migs: list[MigDevice] = []
-            if "MIG-" in cuda_visible_devices:
-                migs = list(_list_mig_devices(lib, devices))
-        except lib.NVMLError as error:
-            raise NvmlUnavailable(f"NVML could not list the GPUs: {error}") from None
-    return select_visible(cuda_visible_devices, [identity for identity, _ in devices], migs)
-
-
-def select_visible(
-    cuda_visible_devices: str, gpus: Sequence[GpuIdentity], migs: Sequence[MigDevice] = ()
-) -> list[GpuIdentity]:
-    """Apply CUDA's rules, as CUDA 13 (driver 580) showed them on two H200s: entries in order (spaces
-    allowed around an index, not before a UUID); the list ends at the first entry that names no GPU,
-    names one ambiguously, or switches between indices and UUIDs; a GPU named twice in what remains
-    hides every GPU."""
-    chosen: list[GpuIdentity] = []
-    form = None
-    for entry in cuda_visible_devices.split(","):
-        entry_form = "index" if _INDEX.fullmatch(entry.strip()) else "uuid"
-        match = _match_entry(entry, gpus, migs)
-        if match is None or form not in (None, entry_form):
-            break
-        form = entry_form
-        chosen.append(match)
-    return chosen if len(set(chosen)) == len(chosen) else []
-
-
-_INDEX = re.compile(r"[0-9]+")
-_LEGACY_MIG = re.compile(r"MIG-(GPU-[0-9a-f-]+)/([0-9]+)/([0-9]+)")
-
-
-def _match_entry(entry: str, gpus: Sequence[GpuIdentity], migs: Sequence[MigDevice]) -> GpuIdentity | None:
-    # CUDA matches UUIDs case-sensitively and only with their "GPU-"/"MIG-" prefix; any unique prefix
-    # of the UUID will do.
-    if _INDEX.fullmatch(entry.strip()):
-        index = int(entry)
-        return gpus[index] if index < len(gpus) else None
-    legacy = _LEGACY_MIG.fullmatch(entry)
-    if legacy:
-        parent, gpu_instance, compute_instance = legacy.group(1), int(legacy.group(2)), int(legacy.group(3))
-        return _only(
-            mig.identity
-            for mig in migs
-            if mig.parent_uuid == parent
-            and (mig.gpu_instance, mig.compute_instance) == (gpu_instance, compute_instance)
-        )
-    if entry.startswith("MIG-"):
-        return _only(mig.identity for mig in migs if _is_prefix(entry, mig.identity.uuid))
-    if entry.startswith("GPU-"):
-        return _only(gpu for gpu in gpus if _is_prefix(entry, gpu.uuid))
-    return None
-
-
-def _is_prefix(prefix: str, uuid: str) -> bool:
-    return len(prefix) > len("GPU-") and uuid.startswith(prefix)
-
-
-def _only(candidates: Iterable[GpuIdentity]) -> GpuIdentity | None:
-    found = list(candidates)
-    return found[0] if len(found) == 1 else None
-
-
-def _list_devices(lib: Any) -> list[tuple[GpuIdentity, Any]]:
-    devices = []
-    for index in range(lib.nvmlDeviceGetCount()):
-        handle = lib.nvmlDeviceGetHandleByIndex(index)
-        identity = GpuIdentity(
-            index=index, uuid=lib.nvmlDeviceGetUUID(handle), name=lib.nvmlDeviceGetName(handle)
-        )
-        devices.append((identity, handle))
-    return devices
-
-
-def _list_mig_devices(lib: Any, devices: Sequence[tuple[GpuIdentity, Any]]) -> Iterator[MigDevice]:
-    for parent, handle in devices:
-        try:
-            current_mode, _pending = lib.nvmlDeviceGetMigMode(handle)
-        except lib.NVMLError:
-            continue  # NOT_SUPPORTED: a GPU without MIG
-        if current_mode != lib.NVML_DEVICE_MIG_ENABLE:
-            continue
-        for slot in range(lib.nvmlDeviceGetMaxMigDeviceCount(handle)):
-            try:
-                mig = lib.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
-            except lib.NVMLError:
-                continue  # NOT_FOUND: an empty slot
-            yield MigDevice(
-                identity=GpuIdentity(
-                    index=parent.index, uuid=lib.nvmlDeviceGetUUID(mig), name=lib.nvmlDeviceGetName(mig)
-                ),
-                parent_uuid=parent.uuid,
-                gpu_instance=lib.nvmlDeviceGetGpuInstanceId(mig),
-                compute_instance=lib.nvmlDeviceGetComputeInstanceId(mig),
-            )
 
 
 # --- preflight ---
@@ -492,7 +325,7 @@ class MemoryMonitor:
             return
         try:
             lib = load_nvml(self._nvml)
-            _init(lib)
+            nvml_init(lib)
         except NvmlUnavailable as error:
             self._unavailable_reason = str(error)
             return
@@ -577,14 +410,14 @@ class MemoryMonitor:
     def _release(self) -> None:
         if self._lib is not None:
             lib, self._lib = self._lib, None
-            _shutdown(lib)
+            nvml_shutdown(lib)
 
     def _build_report(self) -> MemoryReport:
         if self._unavailable_reason is not None:
             return MemoryReport.unavailable(self._unavailable_reason, self._interval_s)
         with self._sample_lock:
             gpus = tuple(
-                GpuMemory(
+                GpuSamples(
                     gpu=track.gpu,
                     total_mib=track.total_mib,
                     used_before_mib=track.used_before_mib,

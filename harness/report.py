@@ -3,12 +3,14 @@
 Pure functions over the results model: `build_report` gathers what every rendering shows (failures
 grouped across cells, skip reasons, flaky tests, metrics, reproduce commands, the baseline diff);
 the templates in reports/ turn it into text. Everything a test wrote passes through one of the
-escaping filters below before it reaches Markdown, HTML or a terminal.
+escaping filters of `harness.filters` before it reaches Markdown, HTML or a terminal, the nightly
+issue included (`render_nightly`); `harness.plots` lays out the HTML report's plots.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
 import sys
 from collections.abc import Callable, Iterable
@@ -17,23 +19,47 @@ from functools import cache
 from pathlib import Path
 
 import jinja2
-import markupsafe
 
+from harness.contract import COMMENT_MARKER, KNOWN_BUG_PREFIX
 from harness.errors import ConfigError
+from harness.filters import (
+    clean_block,
+    code_span,
+    duration,
+    fence_for,
+    gib,
+    html_text,
+    markdown_text,
+    memory_per_gpu,
+    mib_or_gib,
+    one_line,
+    pad,
+    percent,
+    plural,
+    scientific,
+    short_sha,
+    significant,
+)
+from harness.plots import html_plots
 from harness.project import shipped_reports_dir
 from harness.results import (
     DIGEST_TAG,
+    BaselineUnreadable,
     CellResult,
     CellStatus,
     Comparison,
     Counts,
     Digest,
+    Labelled,
+    Number,
     Outcome,
+    Regression,
     ResultSet,
     TestResult,
     compare,
     digest,
     encode_digest,
+    finite,
     load_baseline,
     load_results,
     natural_key,
@@ -41,7 +67,6 @@ from harness.results import (
 )
 
 FORMATS = ("pr-comment", "summary", "terminal", "html")
-COMMENT_MARKER = "<!-- harness-report -->"  # first line of the comment; the next run edits that comment
 COMMENT_LIMIT = 65_536  # GitHub's limit for a comment body
 SUMMARY_LIMIT_BYTES = 1_000_000  # GitHub's step summary takes 1 MiB
 DIGEST_MAX_CHARS = 16_000
@@ -123,20 +148,35 @@ class MetricPoint:
     test: TestResult
 
     @property
-    def error(self) -> float | None:
+    def error(self) -> Number | None:
         return self.test.grad_error
 
     @property
-    def bound(self) -> float | None:
+    def bound(self) -> Number | None:
         return self.test.grad_bound
 
     @property
-    def routing_margin(self) -> float | None:
+    def routing_margin(self) -> Number | None:
         return self.test.routing_margin
 
     @property
-    def peak_allocated_mib(self) -> float | None:
+    def logits_difference(self) -> Number | None:
+        return self.test.logits_difference
+
+    @property
+    def logits_atol(self) -> Number | None:
+        return self.test.logits_atol
+
+    @property
+    def peak_allocated_mib(self) -> Number | None:
         return self.test.peak_allocated_mib
+
+    @property
+    def logits_over(self) -> bool:
+        difference, atol = self.logits_difference, finite(self.logits_atol)
+        if isinstance(difference, Labelled):
+            return not difference.tiny
+        return difference is not None and atol is not None and difference > atol
 
     @property
     def ratio(self) -> float | None:
@@ -149,6 +189,9 @@ class MetricPoint:
 
     @property
     def exceeded(self) -> bool:
+        # A non-finite error (inf, nan) is over any bound: the night a gradient blows up is a red one.
+        if isinstance(self.error, Labelled):
+            return not self.error.tiny
         return self.ratio is not None and self.ratio > 1.0
 
 
@@ -161,6 +204,33 @@ class CaseMetrics:
     @property
     def points(self) -> tuple[MetricPoint, ...]:
         return tuple(MetricPoint(cell_id=cell_id, test=test) for cell_id, test in self.measured)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class XfailedCase:
+    """An expected failure, with its reason (a known upstream bug says which)."""
+
+    test_id: str
+    cell_id: str
+    reason: str
+
+    @property
+    def known_upstream_bug(self) -> bool:
+        return self.reason.startswith(KNOWN_BUG_PREFIX)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Coverage:
+    """`EP families covered: N of M (transformers X)` of one cell, from its suite properties."""
+
+    cell_id: str
+    covered: tuple[str, ...]
+    declared: tuple[str, ...]
+    transformers: str | None
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        return tuple(name for name in self.declared if name not in self.covered)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -188,6 +258,8 @@ class Report:
     flaky: tuple[FlakyTest, ...]
     skips: tuple[SkipGroup, ...]
     metrics: tuple[CaseMetrics, ...]  # worst first
+    xfailed: tuple[XfailedCase, ...]
+    coverage: tuple[Coverage, ...]
     reproductions: tuple[Reproduction, ...]
     comparison: Comparison | None
     notes: tuple[Note, ...]
@@ -220,6 +292,13 @@ def build_report(
         flaky=flaky,
         skips=skips,
         metrics=metrics,
+        xfailed=tuple(XfailedCase(test_id=test.test_id, cell_id=cell.id, reason=test.message or "no reason given")
+                      for cell in cells for test in cell.tests if test.outcome is Outcome.XFAILED),
+        coverage=tuple(
+            Coverage(cell_id=cell.id, covered=cell.suite.ep_families_covered or (),
+                     declared=cell.suite.ep_families_declared or (), transformers=cell.suite.transformers_version)
+            for cell in cells if cell.suite.ep_families_declared is not None
+        ),
         reproductions=tuple(
             Reproduction(cell_id=cell.id, command=cell.reproduce_command())
             for cell in cells if cell.status is not CellStatus.PASSED
@@ -261,7 +340,7 @@ def _tally_tests(
                 flaky.append(FlakyTest(test_id=test.test_id, cell_id=cell_id, attempts=test.attempts))
             elif outcome is Outcome.SKIPPED or outcome is Outcome.XFAILED:
                 skipped.setdefault((outcome, test.message or "no reason given"), []).append(cell_id)
-            if test.grad_error is not None or test.grad_bound is not None or test.routing_margin is not None:
+            if test.has_metrics:
                 measured.setdefault(test.test_id, []).append((cell_id, test))
     skips = [
         SkipGroup(reason=reason, outcome=outcome, tests=len(cell_ids), cells=tuple(dict.fromkeys(cell_ids)))
@@ -280,18 +359,23 @@ def _tally_tests(
 
 
 def _ratio(test: TestResult) -> float | None:
-    if test.grad_error is None or not test.grad_bound or test.grad_bound <= 0:
+    error, bound = finite(test.grad_error), finite(test.grad_bound)
+    if error is None or not bound or bound <= 0:
         return None
-    return test.grad_error / test.grad_bound
+    return error / bound
 
 
 def _closeness(test: TestResult) -> tuple[float, float, float]:
-    """Order by error/bound; without a bound by the error; then by the smallest routing margin."""
+    """Order by error/bound; without a bound by the error; then by the smallest routing margin. A
+    labelled (non-finite) error comes first of all."""
+    if isinstance(test.grad_error, Labelled) and not test.grad_error.tiny:
+        return (math.inf, math.inf, math.inf)
     ratio = _ratio(test)
+    error, margin = finite(test.grad_error), finite(test.routing_margin)
     return (
         ratio if ratio is not None else -math.inf,
-        test.grad_error if test.grad_error is not None else -math.inf,
-        -test.routing_margin if test.routing_margin is not None else -math.inf,
+        error if error is not None else -math.inf,
+        -margin if margin is not None else -math.inf,
     )
 
 
@@ -355,13 +439,49 @@ def _fit(render_at: Callable[[Limits], str], ladder: tuple[Limits, ...],
     tail_at = text.rfind(keep_from) if keep_from else -1
     head, tail = (text[:tail_at], text[tail_at:]) if tail_at >= 0 else (text, "")
     note = _environment().get_template("cut-note.md.j2").render(limit=limit, unit=unit)
-    while head and measure(head) + measure(note) + measure(tail) > limit:
+    while head and measure(head) + measure(note) + measure(tail) + _CLOSERS_MAX > limit:
         head = head[: int(len(head) * 0.9)]
-    return head[: head.rfind("\n") + 1] + note + tail
+    head = head[: head.rfind("\n") + 1]
+    return head + _closers(head) + note + tail
+
+
+_CLOSERS_MAX = 1_000  # room for the fence and </details> lines a cut may need to close
+
+
+def _closers(markdown: str) -> str:
+    """What closes the code fence and <details> blocks a cut left open, so the note and the digest after
+    it render as themselves, not as text inside a fence."""
+    fence = None
+    details = 0
+    for line in markdown.splitlines():
+        if fence is None:
+            opened = re.match(r"^(`{3,})", line)
+            if opened:
+                fence = opened.group(1)
+            else:
+                details += line.count("<details>") - line.count("</details>")
+        elif line.strip() == fence:
+            fence = None
+    closing = f"{fence}\n" if fence else ""
+    return closing + "\n</details>\n" * min(max(details, 0), 20)
+
+
+def render_template(template: str, **values: object) -> str:
+    """Any template under reports/ with the same filters and escaping as the reports (e.g. triage.md.j2)."""
+    return _environment().get_template(template).render(**values)
 
 
 def _render(template: str, report: Report, limits: Limits, **extra: object) -> str:
     return _environment().get_template(template).render(report=report, limits=limits, **extra)
+
+
+def render_nightly(kind: str, *, marker: str, sha: str, run_url: str | None, regressions: Iterable[Regression] = (),
+                   matrix: str = "", against: str = "", report: str = "", triage: str = "") -> str:
+    """The nightly issue's body (kind "issue") or a comment on it ("again", "green"), escaped like every
+    other rendering of results."""
+    return _environment().get_template("nightly-issue.md.j2").render(
+        kind=kind, marker=marker, sha=sha, run_url=run_url, regressions=tuple(regressions), matrix=matrix,
+        against=against, report=report, triage=triage)
 
 
 @cache
@@ -382,118 +502,6 @@ def _environment() -> jinja2.Environment:
         pad=pad,
     )
     return environment
-
-
-# ---------------------------------------------------------------------------------------------
-# Escaping: nothing a test writes may add markup, break a table or ping a user
-
-# C0/C1 controls (ANSI escapes start with one) and bidirectional overrides that reorder what is shown.
-_CONTROL = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]<>|~&!#])")
-_ZERO_WIDTH_SPACE = "&#8203;"  # after '@', so `@team` in a message is text, not a mention
-
-
-def clean_block(text: str | None, max_lines: int | None = None) -> str:
-    """Multi-line text without control characters, keeping at most the last `max_lines` lines."""
-    lines = _CONTROL.sub("", (text or "").replace("\r\n", "\n").replace("\t", "    ")).split("\n")
-    if max_lines is not None and len(lines) > max_lines:
-        lines = lines[-max_lines:]
-    return "\n".join(lines)
-
-
-def one_line(text: object, max_chars: int = 300) -> str:
-    flat = " ".join(_CONTROL.sub(" ", "" if text is None else str(text)).split())
-    return flat if len(flat) <= max_chars else flat[: max_chars - 1] + "…"
-
-
-def markdown_text(text: object, max_chars: int = 300) -> str:
-    """Inline Markdown (table cells, list items): every character that could start markup is escaped."""
-    escaped = _MARKDOWN_SPECIAL.sub(r"\\\1", one_line(text, max_chars))
-    return escaped.replace("@", "@" + _ZERO_WIDTH_SPACE) or "—"
-
-
-def code_span(text: object, max_chars: int = 300, *, table: bool = False) -> str:
-    """An inline code span whose delimiter is longer than any backtick run inside it."""
-    content = one_line(text, max_chars)
-    if not content:
-        return "—"
-    if table:  # GitHub splits table cells on '|' even inside code spans, unless escaped
-        content = content.replace("|", "\\|")
-    longest = max((len(run) for run in re.findall(r"`+", content)), default=0)
-    ticks = "`" * (longest + 1)
-    pad = " " if content.startswith("`") or content.endswith("`") else ""
-    return f"{ticks}{pad}{content}{pad}{ticks}"
-
-
-def html_text(text: object, max_chars: int = 300) -> str:
-    """Text inside raw HTML in Markdown (a <summary>): escaped, one line, no mentions. GitHub does not
-    read Markdown there; '[' is encoded all the same, so no renderer can see a link in it."""
-    escaped = str(markupsafe.escape(one_line(text, max_chars))).replace("[", "&#91;")
-    return escaped.replace("@", "@" + _ZERO_WIDTH_SPACE)
-
-
-def fence_for(text: str | None) -> str:
-    """A code fence longer than any backtick run in `text`, so the text cannot close it."""
-    longest = max((len(run) for run in re.findall(r"`+", text or "")), default=0)
-    return "`" * max(3, longest + 1)
-
-
-# ---------------------------------------------------------------------------------------------
-# Numbers
-
-
-def gib(mib: float | None) -> str:
-    return "?" if mib is None else f"{mib / 1024:.1f}"
-
-
-def mib_or_gib(mib: float | None) -> str:
-    if mib is None:
-        return "—"
-    return f"{mib:.0f} MiB" if mib < 1024 else f"{mib / 1024:.1f} GiB"
-
-
-def memory_per_gpu(cell: CellResult) -> str:
-    """`12.3 / 12.1 GiB`: peak used per GPU, in index order."""
-    if not cell.memory:
-        return "—"
-    return " / ".join(gib(gpu.peak_used_mib) for gpu in cell.memory) + " GiB"
-
-
-def duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "—"
-    whole = round(seconds)
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h {minutes:02d}m"
-    if minutes:
-        return f"{minutes}m {secs:02d}s"
-    return f"{seconds:.1f}s" if seconds < 10 else f"{secs}s"
-
-
-def scientific(value: float | None) -> str:
-    return "—" if value is None else f"{value:.2e}"
-
-
-def significant(value: float | None) -> str:
-    return "—" if value is None else f"{value:.3g}"
-
-
-def pad(text: str, width: int, right: bool = False) -> str:
-    return text.rjust(width) if right else text.ljust(width)
-
-
-def percent(fraction: float | None) -> str:
-    return "—" if fraction is None else f"{fraction * 100:.0f}%"
-
-
-def plural(count: int, word: str) -> str:
-    return f"{count:,} {word if count == 1 else word + 's'}"
-
-
-def short_sha(sha: str | None) -> str:
-    return (sha or "")[:12]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -526,193 +534,31 @@ def terminal_table(cells: Iterable[CellResult]) -> TerminalTable:
 
 def _compact_memory(cell: CellResult) -> str:
     """Per GPU up to four GPUs; beyond, the range over them keeps the table narrow."""
-    peaks = [gpu.peak_used_mib for gpu in cell.memory if gpu.peak_used_mib is not None]
+    peaks = [finite(gpu.peak_used_mib) for gpu in cell.memory if finite(gpu.peak_used_mib) is not None]
     if len(cell.memory) <= 4 or not peaks:
         return memory_per_gpu(cell).replace("—", "-")
     return f"{gib(min(peaks))}-{gib(max(peaks))} GiB on {len(cell.memory)} GPUs"
 
 
 # ---------------------------------------------------------------------------------------------
-# HTML plots: geometry here, markup in reports/_plot.svg.j2
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Rect:
-    x: float
-    y: float
-    width: float
-    height: float
-    kind: str
-    title: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Dot:
-    x: float
-    y: float
-    kind: str
-    title: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Rule:
-    x1: float
-    y1: float
-    x2: float
-    y2: float
-    kind: str
-    title: str = ""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Label:
-    x: float
-    y: float
-    text: str
-    anchor: str = "start"
-    kind: str = ""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Plot:
-    title: str
-    caption: str
-    width: float
-    height: float
-    rects: tuple[Rect, ...] = ()
-    dots: tuple[Dot, ...] = ()
-    rules: tuple[Rule, ...] = ()
-    labels: tuple[Label, ...] = ()
-
-
-_PLOT_WIDTH = 640.0
-_LABEL_CHARS = 56  # a row label's longest; longer ones lose their middle (see plot_label)
-_CHAR_WIDTH = 6.7  # px per character of the 11px monospace row labels (report.html.j2 sets the font)
-_AXIS_TOP = 28.0
-_BAR = 10.0
-_ROW_GAP = 3.0
-_GROUP_GAP = 12.0
-GRADIENT_PLOT_CASES = 60
-
-
-def plot_label(text: object, max_chars: int = _LABEL_CHARS) -> str:
-    """A row label that keeps what tells rows apart: a long test id loses its middle, not its parameters."""
-    flat = one_line(text, 10_000)
-    if len(flat) <= max_chars:
-        return flat
-    head = max_chars // 3
-    return flat[:head] + "…" + flat[len(flat) - (max_chars - head - 1):]
-
-
-def _label_width(labels: Iterable[str]) -> float:
-    """Room left of the plot for the longest row label, so none is cut at the edge."""
-    return max((len(label) for label in labels), default=0) * _CHAR_WIDTH + 16
-
-
-def html_plots(report: Report) -> tuple[Plot, ...]:
-    plots = (memory_plot(report.cells), gradient_plot(report.metrics[:GRADIENT_PLOT_CASES]))
-    return tuple(plot for plot in plots if plot is not None)
-
-
-def memory_plot(cells: Iterable[CellResult]) -> Plot | None:
-    cells = tuple(cells)
-    largest = max((value for cell in cells for gpu in cell.memory
-                   for value in (gpu.total_mib, gpu.peak_used_mib) if value), default=0.0)
-    if not largest:
-        return None
-    scale = _PLOT_WIDTH / largest
-    left = _label_width(plot_label(cell.id) for cell in cells)
-    rects, labels, y = [], [], _AXIS_TOP
-    for cell in cells:
-        labels.append(Label(x=left - 8, y=y + _BAR, text=plot_label(cell.id), anchor="end", kind="row"))
-        if not cell.memory:
-            labels.append(Label(x=left, y=y + _BAR, text=cell.memory_note or "no GPU memory recorded",
-                                kind="muted"))
-            y += _BAR + _ROW_GAP
-        for gpu in cell.memory:
-            name = f"{cell.id} GPU {gpu.index}" + (f" ({gpu.name})" if gpu.name else "")
-            if gpu.total_mib:
-                rects.append(Rect(x=left, y=y, width=gpu.total_mib * scale, height=_BAR,
-                                  kind="capacity", title=f"{name}: {gib(gpu.total_mib)} GiB in total"))
-            if gpu.peak_used_mib is not None:
-                rects.append(Rect(
-                    x=left, y=y, width=gpu.peak_used_mib * scale, height=_BAR, kind="peak",
-                    title=f"{name}: peak {gib(gpu.peak_used_mib)} GiB, {gib(gpu.used_before_mib)} GiB before",
-                ))
-            labels.append(Label(x=left + _PLOT_WIDTH + 8, y=y + _BAR,
-                                text=f"GPU {gpu.index}: {gib(gpu.peak_used_mib)} GiB", kind="value"))
-            y += _BAR + _ROW_GAP
-        y += _GROUP_GAP
-    ticks = _linear_ticks(largest / 1024)
-    tick_xs = [left + tick * 1024 * scale for tick in ticks]
-    rules = [Rule(x1=x, y1=_AXIS_TOP - 6, x2=x, y2=y - _GROUP_GAP, kind="grid") for x in tick_xs]
-    labels.extend(Label(x=rule.x1, y=_AXIS_TOP - 10, text=f"{tick:g} GiB", anchor="middle", kind="axis")
-                  for rule, tick in zip(rules, ticks, strict=True))
-    return Plot(title="Peak memory per GPU",
-                caption="Dark: peak used during the cell; light: the GPU's total.",
-                width=left + _PLOT_WIDTH + 130, height=y, rects=tuple(rects), rules=tuple(rules),
-                labels=tuple(labels))
-
-
-def gradient_plot(cases: Iterable[CaseMetrics]) -> Plot | None:
-    cases = tuple(case for case in cases if any(point.error is not None for point in case.points))
-    values = [value for case in cases for point in case.points
-              for value in (point.error, point.bound) if value is not None and value > 0]
-    if not values:
-        return None
-    low, high = math.floor(math.log10(min(values))), math.ceil(math.log10(max(values)))
-    high = max(high, low + 1)
-
-    left = _label_width(plot_label(case.case) for case in cases)
-
-    def x_of(value: float) -> float:
-        return left + (math.log10(value) - low) / (high - low) * _PLOT_WIDTH
-
-    dots, rules, labels, y = [], [], [], _AXIS_TOP
-    row = _BAR + 2 * _ROW_GAP
-    bottom = _AXIS_TOP + row * len(cases)
-    for exponent in range(low, high + 1):  # the grid first, so bounds and dots are drawn over it
-        x = x_of(10.0**exponent)
-        rules.append(Rule(x1=x, y1=_AXIS_TOP - 6, x2=x, y2=bottom, kind="grid"))
-        labels.append(Label(x=x, y=_AXIS_TOP - 10, text=f"1e{exponent}", anchor="middle", kind="axis"))
-    for case in cases:
-        labels.append(Label(x=left - 8, y=y + _BAR, text=plot_label(case.case), anchor="end", kind="row"))
-        for bound in sorted({point.bound for point in case.points if point.bound and point.bound > 0}):
-            rules.append(Rule(x1=x_of(bound), y1=y - 1, x2=x_of(bound), y2=y + _BAR + 1, kind="bound",
-                              title=f"bound {scientific(bound)}"))
-        for point in case.points:
-            if point.error is None:
-                continue
-            at_zero = point.error <= 0
-            dots.append(Dot(
-                x=left if at_zero else x_of(point.error), y=y + _BAR / 2,
-                kind="over" if point.exceeded else ("zero" if at_zero else "within"),
-                title=f"{point.cell_id}: error {scientific(point.error)}, bound {scientific(point.bound)}",
-            ))
-        y += row
-    return Plot(title="Largest gradient error against its bound",
-                caption="One dot per cell (red: over the bound); the bar is the bound; log scale. "
-                        f"The {len(cases)} cases closest to their bound.",
-                width=left + _PLOT_WIDTH + 40, height=y + _ROW_GAP, dots=tuple(dots),
-                rules=tuple(rules), labels=tuple(labels))
-
-
-def _linear_ticks(largest: float) -> list[float]:
-    """About five round steps from 0 to `largest`."""
-    raw = largest / 5
-    magnitude = 10 ** math.floor(math.log10(raw))
-    step = next(factor * magnitude for factor in (1, 2, 5, 10) if factor * magnitude >= raw)
-    return [index * step for index in range(int(largest // step) + 1)]
-
-
-# ---------------------------------------------------------------------------------------------
 # CLI
+
+
+def read_baseline(path: str) -> Digest | None:
+    """The baseline, or None with a warning where it holds no readable digest: a previous comment that
+    was cut or edited must not stop this run's comment from being written."""
+    try:
+        return load_baseline(path)
+    except BaselineUnreadable as error:
+        prefix = "::warning::" if os.environ.get("GITHUB_ACTIONS") == "true" else "harness: warning: "
+        print(f"{prefix}{error}; rendering without a comparison", file=sys.stderr)
+        return None
 
 
 def command(args) -> int:
     """`harness report`: read the results, render one format, write it to a file or stdout."""
     result_set = load_results(args.results)
-    baseline = load_baseline(args.baseline) if args.baseline else None
+    baseline = read_baseline(args.baseline) if args.baseline else None
     text = render(result_set, args.format, baseline=baseline, sha=args.sha, matrix_name=args.matrix_name)
     if not args.output:
         sys.stdout.write(text)

@@ -21,20 +21,34 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import harness
 from harness import __version__, memory
+from harness.contract import ENV_JSON, EnvRecord
 from harness.env import EnvironmentBuildError, ensure_environment, env_root, plan_environment, probe_versions
 from harness.errors import ConfigError, HostMismatchError
 from harness.matrix import DEFAULT_MATRIX, Cell, Matrix, load_matrix, load_runners, select
 from harness.project import git, project_root, resolve, shipped_matrices_dir
+from harness.ranks.lifecycle import CELL_TOKEN_ENV, kill_cell_processes
 
 # Memory other processes may hold on a cell's GPUs before the cell refuses to start.
 BUSY_THRESHOLD_MIB = float(os.environ.get("HARNESS_BUSY_THRESHOLD_MIB", "2048"))
 # After the cell's timeout pytest gets SIGINT (it still writes junit.xml), then this long before SIGKILL.
 INTERRUPT_GRACE_SECONDS = 20
+# When harness itself is interrupted (SIGTERM, Ctrl-C) pytest gets SIGINT and this long before SIGKILL.
+STOP_GRACE_SECONDS = 3
+PLUGIN = "harness.ranks.plugin"
+
+
+class Interrupted(BaseException):  # a signal, like KeyboardInterrupt: `except Exception` lets it through
+    """harness run got SIGTERM or SIGINT: the cell stops, its folder says so, and harness exits 128+signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+        self.signum = signum
 # A refusal names at most this many distinct reasons; the rest are counted.
 REFUSAL_REASONS_SHOWN = 3
 
@@ -80,13 +94,37 @@ def command(args) -> int:
         results_root.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise ConfigError(f"--results {args.results}: cannot create {results_root}: {error.strerror}") from None
-    with harness_import_path() as import_path:
-        outcomes = [run_cell(cell, host=host, results_root=results_root, env_dir=root, pytest_args=args.pytest_args,
-                             log=progress, project=matrix.root, matrix_reference=matrix.reference,
-                             import_path=import_path) for cell in cells]
+    try:
+        with interruptible(), harness_import_path() as import_path:
+            outcomes = [run_cell(cell, host=host, results_root=results_root, env_dir=root,
+                                 pytest_args=args.pytest_args, log=progress, project=matrix.root,
+                                 matrix_reference=matrix.reference, import_path=import_path) for cell in cells]
+    except Interrupted as interrupted:
+        print(f"harness: {interrupted}; the cell's folder says so", file=sys.stderr, flush=True)
+        return 128 + interrupted.signum
     print_table([outcome.folder for outcome in outcomes])
     print_where(results_root)
     return 0 if all(outcome.status == "passed" for outcome in outcomes) else 1
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """SIGTERM and SIGINT raise `Interrupted` (once: a second signal waits for the cleanup the first began)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame) -> None:
+        for each in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(each, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    previous = {each: signal.signal(each, interrupt) for each in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for each, handler in previous.items():
+            signal.signal(each, handler)
 
 
 def results_folder(value: str, root: Path) -> Path:
@@ -155,25 +193,22 @@ def unfit_reason(cell: Cell, host: Host) -> str | None:
 
 def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytest_args: list[str],
              log: Callable[[str], None], project: Path, matrix_reference: str,
-             import_path: Path | None = None) -> CellOutcome:
+             import_path: Path | None = None, prepare_environment: Callable = ensure_environment) -> CellOutcome:
+    """`prepare_environment(cell, env_dir, log)` gives the cell its interpreter; bisect swaps in one
+    that installs a package built from a commit on top of the cell's environment."""
     folder = results_root / cell.id
     if folder.exists():
         shutil.rmtree(folder)  # results of an earlier run of this cell would mix with these
     folder.mkdir(parents=True)
     started = time.time()
     gpus = list(host.gpus[: cell.gpus]) if not cell.is_cpu else []
-    record = {"schema": 1, "cell": cell.to_json(), "status": "errored", "error": None, "exit_code": None,
-              "versions": {"python": None, "torch": None, "transformers": None, "accelerate": None,
-                           "cuda": None, "harness": __version__},
-              "gpus": [gpu.to_json() for gpu in gpus],
-              "driver": host.driver, "host": socket.gethostname(), "runner": os.environ.get("RUNNER_NAME"),
-              "git_sha": git_sha(project), "git_dirty": git_dirty(project), "start": iso(started), "end": None,
-              "duration_s": None, "reproduce": reproduce_command(cell, matrix_reference, pytest_args)}
+    record = start_record(cell, host, gpus, started, project=project,
+                          reproduce=reproduce_command(cell, matrix_reference, pytest_args))
     log(f"== {cell.id}: results in {folder}")
     memory_report = memory.MemoryReport.unavailable("cpu cell: no GPU" if cell.is_cpu else "no GPU was monitored")
     try:
         with (folder / "install.log").open("w") as install_log:
-            environment = ensure_environment(cell, env_dir, tee(install_log, log))
+            environment = prepare_environment(cell, env_dir, tee(install_log, log))
         record["versions"].update({k: environment.versions.get(k) for k in
                                    ("python", "torch", "transformers", "accelerate", "cuda")})
         busy = memory.preflight(gpus, BUSY_THRESHOLD_MIB) if gpus else []
@@ -195,6 +230,9 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
             record["status"], record["error"] = classify(cell, exit_code, timed_out, folder / "junit.xml")
     except EnvironmentBuildError as error:
         record["error"] = f"environment: {error}"
+    except Interrupted as interrupted:
+        record["status"], record["error"] = "errored", str(interrupted)
+        raise
     except Exception as error:
         record["error"] = f"harness: {type(error).__name__}: {error}"
         raise
@@ -202,7 +240,7 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
         ended = time.time()
         record.update(end=iso(ended), duration_s=round(ended - started, 3))
         memory.write_memory_json(folder / "memory.json", memory_report)
-        (folder / "env.json").write_text(json.dumps(record, indent=2) + "\n")
+        write_env_json(folder, record)
     if record["error"]:
         log(f"   {cell.id}: {record['status']}: {record['error']}")
     return CellOutcome(cell=cell, folder=folder, status=record["status"], error=record["error"],
@@ -210,7 +248,9 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
 
 
 def pytest_command(cell: Cell, python: Path, folder: Path, pytest_args: list[str]) -> list[str]:
-    command = [str(python), "-m", "pytest", *cell.suite,
+    # -p: the ranks plugin's options must exist when pytest parses them, where harness is not installed in
+    # the cell's environment (installed, its pytest11 entry point has the same name and is not loaded twice).
+    command = [str(python), "-m", "pytest", *cell.suite, "-p", PLUGIN,
                "-p", "no:cacheprovider", "-o", "junit_family=xunit1", f"--junitxml={folder / 'junit.xml'}",
                f"--timeout={cell.test_timeout_seconds}", "-rA"]
     if cell.reruns:
@@ -222,7 +262,8 @@ def pytest_environment(cell: Cell, gpus: list, import_path: Path | None = None) 
     environ = dict(os.environ)
     if import_path is not None:
         environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(import_path), environ.get("PYTHONPATH")]))
-    environ.update(HARNESS_CELL_ID=cell.id, PYTHONUNBUFFERED="1")
+    # No bytecode written: a cached environment stays as built, so its manifest check passes next time.
+    environ.update(HARNESS_CELL_ID=cell.id, PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
     if cell.is_cpu:
         environ["HARNESS_CPU_RANKS"] = str(cell.gpus)
         environ["CUDA_VISIBLE_DEVICES"] = ""  # a cpu cell means gloo, even on a GPU machine
@@ -237,24 +278,37 @@ def run_pytest(cell: Cell, python: Path, folder: Path, gpus: list, pytest_args: 
                log: Callable[[str], None], *, project: Path, import_path: Path | None = None,
                echo: Callable[[bytes], None] | None = None) -> tuple[int | None, bool]:
     """Runs the suite from the project root, streaming its output as it comes to pytest.log and the
-    terminal. Returns (exit code, timed out)."""
+    terminal. Returns (exit code, timed out).
+
+    Every process of the cell carries a token in its environment and writes temporary files under a folder
+    of its own; on every way out, whatever still carries the token is killed and the folder removed."""
     command = pytest_command(cell, python, folder, pytest_args)
     log("   " + shlex.join(command))
-    with (folder / "pytest.log").open("wb") as pytest_log:
-        process = subprocess.Popen(command, cwd=project, env=pytest_environment(cell, gpus, import_path),
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   start_new_session=True)  # its own group, so a timeout kills every rank
-        reader = threading.Thread(target=stream_output, args=(process.stdout, pytest_log, echo or echo_terminal),
-                                  daemon=True)
-        reader.start()
-        timed_out = False
-        try:
-            process.wait(timeout=cell.timeout_minutes * 60)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _stop_group(process)
-        _kill_leftovers(process)
-        reader.join(timeout=10)
+    token = uuid.uuid4().hex
+    temporary = tempfile.mkdtemp(prefix="harness-cell-")
+    environ = {**pytest_environment(cell, gpus, import_path), CELL_TOKEN_ENV: token, "TMPDIR": temporary}
+    try:
+        with (folder / "pytest.log").open("wb") as pytest_log:
+            process = subprocess.Popen(command, cwd=project, env=environ,
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                       start_new_session=True)  # its own group, so a timeout kills every rank
+            reader = threading.Thread(target=stream_output,
+                                      args=(process.stdout, pytest_log, echo or echo_terminal), daemon=True)
+            reader.start()
+            timed_out = False
+            try:
+                process.wait(timeout=cell.timeout_minutes * 60)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _stop_group(process)
+            except Interrupted:
+                _stop_group(process, interrupt_grace=STOP_GRACE_SECONDS)
+                raise
+            finally:
+                _kill_leftovers(process, token)
+                reader.join(timeout=10)
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
     return process.returncode, timed_out
 
 
@@ -308,6 +362,24 @@ def print_where(results_root: Path) -> None:
     print(f"render:  harness report {shlex.quote(str(results_root))} --format html -o harness-report.html")
 
 
+def start_record(cell: Cell, host: Host, gpus: list, started: float, *, project: Path, reproduce: str) -> dict:
+    """env.json as a cell starts (status errored until it says otherwise); its keys are EnvRecord's."""
+    record = EnvRecord(
+        cell=cell.to_json(),
+        versions={"python": None, "torch": None, "transformers": None, "accelerate": None, "cuda": None,
+                  "harness": __version__},
+        gpus=[gpu.to_json() for gpu in gpus], driver=host.driver, host=socket.gethostname(),
+        runner=os.environ.get("RUNNER_NAME"), git_sha=git_sha(project), git_dirty=git_dirty(project),
+        trigger_sha=os.environ.get("GITHUB_SHA") or None, start=iso(started), reproduce=reproduce,
+    )
+    return record.to_json()
+
+
+def write_env_json(folder: Path, record: dict) -> None:
+    # Through the frozen record: a key the contract does not name fails here, not in a later report.
+    (folder / ENV_JSON).write_text(json.dumps(EnvRecord(**record).to_json(), indent=2) + "\n")
+
+
 def reproduce_command(cell: Cell, matrix_reference: str, pytest_args: list[str]) -> str:
     """What reruns this cell alone, from the project root: the matrix as it was named, and pytest's arguments."""
     matrix = f"--matrix {shlex.quote(matrix_reference)} " if matrix_reference != "local" else ""
@@ -316,9 +388,10 @@ def reproduce_command(cell: Cell, matrix_reference: str, pytest_args: list[str])
 
 
 def git_sha(project: Path) -> str | None:
-    """The commit checked out in the tested repository. GITHUB_SHA only where git cannot tell: on an
-    issue_comment run it is the default branch's commit, not the approved head a cell checked out."""
-    return (git(project, "rev-parse", "HEAD") or "").strip() or os.environ.get("GITHUB_SHA") or None
+    """The commit checked out in the tested repository: what ran. ($GITHUB_SHA is the commit the workflow was
+    started for, which for an issue_comment run is the default branch's head, not the pull request's; it is
+    recorded apart as trigger_sha.)"""
+    return (git(project, "rev-parse", "HEAD") or "").strip() or None
 
 
 def git_dirty(project: Path) -> bool | None:
@@ -397,15 +470,20 @@ def echo_terminal(chunk: bytes) -> None:
     buffer.flush()
 
 
-def _kill_leftovers(process: subprocess.Popen) -> None:
-    """Ranks orphaned by a crashed pytest still hold GPUs; no process of the cell outlives it."""
+def _kill_leftovers(process: subprocess.Popen, token: str) -> None:
+    """Ranks orphaned by a crashed pytest still hold GPUs; no process of the cell outlives it. Ranks lead
+    process groups of their own, so the token finds them, not pytest's group."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
+    kill_cell_processes(token)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=10)
 
 
-def _stop_group(process: subprocess.Popen) -> None:
+def _stop_group(process: subprocess.Popen, interrupt_grace: float | None = None) -> None:
     """SIGINT first so pytest still writes junit.xml, then SIGKILL for every process in the group."""
-    for sig, grace in ((signal.SIGINT, INTERRUPT_GRACE_SECONDS), (signal.SIGKILL, 10)):
+    interrupt_grace = INTERRUPT_GRACE_SECONDS if interrupt_grace is None else interrupt_grace
+    for sig, grace in ((signal.SIGINT, interrupt_grace), (signal.SIGKILL, 10)):
         try:
             os.killpg(process.pid, sig)
         except ProcessLookupError:

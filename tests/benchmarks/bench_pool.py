@@ -2,11 +2,11 @@
 
     python tests/benchmarks/bench_pool.py OUT.json [--modes off,on] [-- EXTRA PYTEST ARGS]
 
-Each mode is one `python -m pytest tests/gpu -p harness.rank_pool -q -p no:cacheprovider` process, timed
+Each mode is one `python -m pytest tests/gpu -p harness.ranks.plugin -q -p no:cacheprovider` process, timed
 from start to exit (interpreter start, collection and the tests that run without ranks included), under
 the caller's environment (CUDA_VISIBLE_DEVICES, NCCL_*, HARNESS_CPU_RANKS pass through unchanged):
 
-- off:   HARNESS_RANKS_POOL=0, every ranks.run spawns its ranks (harness.distributed.run_distributed)
+- off:   HARNESS_RANKS_POOL=0, every ranks.run spawns its ranks (harness.ranks.spawn.run_distributed)
 - on:    the pool, ranks forked from the zygote
 - spawn: the pool, ranks spawned (only with --modes ...,spawn)
 
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-SUITE_COMMAND = ["-m", "pytest", "tests/gpu", "-p", "harness.rank_pool", "-q", "-p", "no:cacheprovider"]
+SUITE_COMMAND = ["-m", "pytest", "tests/gpu", "-p", "harness.ranks.plugin", "-q", "-p", "no:cacheprovider"]
 MODES = {"off": "0", "on": "1", "spawn": "spawn"}
 GOALS = {"speedup": 5.0, "wall_over_work": 1.5}
 OUTCOME = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|rerun|warnings?)\b")

@@ -20,42 +20,66 @@ def routing_differs_message(layer: int, differing: int, total: int) -> str:
 
 @dataclass(frozen=True)
 class LayerRouting:
-    """One MoE layer's decision for a set of tokens: router logits [tokens, experts] and chosen experts."""
+    """One MoE layer's decision for a set of tokens, as its router returned it: router logits [tokens,
+    experts], chosen experts [tokens, top_k] and their routing weights [tokens, top_k]."""
 
     logits: torch.Tensor
-    experts: torch.Tensor  # [tokens, top_k]
+    experts: torch.Tensor
+    weights: torch.Tensor | None = None
 
     @property
     def margin(self) -> float:
-        """Smallest gap between a token's k-th chosen score and the best score it did not choose."""
-        top_k = self.experts.shape[-1]
-        scores = self.logits.float().topk(top_k + 1, dim=-1).values
-        return (scores[:, top_k - 1] - scores[:, top_k]).min().item()
+        """Smallest gap between a token's lowest chosen logit and its highest logit not chosen."""
+        logits = self.logits.float()
+        chosen = torch.zeros_like(logits, dtype=torch.bool).scatter(1, self.experts.long(), True)
+        lowest_chosen = logits.masked_fill(~chosen, float("inf")).amin(dim=-1)
+        highest_other = logits.masked_fill(chosen, float("-inf")).amax(dim=-1)
+        return (lowest_chosen - highest_other).min().item()
 
     @property
     def top_weight_range(self) -> tuple[float, float]:
-        """Smallest and largest routing weight of a token's first expert (softmax over all experts)."""
-        top = self.logits.float().softmax(dim=-1).amax(dim=-1)
+        """Smallest and largest routing weight of a token's first expert, as the router returned it."""
+        top = self.weights.float().amax(dim=-1)
         return top.min().item(), top.max().item()
+
+    def rows(self, tokens: slice) -> LayerRouting:
+        weights = None if self.weights is None else self.weights[tokens]
+        return LayerRouting(self.logits[tokens], self.experts[tokens], weights)
 
 
 def check_routing(sharded: Sequence[LayerRouting], whole: Sequence[LayerRouting]) -> None:
-    """Every token goes to the same set of experts in every layer."""
+    """Every token goes to the same set of experts in every layer (and there are MoE layers to compare)."""
+    if not whole or not sharded:
+        raise AssertionError(
+            f"routing not recorded: the sharded model routed in {len(sharded)} MoE layers, "
+            f"the whole model in {len(whole)} (the recorder found no router to hook)"
+        )
     if len(sharded) != len(whole):
-        raise AssertionError(f"routing differs: the sharded model routed in {len(sharded)} MoE layers, "
-                             f"the whole model in {len(whole)}")
+        raise AssertionError(
+            f"routing differs: the sharded model routed in {len(sharded)} MoE layers, the whole model in {len(whole)}"
+        )
     for layer, (mine, theirs) in enumerate(zip(sharded, whole, strict=True)):
         if mine.experts.shape != theirs.experts.shape:
-            raise AssertionError(f"routing differs: layer {layer} routed {tuple(mine.experts.shape)} tokens x "
-                                 f"experts, the whole model {tuple(theirs.experts.shape)}")
+            raise AssertionError(
+                f"routing differs: layer {layer} routed {tuple(mine.experts.shape)} tokens x "
+                f"experts, the whole model {tuple(theirs.experts.shape)}"
+            )
         same = (mine.experts.sort(dim=-1).values == theirs.experts.sort(dim=-1).values).all(dim=-1)
         differing = int((~same).sum())
         if differing:
             raise AssertionError(routing_differs_message(layer, differing, same.numel()))
 
 
-def check_tensors_close(name: str, actual: torch.Tensor, expected: torch.Tensor, *, atol: float,
-                        rtol: float) -> float:
+def largest_difference(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |actual - expected| (inf when the shapes differ, NaN when a value is NaN)."""
+    if actual.shape != expected.shape:
+        return math.inf
+    if actual.numel() == 0:
+        return 0.0
+    return (actual.float() - expected.float()).abs().max().item()
+
+
+def check_tensors_close(name: str, actual: torch.Tensor, expected: torch.Tensor, *, atol: float, rtol: float) -> float:
     """Element-wise |actual - expected| <= atol + rtol * |expected|; returns the largest |difference|."""
     if actual.shape != expected.shape:
         raise AssertionError(f"{name} differ: shape {tuple(actual.shape)}, whole model {tuple(expected.shape)}")
@@ -65,8 +89,10 @@ def check_tensors_close(name: str, actual: torch.Tensor, expected: torch.Tensor,
     worst = difference.max().item()
     if not bool((difference <= allowed).all()):
         outside = int((difference > allowed).sum())
-        raise AssertionError(f"{name} differ from the whole model's: {outside} of {difference.numel()} values "
-                             f"outside atol={atol:g} + rtol={rtol:g}; largest difference {worst:.3g}")
+        raise AssertionError(
+            f"{name} differ from the whole model's: {outside} of {difference.numel()} values "
+            f"outside atol={atol:g} + rtol={rtol:g}; largest difference {worst:.3g}"
+        )
     return worst
 
 
@@ -80,8 +106,9 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return difference / scale
 
 
-def gradient_errors(sharded: Mapping[str, torch.Tensor | None],
-                    whole: Mapping[str, torch.Tensor | None]) -> dict[str, float]:
+def gradient_errors(
+    sharded: Mapping[str, torch.Tensor | None], whole: Mapping[str, torch.Tensor | None]
+) -> dict[str, float]:
     """Relative error of every parameter's gradient; inf where one side has a gradient and the other not."""
     if sharded.keys() != whole.keys():
         missing = sorted(whole.keys() - sharded.keys())
@@ -95,8 +122,9 @@ def gradient_errors(sharded: Mapping[str, torch.Tensor | None],
         elif actual is None or expected is None:
             errors[name] = math.inf
         elif actual.shape != expected.shape:
-            raise AssertionError(f"gradient of {name} has shape {tuple(actual.shape)}, "
-                                 f"the whole model's {tuple(expected.shape)}")
+            raise AssertionError(
+                f"gradient of {name} has shape {tuple(actual.shape)}, the whole model's {tuple(expected.shape)}"
+            )
         else:
             errors[name] = relative_error(actual, expected)
     return errors
@@ -115,8 +143,12 @@ def gradient_scale(actual: torch.Tensor, expected: torch.Tensor) -> float | None
     return scale if remainder < 0.1 * difference else None
 
 
-def gradient_notes(sharded: Mapping[str, torch.Tensor | None], whole: Mapping[str, torch.Tensor | None],
-                   errors: Mapping[str, float], bound: float) -> dict[str, str]:
+def gradient_notes(
+    sharded: Mapping[str, torch.Tensor | None],
+    whole: Mapping[str, torch.Tensor | None],
+    errors: Mapping[str, float],
+    bound: float,
+) -> dict[str, str]:
     """What each gradient over the bound looks like, where it has a simple shape: missing, not finite, or
     the whole model's times a factor."""
     notes = {}
@@ -139,15 +171,17 @@ def check_gradients(errors: Mapping[str, float], bound: float, notes: Mapping[st
     notes = notes or {}
     over = sorted(((error, name) for name, error in errors.items() if not error <= bound), reverse=True)
     if over:
-        listed = "; ".join(f"{name} {error:.3g}" + (f" ({notes[name]})" if name in notes else "")
-                           for error, name in over[:5])
+        listed = "; ".join(
+            f"{name} {error:.3g}" + (f" ({notes[name]})" if name in notes else "") for error, name in over[:5]
+        )
         more = f"; and {len(over) - 5} more" if len(over) > 5 else ""
-        raise AssertionError(f"gradients differ from the whole model's: {len(over)} of {len(errors)} parameters "
-                             f"exceed relative error {bound:g}: {listed}{more}")
+        raise AssertionError(
+            f"gradients differ from the whole model's: {len(over)} of {len(errors)} parameters "
+            f"exceed relative error {bound:g}: {listed}{more}"
+        )
 
 
-def differing_experts(local: torch.Tensor, expected: torch.Tensor,
-                      first_expert: int) -> list[tuple[int, float, float]]:
+def differing_experts(local: torch.Tensor, expected: torch.Tensor, first_expert: int) -> list[tuple[int, float, float]]:
     """(global expert id, largest |difference|, largest |weight|) for each expert of a local stack that
     differs from the whole model's."""
     found = []
@@ -158,11 +192,15 @@ def differing_experts(local: torch.Tensor, expected: torch.Tensor,
     return found
 
 
-def expert_shard_message(rank: int, name: str, first: int, count: int,
-                         differing: list[tuple[int, float, float]]) -> str:
+def expert_shard_message(
+    rank: int, name: str, first: int, count: int, differing: list[tuple[int, float, float]]
+) -> str:
     """Names the rank, the parameter, the experts it holds and those that differ (by how much, next to the
     expert's largest weight: a rounding difference is a fraction of a percent, a corruption is not)."""
-    listed = ", ".join(f"expert {expert} (largest difference {difference:.3g}, largest weight {largest:.3g})"
-                       for expert, difference, largest in differing)
-    return (f"rank {rank} holds experts {first}..{first + count - 1} of {name}, and {listed} "
-            f"differ from the whole model's")
+    listed = ", ".join(
+        f"expert {expert} (largest difference {difference:.3g}, largest weight {largest:.3g})"
+        for expert, difference, largest in differing
+    )
+    return (
+        f"rank {rank} holds experts {first}..{first + count - 1} of {name}, and {listed} differ from the whole model's"
+    )

@@ -1,9 +1,11 @@
-"""The suite's fixtures: the plugin that runs ranks (harness/pytest_plugin.py) and the tiny checkpoints."""
+"""The suite's fixtures: the plugin that runs ranks (harness/ranks/plugin.py), the tiny checkpoints of every
+family, the case runner, known upstream bugs and EP coverage."""
 
 from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,46 +18,102 @@ if str(SUITE_DIR) not in sys.path:
 # Everything is built locally; never reach for the Hub, in this process or the ranks it starts.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-# The ranks fixture, then the persistent rank pool that replaces its per-test spawn
-# (HARNESS_RANKS_POOL=0 turns the pool off).
-PLUGINS = ("harness.pytest_plugin", "harness.rank_pool")
+# The ranks fixture and its rank pool (HARNESS_RANKS_POOL=0 turns the pool off). An installed harness
+# registers the plugin through its pytest11 entry point, `harness run` with `-p`; this covers a checkout
+# on PYTHONPATH alone (where its options, such as --no-ranks-pool, arrive too late to be parsed).
+PLUGIN = "harness.ranks.plugin"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # `-p harness.pytest_plugin` may have registered them already; they register under the same names.
-    for plugin in PLUGINS:
-        if not config.pluginmanager.has_plugin(plugin):
-            config.pluginmanager.import_plugin(plugin)
+    if not config.pluginmanager.has_plugin(PLUGIN):
+        config.pluginmanager.import_plugin(PLUGIN)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A strict xfail from the known-bugs table that passed: say what to do about it."""
+    import known_bugs
+
+    report = yield
+    longrepr = str(report.longrepr) if report.failed else ""
+    if longrepr.startswith("[XPASS(strict)] " + known_bugs.REASON_PREFIX):
+        reason = longrepr.removeprefix("[XPASS(strict)] ")
+        report.longrepr = f"[XPASS(strict)] {known_bugs.FIXED_MESSAGE} in tests/gpu/known_bugs.py: {reason}"
+    return report
+
+
+@pytest.fixture(scope="session", autouse=True)
+def ep_coverage(record_testsuite_property) -> dict[str, str]:
+    """EP families the installed transformers declares, and those the suite covers (testsuite properties)."""
+    import ep_coverage
+
+    properties = ep_coverage.suite_properties()
+    for name, value in properties.items():
+        record_testsuite_property(name, value)
+    return properties
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    family: str  # a key of families.FAMILIES
+    path: str
 
 
 @pytest.fixture(scope="session")
-def moe_checkpoint(tmp_path_factory) -> str:
+def checkpoints(tmp_path_factory):
+    """Each family's tiny checkpoint, built the first time a test asks for it."""
+    import families
     import tiny_models
 
-    return str(tiny_models.build_moe(tmp_path_factory.mktemp("qwen3-moe")))
+    built: dict[str, Checkpoint] = {}
 
+    def get(model_type: str) -> Checkpoint:
+        if model_type not in built:
+            path = tiny_models.build_checkpoint(families.family(model_type), tmp_path_factory.mktemp(model_type))
+            built[model_type] = Checkpoint(model_type, str(path))
+        return built[model_type]
 
-@pytest.fixture(scope="session")
-def dense_checkpoint(tmp_path_factory) -> str:
-    import tiny_models
-
-    return str(tiny_models.build_dense(tmp_path_factory.mktemp("qwen3")))
+    return get
 
 
 @pytest.fixture
-def run_case(ranks):
-    """Run a `rank_cases.Case` on N ranks, record its metrics as JUnit properties, and return them.
+def checkpoint(request, checkpoints) -> Checkpoint:
+    """Parametrize indirectly with a family's model_type: `parametrize("checkpoint", [...], indirect=True)`."""
+    return checkpoints(request.param)
 
-    Skips with `needs transformers>=X for ...` below the release that introduced the case's layout.
+
+@pytest.fixture
+def run_case(request, ranks, tmp_path):
+    """Run a `rank_cases.Case` for a checkpoint's family on N ranks, record its metrics as JUnit properties
+    (a failing case's too, before the failure propagates), and return them.
+
+    Skips with `needs transformers>=X for ...` below the release that introduced the case's layout or the
+    family's EP plan; marks a case the known-bugs table covers as a strict xfail with its reason.
     """
+    import families
+    import known_bugs
     import rank_cases
     import tf_adapter
 
-    def run(world_size: int, checkpoint: str, case) -> dict:
-        reason = tf_adapter.missing_feature(case.layout)
+    def run(world_size: int, checkpoint: Checkpoint, layout: str, checks: tuple[str, ...], **options) -> dict:
+        case = rank_cases.Case(checkpoint.family, layout, checks, **options)
+        reason = tf_adapter.missing_feature(layout, families.family(case.family), case.experts_implementation)
         if reason is not None:
             pytest.skip(reason)
-        metrics = rank_cases.summarize(ranks.run(world_size, rank_cases.run_case, checkpoint, case))
+        bug = known_bugs.known_bug(case)
+        if bug is not None:
+            request.applymarker(pytest.mark.xfail(strict=True, reason=bug.reason))
+        metrics_dir = tmp_path / f"metrics-{len(list(tmp_path.glob('metrics-*')))}"
+        metrics_dir.mkdir()
+        try:
+            metrics = rank_cases.summarize(
+                ranks.run(world_size, rank_cases.run_case, checkpoint.path, case, str(metrics_dir))
+            )
+        except BaseException:
+            measured = rank_cases.read_metrics(str(metrics_dir))
+            if measured:
+                ranks.record(**rank_cases.summarize(measured))
+            raise
         ranks.record(**metrics)
         return metrics
 

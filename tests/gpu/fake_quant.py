@@ -140,8 +140,14 @@ class FakeQuantizer:
             local = weight.to_local()
             quantized = quantize(local, self.recipe, self.scale_scope)
             self.quantized[(module_name, param_name)] = quantized.detach()
-            return DTensor.from_local(straight_through(local, quantized), weight.device_mesh, weight.placements,
-                                      run_check=False, shape=weight.shape, stride=weight.stride())
+            return DTensor.from_local(
+                straight_through(local, quantized),
+                weight.device_mesh,
+                weight.placements,
+                run_check=False,
+                shape=weight.shape,
+                stride=weight.stride(),
+            )
         quantized = quantize(weight, self.recipe, self.scale_scope)
         self.quantized[(module_name, param_name)] = quantized.detach()
         return straight_through(weight, quantized)

@@ -10,16 +10,21 @@ plain picklable data, so a persistent rank pool can run it as well as a fresh sp
    (routing is checked in every training step of the MoE, before its gradients).
 
 It returns the case's metrics (largest gradient error, its bound, smallest routing margin, ...), which
-the tests record as JUnit properties.
+the tests record as JUnit properties. Each rank also writes them to `metrics_dir` on every exit path, so a
+failing check's measurements (the worst case of all) still reach the report.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import checks
 import fake_quant
+import families
+import routing
 import tf_adapter
 import tiny_models
 import tolerances
@@ -33,20 +38,23 @@ DTYPES = ("float32", "bfloat16")
 # in the order they run; "quantized" (the sharded model computed with the whole model's quantized weights)
 # needs a `quant` recipe, and runs in the training step before routing and gradients
 CHECKS = ("load", "logits", "quantized", "gradients")
-BUGS = ("perturb_expert", "perturb_router")
-EXPERT_STACKS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+# deliberate bugs, planted on the last rank after loading: see plant_bug
+BUGS = ("perturb_expert", "perturb_router", "perturb_expert_bias", "perturb_correction_bias")
 
 
 @dataclass(frozen=True)
 class Case:
+    family: str  # a key of families.FAMILIES
     layout: str  # a key of tf_adapter.LAYOUTS
     checks: tuple[str, ...]
     dtype: str = "float32"
+    experts_implementation: str | None = None  # transformers' experts_implementation (MoE families)
     quant: str | None = None  # a fake_quant recipe, applied in the gradient check
     quant_scope: str = "per_expert"  # how the sharded model computes its nvfp4 global scale
     bug: str | None = None  # a defect planted on the last rank after loading (deliberate-bug tests)
 
     def __post_init__(self):
+        families.family(self.family)  # raises naming the known families
         if self.layout not in tf_adapter.LAYOUTS:
             raise ValueError(f"unknown layout {self.layout!r}; known: {sorted(tf_adapter.LAYOUTS)}")
         if unknown := set(self.checks) - set(CHECKS):
@@ -57,26 +65,53 @@ class Case:
             raise ValueError(f"unknown bug {self.bug!r}; known: {BUGS}")
 
 
-def run_case(checkpoint: str, case: Case) -> dict:
+def run_case(checkpoint: str, case: Case, metrics_dir: str | None = None) -> dict:
+    rank = dist.get_rank()
+    metrics = {
+        "family": case.family,
+        "layout": case.layout,
+        "dtype": case.dtype,
+        "experts_implementation": case.experts_implementation or "default",
+    }
+    try:
+        _run_checks(checkpoint, case, metrics)
+    finally:
+        if metrics_dir is not None:
+            Path(metrics_dir, f"rank{rank}.json").write_text(json.dumps(metrics))
+    return metrics
+
+
+def read_metrics(metrics_dir: str) -> list[dict]:
+    """What each rank wrote to `metrics_dir` (those that got as far as writing), in rank order."""
+    paths = sorted(Path(metrics_dir).glob("rank*.json"), key=lambda path: int(path.stem[4:]))
+    return [json.loads(path.read_text()) for path in paths]
+
+
+def _run_checks(checkpoint: str, case: Case, metrics: dict) -> None:
+    """The case's checks in order; each adds what it measured to `metrics` before it can raise."""
     from transformers.utils import logging
 
     logging.disable_progress_bar()
     rank, world_size = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        # float32 means float32: TF32 matmuls would put 1e-3 of noise under a 1e-6 bound
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     dtype = getattr(torch, case.dtype)
     layout = tf_adapter.LAYOUTS[case.layout]
+    family = families.family(case.family)
 
-    whole = tf_adapter.load_whole(checkpoint, dtype, device)
+    whole = tf_adapter.load_whole(checkpoint, dtype, device, case.experts_implementation)
     if case.layout == "fully_shard":
         sharded = fully_shard_model(tf_adapter.load_whole(checkpoint, dtype, device), world_size, device)
     else:
-        sharded = tf_adapter.load_sharded(checkpoint, case.layout, world_size, dtype)
+        sharded = tf_adapter.load_sharded(checkpoint, case.layout, world_size, dtype, case.experts_implementation)
     if case.bug is not None and rank == world_size - 1:
-        plant_bug(sharded, case.bug)
+        plant_bug(sharded, family, case.bug)
 
-    metrics = {"dtype": case.dtype}
     if "load" in case.checks:
-        check_load(sharded, whole, layout, rank, world_size)
+        check_load(sharded, whole, family, layout, rank, world_size)
     batch = tiny_models.make_batch().to(device)
     rows = batch_rows(layout, rank, world_size)
     if "logits" in case.checks:
@@ -84,11 +119,11 @@ def run_case(checkpoint: str, case: Case) -> dict:
             sharded_logits = full(sharded(batch[rows]).logits)
             whole_logits = whole(batch).logits[rows]
         bound = tolerances.logits_tolerance(case.dtype)
-        metrics["max_logits_difference"] = checks.check_tensors_close("logits", sharded_logits, whole_logits, **bound)
+        metrics["max_logits_difference"] = checks.largest_difference(sharded_logits, whole_logits)
         metrics.update({f"logits_{name}": value for name, value in bound.items()})  # the bound, beside it
+        checks.check_tensors_close("logits", sharded_logits, whole_logits, **bound)
     if "quantized" in case.checks or "gradients" in case.checks:
-        metrics.update(compare_training_step(sharded, whole, case, layout, batch, rank, world_size))
-    return metrics
+        compare_training_step(sharded, whole, family, case, layout, batch, rank, world_size, metrics)
 
 
 def fully_shard_model(model, world_size: int, device: torch.device):
@@ -123,31 +158,30 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-def is_expert_stack(name: str) -> bool:
-    return name.endswith(EXPERT_STACKS)
-
-
 def expert_share(stack: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     """The contiguous 1/world of an expert stack that expert parallelism gives `rank`."""
     count = stack.shape[0] // world_size
-    return stack[rank * count:(rank + 1) * count]
+    return stack[rank * count : (rank + 1) * count]
 
 
 # ---------------------------------------------------------------- load
 
 
-def check_load(sharded, whole, layout: tf_adapter.Layout, rank: int, world_size: int) -> None:
-    """Each rank holds its share (a contiguous 1/world of the experts; its FSDP chunk), the rest whole."""
+def check_load(sharded, whole, family: families.Family, layout: tf_adapter.Layout, rank: int, world_size: int) -> None:
+    """Each rank holds its share (a contiguous 1/world of the experts; its FSDP chunk), the rest whole:
+    parameters (weights and biases) and buffers (a router's correction bias, say)."""
     whole_params = dict(whole.named_parameters())
     sharded_params = dict(sharded.named_parameters())
     if sharded_params.keys() != whole_params.keys():
-        raise AssertionError(f"the sharded model's parameters differ from the whole model's: missing "
-                             f"{sorted(whole_params.keys() - sharded_params.keys())}, extra "
-                             f"{sorted(sharded_params.keys() - whole_params.keys())}")
+        raise AssertionError(
+            f"the sharded model's parameters differ from the whole model's: missing "
+            f"{sorted(whole_params.keys() - sharded_params.keys())}, extra "
+            f"{sorted(sharded_params.keys() - whole_params.keys())}"
+        )
     problems = []
     for name, param in sharded_params.items():
         expected = whole_params[name].detach()
-        if layout.experts_sharded and is_expert_stack(name):
+        if layout.experts_sharded and family.is_expert_stack(name):
             # Expert shares are disjoint and cover every expert, so the local check on each rank is the
             # complete check, and it names the rank and the expert.
             problems += _expert_share_problems(name, local(param).detach(), expected, rank, world_size)
@@ -156,24 +190,48 @@ def check_load(sharded, whole, layout: tf_adapter.Layout, rank: int, world_size:
             chunks = expected.chunk(world_size, dim=0)
             expected_chunk = chunks[rank] if rank < len(chunks) else expected[:0]
             if not torch.equal(local(param).detach(), expected_chunk):
-                problems.append(f"rank {rank}'s FSDP shard of {name} is not rows {rank}/{world_size} of the "
-                                f"whole model's")
+                problems.append(
+                    f"rank {rank}'s FSDP shard of {name} is not rows {rank}/{world_size} of the whole model's"
+                )
         gathered = full(param.detach())
         if gathered.shape != expected.shape or not torch.equal(gathered, expected):
-            problems.append(f"{name} differs from the whole model's after loading "
-                            f"(largest difference {_largest_difference(gathered, expected)})")
+            problems.append(
+                f"rank {rank}'s {name} differs from the whole model's after loading "
+                f"(largest difference {_largest_difference(gathered, expected)})"
+            )
+    problems += _buffer_problems(sharded, whole, rank)
     if problems:
         raise AssertionError("load: " + "; ".join(problems))
 
 
-def _expert_share_problems(name: str, local_stack: torch.Tensor, expected: torch.Tensor, rank: int,
-                           world_size: int) -> list[str]:
+def _buffer_problems(sharded, whole, rank: int) -> list[str]:
+    whole_buffers = dict(whole.named_buffers())
+    problems = []
+    for name, buffer in sharded.named_buffers():
+        expected = whole_buffers.get(name)
+        if expected is None:
+            problems.append(f"rank {rank}'s sharded model has a buffer {name} the whole model has not")
+            continue
+        mine = full(buffer)
+        if mine.shape != expected.shape or not torch.equal(mine, expected):
+            problems.append(
+                f"rank {rank}'s buffer {name} differs from the whole model's after loading "
+                f"(largest difference {_largest_difference(mine, expected)})"
+            )
+    return problems
+
+
+def _expert_share_problems(
+    name: str, local_stack: torch.Tensor, expected: torch.Tensor, rank: int, world_size: int
+) -> list[str]:
     num_experts = expected.shape[0]
     count = num_experts // world_size
     first = rank * count
     if local_stack.shape[0] != count:
-        return [f"rank {rank} holds {local_stack.shape[0]} experts of {name}, expected {count} "
-                f"(1/{world_size} of {num_experts})"]
+        return [
+            f"rank {rank} holds {local_stack.shape[0]} experts of {name}, expected {count} "
+            f"(1/{world_size} of {num_experts})"
+        ]
     differing = checks.differing_experts(local_stack, expert_share(expected, rank, world_size), first)
     return [checks.expert_shard_message(rank, name, first, count, differing)] if differing else []
 
@@ -187,71 +245,58 @@ def _largest_difference(actual: torch.Tensor, expected: torch.Tensor) -> str:
 # ---------------------------------------------------------------- training step
 
 
-class RoutingRecorder:
-    """Records each MoE layer's routing, recomputed from the router's input and weight.
-
-    Recomputing (instead of reading the router's output) sees the decision before any expert-parallel
-    style rewrites the router's output into rank-local expert ids.
-    """
-
-    def __init__(self, model):
-        self.layers: list[checks.LayerRouting] = []
-        self._handles = [module.register_forward_pre_hook(self._record)
-                         for name, module in model.named_modules()
-                         if name.endswith("mlp.gate") and hasattr(module, "top_k")]
-
-    def _record(self, module, args):
-        with torch.no_grad():
-            hidden = full(args[0])
-            logits = F.linear(hidden.reshape(-1, hidden.shape[-1]), full(module.weight)).float()
-            experts = logits.topk(module.top_k, dim=-1).indices
-        self.layers.append(checks.LayerRouting(logits.cpu(), experts.cpu()))
-
-    def rows(self, tokens: slice) -> list[checks.LayerRouting]:
-        return [checks.LayerRouting(layer.logits[tokens], layer.experts[tokens]) for layer in self.layers]
-
-
 def next_token_loss(logits: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), batch[:, 1:].flatten())
 
 
-def compare_training_step(sharded, whole, case: Case, layout: tf_adapter.Layout, batch: torch.Tensor,
-                          rank: int, world_size: int) -> dict:
-    is_moe = any(is_expert_stack(name) for name, _ in whole.named_parameters())
+def compare_training_step(
+    sharded,
+    whole,
+    family: families.Family,
+    case: Case,
+    layout: tf_adapter.Layout,
+    batch: torch.Tensor,
+    rank: int,
+    world_size: int,
+    metrics: dict,
+) -> None:
     if case.quant is not None:
         whole_quantizer = fake_quant.FakeQuantizer(case.quant, "per_expert")
         sharded_quantizer = fake_quant.FakeQuantizer(case.quant, case.quant_scope)
-        attach = fake_quant.attach_to_experts if is_moe else fake_quant.attach_to_dense_mlps
+        attach = fake_quant.attach_to_experts if family.is_moe else fake_quant.attach_to_dense_mlps
         if not attach(whole, whole_quantizer) or not attach(sharded, sharded_quantizer):
             raise AssertionError(f"found no weights to fake-quantize in {type(whole).__name__}")
-    whole_routing, sharded_routing = RoutingRecorder(whole), RoutingRecorder(sharded)
+    if family.is_moe:
+        whole_routing = routing.RoutingRecorder(whole, family)
+        sharded_routing = routing.RoutingRecorder(sharded, family)
     whole.train()
     sharded.train()
 
     rows = batch_rows(layout, rank, world_size)
     whole_logits = whole(batch).logits
     # The reference loss is averaged the way the ranks' losses are: over the ranks' shares of the batch.
-    shares = [batch_rows(layout, other, world_size) for other in range(world_size)] if layout.splits_batch \
-        else [slice(None)]
+    shares = (
+        [batch_rows(layout, other, world_size) for other in range(world_size)] if layout.splits_batch else [slice(None)]
+    )
     whole_loss = sum(next_token_loss(whole_logits[share], batch[share]) for share in shares) / len(shares)
     sharded_loss = next_token_loss(full(sharded(batch[rows]).logits), batch[rows])
 
-    metrics = {}
     if "quantized" in case.checks:
-        check_quantized_weights(sharded_quantizer, whole_quantizer, layout, rank, world_size)
-    if is_moe:
+        check_quantized_weights(sharded_quantizer, whole_quantizer, family, layout, rank, world_size)
+    if family.is_moe:
         # Routing first: a flipped route shows as a large gradient error, but the route is the cause.
         tokens = _token_rows(rows, batch.shape[1])
+        if sharded_routing.layers:
+            metrics["min_routing_margin"] = min(layer.margin for layer in sharded_routing.layers)
         checks.check_routing(sharded_routing.layers, whole_routing.rows(tokens))
-        metrics["min_routing_margin"] = min(layer.margin for layer in sharded_routing.layers)
     if "gradients" not in case.checks:
-        return metrics
+        return
 
     whole_loss.backward()
     sharded_loss.backward()
     sharded_grads, whole_grads = {}, {}
     for (name, mine), (_, theirs) in zip(sharded.named_parameters(), whole.named_parameters(), strict=True):
-        if layout.experts_sharded and is_expert_stack(name):
+        if layout.experts_sharded and family.is_expert_stack(name):
             # Each rank compares the gradients of its own experts (some releases keep them as plain local
             # tensors, with nothing to gather); the ranks' shares together cover every expert.
             sharded_grads[name] = None if mine.grad is None else local(mine.grad)
@@ -261,14 +306,9 @@ def compare_training_step(sharded, whole, case: Case, layout: tf_adapter.Layout,
             whole_grads[name] = theirs.grad
     errors = checks.gradient_errors(sharded_grads, whole_grads)
     worst = max(errors, key=lambda name: math.inf if math.isnan(errors[name]) else errors[name])
-    metrics.update({
-        "max_rel_grad_error": errors[worst],
-        "max_rel_grad_error_param": worst,
-        "grad_error_bound": tolerances.GRAD_REL_ERROR_BOUND,
-    })
-    bound = tolerances.GRAD_REL_ERROR_BOUND
+    bound = tolerances.grad_error_bound(case.dtype)
+    metrics.update({"max_rel_grad_error": errors[worst], "max_rel_grad_error_param": worst, "grad_error_bound": bound})
     checks.check_gradients(errors, bound, checks.gradient_notes(sharded_grads, whole_grads, errors, bound))
-    return metrics
 
 
 def _token_rows(sequences: slice, sequence_length: int) -> slice:
@@ -277,32 +317,45 @@ def _token_rows(sequences: slice, sequence_length: int) -> slice:
     return slice(sequences.start * sequence_length, sequences.stop * sequence_length)
 
 
-def check_quantized_weights(sharded: fake_quant.FakeQuantizer, whole: fake_quant.FakeQuantizer,
-                            layout: tf_adapter.Layout, rank: int, world_size: int) -> None:
+def check_quantized_weights(
+    sharded: fake_quant.FakeQuantizer,
+    whole: fake_quant.FakeQuantizer,
+    family: families.Family,
+    layout: tf_adapter.Layout,
+    rank: int,
+    world_size: int,
+) -> None:
     """The sharded model computed with exactly the whole model's quantized weights (its share of them)."""
     if sharded.quantized.keys() != whole.quantized.keys():
-        raise AssertionError(f"fake quantization ran on {sorted(sharded.quantized)} in the sharded model but "
-                             f"{sorted(whole.quantized)} in the whole model")
+        raise AssertionError(
+            f"fake quantization ran on {sorted(sharded.quantized)} in the sharded model but "
+            f"{sorted(whole.quantized)} in the whole model"
+        )
     problems = []
     for (module_name, param_name), mine in sharded.quantized.items():
         expected = whole.quantized[(module_name, param_name)]
         name = f"{module_name}.{param_name}"
         first = 0
-        if layout.experts_sharded and is_expert_stack(name):
+        if layout.experts_sharded and family.is_expert_stack(name):
             first = rank * (expected.shape[0] // world_size)
             expected = expert_share(expected, rank, world_size)
         if mine.shape != expected.shape:
-            problems.append(f"rank {rank} quantized {name} with shape {tuple(mine.shape)}, expected "
-                            f"{tuple(expected.shape)}")
-        elif is_expert_stack(name):
+            problems.append(
+                f"rank {rank} quantized {name} with shape {tuple(mine.shape)}, expected {tuple(expected.shape)}"
+            )
+        elif family.is_expert_stack(name):
             differing = checks.differing_experts(mine, expected, first)
             if differing:
                 listed = ", ".join(str(expert) for expert, _, _ in differing)
-                problems.append(f"rank {rank}'s {sharded.recipe}-quantized {name} differs from the whole "
-                                f"model's for experts {listed} (a scale must depend on its expert alone)")
+                problems.append(
+                    f"rank {rank}'s {sharded.recipe}-quantized {name} differs from the whole "
+                    f"model's for experts {listed} (a scale must depend on its expert alone)"
+                )
         elif not torch.equal(mine, expected):
-            problems.append(f"rank {rank}'s {sharded.recipe}-quantized {name} differs from the whole model's "
-                            f"(largest difference {_largest_difference(mine, expected)})")
+            problems.append(
+                f"rank {rank}'s {sharded.recipe}-quantized {name} differs from the whole model's "
+                f"(largest difference {_largest_difference(mine, expected)})"
+            )
     if problems:
         raise AssertionError("quantized weights differ: " + "; ".join(problems))
 
@@ -310,30 +363,42 @@ def check_quantized_weights(sharded: fake_quant.FakeQuantizer, whole: fake_quant
 # ---------------------------------------------------------------- deliberate bugs
 
 
-def plant_bug(model, bug: str) -> None:
+def plant_bug(model, family: families.Family, bug: str) -> None:
     """A defect on this rank only, after loading (the deliberate-bug tests plant it on the last rank)."""
-    layers = model.model.layers
+    first_moe, last_moe = (
+        getattr(model.model.layers[layer], family.moe_block) for layer in (family.moe_layers[0], family.moe_layers[-1])
+    )
+    experts = getattr(first_moe, family.experts)
     with torch.no_grad():
         if bug == "perturb_expert":
-            # the second local expert (or the only one) of layer 0: 10% of the weights' scale added
-            stack = local(layers[0].mlp.experts.gate_up_proj)
-            stack[min(1, stack.shape[0] - 1)] += 0.1 * tiny_models.INITIALIZER_RANGE
+            # the second local expert (or the only one) of the first MoE layer: 10% of the weights' scale added
+            stack = local(experts.gate_up_proj)
+            stack[min(1, stack.shape[0] - 1)] += 0.1 * families.INITIALIZER_RANGE
         elif bug == "perturb_router":
-            # layer 1's router scores the first two experts the other way round on this rank
-            weight = local(layers[1].mlp.gate.weight)
+            # the last MoE layer's router scores the first two experts the other way round on this rank
+            weight = local(getattr(last_moe, family.router).weight)
             weight[[0, 1]] = weight[[1, 0]]
+        elif bug == "perturb_expert_bias":
+            # GPT-OSS: the second local expert's gate/up bias of the first MoE layer shifted by 0.1
+            bias = local(experts.gate_up_proj_bias)
+            bias[min(1, bias.shape[0] - 1)] += 0.1
+        elif bug == "perturb_correction_bias":
+            # DeepSeek-V3: the first MoE layer's correction-bias buffer shifted (too little to flip a route)
+            getattr(first_moe, family.router).e_score_correction_bias.add_(0.01)
         else:
             raise ValueError(f"unknown bug {bug!r}; known: {BUGS}")
 
 
 def summarize(values: list[dict]) -> dict:
-    """One set of metrics from every rank's: the largest `max_*` (with its `max_*_param`, from the same
-    rank), the smallest `min_*`, and rank 0's others."""
-    summary = dict(values[0])
-    for name in values[0]:
+    """One set of metrics from every rank's: the largest `max_*` (NaN counts as the largest; with its
+    `max_*_param`, from the same rank), the smallest `min_*`, and the others from the lowest rank that has them."""
+    summary = {}
+    for value in reversed(values):  # rank 0's values last, so they win
+        summary.update(value)
+    for name in list(summary):
         numbered = [value for value in values if isinstance(value.get(name), (int, float))]
         if name.startswith("max_") and numbered:
-            worst = max(numbered, key=lambda value: value[name])
+            worst = max(numbered, key=lambda value: math.inf if math.isnan(value[name]) else value[name])
             summary[name] = worst[name]
             if f"{name}_param" in worst:
                 summary[f"{name}_param"] = worst[f"{name}_param"]

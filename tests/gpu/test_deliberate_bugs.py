@@ -1,32 +1,64 @@
-"""A defect planted on one rank after loading must fail the check that owns it, with a message naming it."""
+"""A defect planted on one rank after loading must fail the check that owns it, with a message naming the
+parameter (or buffer) and the rank."""
 
 from __future__ import annotations
 
 import pytest
-from rank_cases import WORLD_SIZES, Case
-from tiny_models import BATCH_SIZE, NUM_EXPERTS, SEQUENCE_LENGTH
+from families import MOE_FAMILIES, NUM_EXPERTS
+from rank_cases import WORLD_SIZES
+from tiny_models import BATCH_SIZE, SEQUENCE_LENGTH
 
-from harness.distributed import RankFailedError
+from harness.ranks import RankFailedError
 
 
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
-def test_expert_perturbed_on_one_rank_fails_the_load_check(run_case, moe_checkpoint, world_size):
+def _expert_message(family: str, parameter: str, world_size: int) -> str:
+    """The load check's words for rank_cases.plant_bug's perturbed expert: the second local one, or the only one."""
+    entry = MOE_FAMILIES[family]
     last_rank = world_size - 1
     per_rank = NUM_EXPERTS // world_size
     first = last_rank * per_rank
-    perturbed = first + min(1, per_rank - 1)  # rank_cases.plant_bug: the second local expert, or the only one
-    with pytest.raises(RankFailedError) as failure:
-        run_case(world_size, moe_checkpoint, Case("ep", ("load", "logits"), bug="perturb_expert"))
-    assert failure.value.rank == last_rank
-    assert (f"rank {last_rank} holds experts {first}..{first + per_rank - 1} of "
-            f"model.layers.0.mlp.experts.gate_up_proj, and expert {perturbed} ") in str(failure.value)
+    perturbed = first + min(1, per_rank - 1)
+    name = f"model.layers.{entry.moe_layers[0]}.{entry.moe_block}.{entry.experts}.{parameter}"
+    return f"rank {last_rank} holds experts {first}..{first + per_rank - 1} of {name}, and expert {perturbed} "
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
-def test_router_perturbed_on_one_rank_fails_the_routing_check(run_case, moe_checkpoint, world_size):
+@pytest.mark.parametrize("checkpoint", ["qwen3_moe", "granitemoe"], indirect=True)
+def test_expert_perturbed_on_one_rank_fails_the_load_check(run_case, checkpoint, world_size):
+    with pytest.raises(RankFailedError) as failure:
+        run_case(world_size, checkpoint, "ep", ("load", "logits"), bug="perturb_expert")
+    assert failure.value.rank == world_size - 1
+    assert _expert_message(checkpoint.family, "gate_up_proj", world_size) in str(failure.value)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("checkpoint", ["gpt_oss"], indirect=True)
+def test_expert_bias_perturbed_on_one_rank_fails_the_load_check(run_case, checkpoint, world_size):
+    with pytest.raises(RankFailedError) as failure:
+        run_case(world_size, checkpoint, "ep", ("load", "logits"), bug="perturb_expert_bias")
+    assert failure.value.rank == world_size - 1
+    assert _expert_message("gpt_oss", "gate_up_proj_bias", world_size) in str(failure.value)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("checkpoint", ["deepseek_v3"], indirect=True)
+def test_correction_bias_altered_on_one_rank_fails_the_load_check(run_case, checkpoint, world_size):
+    """A buffer, not a parameter: the load check compares buffers too."""
+    with pytest.raises(RankFailedError) as failure:
+        run_case(world_size, checkpoint, "ep", ("load", "logits"), bug="perturb_correction_bias")
+    assert failure.value.rank == world_size - 1
+    assert (
+        f"rank {world_size - 1}'s buffer model.layers.1.mlp.gate.e_score_correction_bias differs from the "
+        f"whole model's after loading"
+    ) in str(failure.value)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("checkpoint", ["qwen3_moe", "mixtral"], indirect=True)
+def test_router_perturbed_on_one_rank_fails_the_routing_check(run_case, checkpoint, world_size):
     """Routing is checked before gradients: the flip is reported as such, not as the gradient error it causes."""
     with pytest.raises(RankFailedError) as failure:
-        run_case(world_size, moe_checkpoint, Case("ep", ("gradients",), bug="perturb_router"))
+        run_case(world_size, checkpoint, "ep", ("gradients",), bug="perturb_router")
     assert failure.value.rank == world_size - 1
     tokens = BATCH_SIZE * SEQUENCE_LENGTH  # expert parallelism: every rank routes the whole batch
     assert failure.value.summary.startswith("raised AssertionError: routing differs: layer 1 sends ")

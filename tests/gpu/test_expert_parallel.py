@@ -1,33 +1,46 @@
-"""Expert parallelism: transformers' EP loading of the tiny Qwen3-MoE against the whole model."""
+"""Expert parallelism: transformers' EP loading of every MoE family against the whole model, with every
+experts implementation the release offers."""
 
 from __future__ import annotations
 
 import pytest
-from rank_cases import DTYPES, WORLD_SIZES, Case
-from tiny_models import NUM_EXPERTS
+from families import MOE_FAMILIES, NUM_EXPERTS
+from rank_cases import DTYPES, WORLD_SIZES
+from tf_adapter import PORTABLE_EXPERTS_IMPLEMENTATIONS
 
-from harness.distributed import RankFailedError
+from harness.ranks import RankFailedError
 
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
-def test_ep_load_and_logits(run_case, moe_checkpoint, world_size, dtype):
-    """Each rank holds its contiguous 1/world of the experts and the rest whole; logits match."""
-    run_case(world_size, moe_checkpoint, Case("ep", ("load", "logits"), dtype=dtype))
+MOE = sorted(MOE_FAMILIES)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
-def test_ep_gradients(run_case, moe_checkpoint, world_size, dtype):
-    """Routing identical in every layer (checked first), then every gradient within the bound."""
-    run_case(world_size, moe_checkpoint, Case("ep", ("gradients",), dtype=dtype))
+@pytest.mark.parametrize("experts_implementation", PORTABLE_EXPERTS_IMPLEMENTATIONS)
+@pytest.mark.parametrize("checkpoint", MOE, indirect=True)
+def test_ep_load_and_logits(run_case, checkpoint, experts_implementation, world_size, dtype):
+    """Each rank holds its contiguous 1/world of the experts and the rest whole (weights, biases, buffers);
+    logits match."""
+    run_case(
+        world_size, checkpoint, "ep", ("load", "logits"), dtype=dtype, experts_implementation=experts_implementation
+    )
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("experts_implementation", PORTABLE_EXPERTS_IMPLEMENTATIONS)
+@pytest.mark.parametrize("checkpoint", MOE, indirect=True)
+def test_ep_gradients(run_case, checkpoint, experts_implementation, world_size, dtype):
+    """Routing identical in every MoE layer (checked first), then every gradient within the dtype's bound."""
+    run_case(world_size, checkpoint, "ep", ("gradients",), dtype=dtype, experts_implementation=experts_implementation)
+
+
+# Fake quantization exercises the suite's own STE hooks on expert stacks, not a family mechanic: one family.
 @pytest.mark.parametrize("recipe", ["fp8", "nvfp4"])
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
-def test_ep_quantized_gradients(run_case, moe_checkpoint, world_size, recipe):
+@pytest.mark.parametrize("checkpoint", ["qwen3_moe"], indirect=True)
+def test_ep_quantized_gradients(run_case, checkpoint, world_size, recipe):
     """Expert weights fake-quantized (STE): same quantized weights, routing and gradients as the whole model."""
-    run_case(world_size, moe_checkpoint, Case("ep", ("quantized", "gradients"), quant=recipe))
+    run_case(world_size, checkpoint, "ep", ("quantized", "gradients"), quant=recipe)
 
 
 # The negative tests: an nvfp4 global scale computed over a rank's local experts instead of per expert.
@@ -36,17 +49,18 @@ LOCAL_SCALE_WORLD_SIZES = [size for size in WORLD_SIZES if size < NUM_EXPERTS]
 
 
 @pytest.mark.parametrize("world_size", LOCAL_SCALE_WORLD_SIZES)
-def test_ep_nvfp4_scale_over_local_shard_fails_the_gradient_check(run_case, moe_checkpoint, world_size):
-    case = Case("ep", ("gradients",), quant="nvfp4", quant_scope="local_shard")
+@pytest.mark.parametrize("checkpoint", ["qwen3_moe"], indirect=True)
+def test_ep_nvfp4_scale_over_local_shard_fails_the_gradient_check(run_case, checkpoint, world_size):
     with pytest.raises(RankFailedError, match="gradients differ from the whole model's"):
-        run_case(world_size, moe_checkpoint, case)
+        run_case(world_size, checkpoint, "ep", ("gradients",), quant="nvfp4", quant_scope="local_shard")
 
 
 @pytest.mark.parametrize("world_size", LOCAL_SCALE_WORLD_SIZES)
-def test_ep_nvfp4_scale_over_local_shard_is_named_by_the_quantized_check(run_case, moe_checkpoint, world_size):
+@pytest.mark.parametrize("checkpoint", ["qwen3_moe"], indirect=True)
+def test_ep_nvfp4_scale_over_local_shard_is_named_by_the_quantized_check(run_case, checkpoint, world_size):
     """Before the gradients, the quantized-weights check names the layer, the matrix and the experts."""
-    case = Case("ep", ("quantized", "gradients"), quant="nvfp4", quant_scope="local_shard")
     with pytest.raises(RankFailedError, match="quantized weights differ") as failure:
-        run_case(world_size, moe_checkpoint, case)
-    assert "nvfp4-quantized model.layers.0.mlp.experts.gate_up_proj differs from the whole model's for experts" \
-        in str(failure.value)
+        run_case(world_size, checkpoint, "ep", ("quantized", "gradients"), quant="nvfp4", quant_scope="local_shard")
+    assert "nvfp4-quantized model.layers.0.mlp.experts.gate_up_proj differs from the whole model's for experts" in str(
+        failure.value
+    )

@@ -3,44 +3,104 @@
 from __future__ import annotations
 
 import checks
+import ep_coverage
 import fake_quant
+import families
+import known_bugs
 import pytest
 import tiny_models
 import tolerances
 import torch
-from rank_cases import DTYPES, RoutingRecorder, summarize
-from tf_adapter import load_whole
+from packaging.version import Version
+from rank_cases import DTYPES, Case, summarize
+from routing import RoutingRecorder
+from tf_adapter import load_whole, transformers_version
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_router_decides_clearly_on_the_test_batch(moe_checkpoint, record_property, dtype):
-    """Token t goes to experts t % 8 and secondary_expert(t) in every layer, by the margins the suite relies on."""
-    model = load_whole(moe_checkpoint, getattr(torch, dtype), torch.device("cpu"))
-    recorder = RoutingRecorder(model)
+@pytest.mark.parametrize("checkpoint", sorted(families.MOE_FAMILIES), indirect=True)
+def test_router_decides_clearly_on_the_test_batch(checkpoint, record_property, dtype):
+    """Token t goes to experts t % 8 and secondary_expert(t) in every MoE layer, by the margins the suite
+    relies on, as each family's own router decides it (bias, sigmoid, groups and correction bias included)."""
+    family = families.family(checkpoint.family)
+    model = load_whole(checkpoint.path, getattr(torch, dtype), torch.device("cpu"))
+    recorder = RoutingRecorder(model, family)
     batch = tiny_models.make_batch()
     with torch.no_grad():
         model(batch)
     tokens = batch.flatten().tolist()
     expected = torch.tensor([sorted((tiny_models.primary_expert(t), tiny_models.secondary_expert(t))) for t in tokens])
-    assert len(recorder.layers) == tiny_models.NUM_LAYERS
+    assert len(recorder.layers) == len(family.moe_layers)
     for layer, routing in enumerate(recorder.layers):
         assert torch.equal(routing.experts.sort(dim=-1).values, expected), f"layer {layer} routes off the code"
         assert routing.margin > tolerances.ROUTING_MARGIN_MIN, f"layer {layer}: margin {routing.margin:.3f}"
         low, high = routing.top_weight_range
-        assert tolerances.TOP_WEIGHT_RANGE[0] <= low <= high <= tolerances.TOP_WEIGHT_RANGE[1], \
+        assert tolerances.TOP_WEIGHT_RANGE[0] <= low <= high <= tolerances.TOP_WEIGHT_RANGE[1], (
             f"layer {layer}: top routing weight in [{low:.3f}, {high:.3f}]"
+        )
     record_property("min_routing_margin", min(routing.margin for routing in recorder.layers))
     record_property("dtype", dtype)
 
 
+def test_registry_ep_floors_match_the_installed_release(ep_coverage):
+    """A family's EP cases run exactly when the installed release declares an EP plan for it."""
+    declared = set(ep_coverage["ep_families_declared"].split(","))
+    installed = transformers_version()
+    for family in families.MOE_FAMILIES.values():
+        has_floor = installed >= Version(family.ep_floor)
+        assert has_floor == (family.model_type in declared), (
+            f"{family.model_type}: ep_floor {family.ep_floor} but transformers {installed} "
+            f"{'does not declare' if has_floor else 'declares'} an EP plan for it"
+        )
+
+
+def test_ep_coverage_counts_the_suite_families_the_release_declares():
+    assert ep_coverage.covered_ep_families(["gpt_oss", "olmoe", "qwen3_moe", "qwen3"]) == ["gpt_oss", "qwen3_moe"]
+
+
+def test_routing_check_fails_when_no_layer_was_recorded():
+    with pytest.raises(AssertionError, match="routing not recorded: the sharded model routed in 0 MoE layers"):
+        checks.check_routing([], [])
+
+
+def test_known_bug_covers_its_cases_only_within_its_versions():
+    bug = known_bugs.KnownBug(
+        package="transformers",
+        versions=">=5.13,<5.20",
+        layouts=("ep",),
+        checks=("gradients",),
+        cause="a cause",
+        reproduced="a place",
+        implementations=("batched_mm",),
+    )
+    case = Case("mixtral", "ep", ("gradients",), experts_implementation="batched_mm")
+    assert bug.covers(case, {"transformers": "5.19.0"})
+    assert not bug.covers(case, {"transformers": "5.20.0"})
+    assert not bug.covers(
+        Case("mixtral", "ep", ("load", "logits"), experts_implementation="batched_mm"), {"transformers": "5.19.0"}
+    )
+    assert not bug.covers(
+        Case("mixtral", "ep", ("gradients",), experts_implementation="eager"), {"transformers": "5.19.0"}
+    )
+    assert bug.reason.startswith("known upstream bug: transformers >=5.13,<5.20: a cause")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bounds_are_a_stated_multiple_of_measured_noise(dtype):
+    """At most 100x the worst error of correct runs, so a gradient 1,000x above its dtype's noise fails."""
+    assert 1 < tolerances.FACTOR[dtype] <= 100
+    assert tolerances.grad_error_bound(dtype) < 1000 * tolerances.MEASURED_WORST[(dtype, "gradients")]
+    assert tolerances.logits_tolerance(dtype)["atol"] < 1000 * tolerances.MEASURED_WORST[(dtype, "logits")]
+
+
 def test_secondary_expert_is_never_the_primary():
-    for token in range(tiny_models.VOCAB_SIZE):
+    for token in range(families.VOCAB_SIZE):
         assert tiny_models.secondary_expert(token) != tiny_models.primary_expert(token)
 
 
 def _routing(experts: list[list[int]]) -> checks.LayerRouting:
     chosen = torch.tensor(experts)
-    logits = torch.zeros(len(experts), tiny_models.NUM_EXPERTS).scatter(1, chosen, 3.0)
+    logits = torch.zeros(len(experts), families.NUM_EXPERTS).scatter(1, chosen, 3.0)
     return checks.LayerRouting(logits, chosen)
 
 
@@ -54,9 +114,11 @@ def test_routing_check_names_the_layer_and_counts_the_tokens():
     checks.check_routing(whole, whole)
 
 
-def test_routing_margin_is_the_gap_between_the_last_chosen_and_the_best_unchosen_score():
+def test_routing_margin_is_the_gap_between_the_lowest_chosen_and_the_best_unchosen_logit():
     logits = torch.tensor([[5.0, 4.0, 1.5, 0.0], [3.0, 0.0, 2.5, 2.2]])
     assert checks.LayerRouting(logits, logits.topk(2).indices).margin == pytest.approx(0.3)
+    # the router's own choice, not the logits' top k: a bias that picks expert 2 over 1 shows as a negative gap
+    assert checks.LayerRouting(logits[:1], torch.tensor([[0, 2]])).margin == pytest.approx(-2.5)
 
 
 def test_gradient_check_lists_the_worst_parameters_over_the_bound():
@@ -150,7 +212,13 @@ def test_fake_quantizer_swaps_the_weight_for_the_forward_only():
 
 
 def test_metrics_of_all_ranks_are_summarized_by_their_worst():
-    ranks = [{"dtype": "float32", "max_rel_grad_error": 1e-7, "max_rel_grad_error_param": "a", "min_routing_margin": 3},
-             {"dtype": "float32", "max_rel_grad_error": 2e-7, "max_rel_grad_error_param": "b", "min_routing_margin": 4}]
-    assert summarize(ranks) == {"dtype": "float32", "max_rel_grad_error": 2e-7, "max_rel_grad_error_param": "b",
-                                "min_routing_margin": 3}
+    ranks = [
+        {"dtype": "float32", "max_rel_grad_error": 1e-7, "max_rel_grad_error_param": "a", "min_routing_margin": 3},
+        {"dtype": "float32", "max_rel_grad_error": 2e-7, "max_rel_grad_error_param": "b", "min_routing_margin": 4},
+    ]
+    assert summarize(ranks) == {
+        "dtype": "float32",
+        "max_rel_grad_error": 2e-7,
+        "max_rel_grad_error_param": "b",
+        "min_routing_margin": 3,
+    }

@@ -12,7 +12,8 @@ The subject under test is transformers' own distributed loading,
 | 5.20 - 5.22 | ep_size=N, tp_size=N, tp_plan={} (dense replicated)  | fsdp_size        | ep_size=N, fsdp_size=N |
 | 5.23 -      | ep_size=N, tp_size=N (replicated dense refused: TP)  | fsdp_size        | ep_size=N, fsdp_size=N |
 
-A case skips below the first release that *has* its feature (the floor), with the floor as the reason.
+Other MoE families got their EP plans later (families.py: `ep_floor`). A case skips below the first release
+that *has* its feature (the floor), with the floor as the reason.
 From the floor on it runs, so a release that has a feature and gets it wrong shows red.
 """
 
@@ -40,15 +41,39 @@ class Layout:
 
 
 LAYOUTS = {
-    "ep": Layout("ep", experts_sharded=True, fsdp_sharded=False, splits_batch=False, floor="5.7.0",
-                 feature="expert-parallel loading of Qwen3-MoE (DistributedConfig(enable_expert_parallel=True))"),
-    "fsdp": Layout("fsdp", experts_sharded=False, fsdp_sharded=True, splits_batch=True, floor="5.15.0",
-                   feature="FSDP2 loading (DistributedConfig(fsdp_size=N))"),
-    "fsdp_ep": Layout("fsdp_ep", experts_sharded=True, fsdp_sharded=True, splits_batch=True, floor="5.20.0",
-                      feature="FSDP2 with expert parallelism (DistributedConfig(ep_size=N, fsdp_size=N))"),
+    "ep": Layout(
+        "ep",
+        experts_sharded=True,
+        fsdp_sharded=False,
+        splits_batch=False,
+        floor="5.7.0",
+        feature="expert-parallel loading (DistributedConfig(enable_expert_parallel=True))",
+    ),
+    "fsdp": Layout(
+        "fsdp",
+        experts_sharded=False,
+        fsdp_sharded=True,
+        splits_batch=True,
+        floor="5.15.0",
+        feature="FSDP2 loading (DistributedConfig(fsdp_size=N))",
+    ),
+    "fsdp_ep": Layout(
+        "fsdp_ep",
+        experts_sharded=True,
+        fsdp_sharded=True,
+        splits_batch=True,
+        floor="5.20.0",
+        feature="FSDP2 with expert parallelism (DistributedConfig(ep_size=N, fsdp_size=N))",
+    ),
     # torch's fully_shard applied by the suite itself: no transformers feature involved
-    "fully_shard": Layout("fully_shard", experts_sharded=False, fsdp_sharded=True, splits_batch=True,
-                          floor=None, feature="torch fully_shard"),
+    "fully_shard": Layout(
+        "fully_shard",
+        experts_sharded=False,
+        fsdp_sharded=True,
+        splits_batch=True,
+        floor=None,
+        feature="torch fully_shard",
+    ),
 }
 
 
@@ -59,14 +84,39 @@ def transformers_version():
     return Version(transformers.__version__)
 
 
-def missing_feature(layout_name: str) -> str | None:
-    """`needs transformers>=X for ...` when the installed release predates the layout's floor, else None."""
+def missing_feature(layout_name: str, family=None, experts_implementation: str | None = None) -> str | None:
+    """`needs transformers>=X for ...` when the installed release predates the layout's floor or the family's
+    EP floor, or why it cannot run the experts implementation; else None."""
     from packaging.version import Version
 
     layout = LAYOUTS[layout_name]
-    if layout.floor is None or transformers_version() >= Version(layout.floor):
-        return None
-    return f"needs transformers>={layout.floor} for {layout.feature} (installed: {transformers_version()})"
+    installed = transformers_version()
+    if layout.floor is not None and installed < Version(layout.floor):
+        return f"needs transformers>={layout.floor} for {layout.feature} (installed: {installed})"
+    if family is not None and layout.experts_sharded and installed < Version(family.ep_floor):
+        return (
+            f"needs transformers>={family.ep_floor} for expert parallelism of {family.model_type} "
+            f"(installed: {installed})"
+        )
+    if experts_implementation is not None and experts_implementation not in experts_implementations():
+        return (
+            f"transformers {installed} offers no experts_implementation={experts_implementation!r} "
+            f"(offered: {', '.join(experts_implementations())})"
+        )
+    return None
+
+
+# Experts implementations that run everywhere the suite does; deepgemm and sonicmoe need their own CUDA kernels.
+PORTABLE_EXPERTS_IMPLEMENTATIONS = ("eager", "grouped_mm", "batched_mm")
+
+
+def experts_implementations() -> tuple[str, ...]:
+    """The portable experts implementations the installed release offers (`experts_implementation=`)."""
+    try:
+        from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+    except ImportError:  # before the experts interface: one implementation, the modeling file's loop
+        return ("eager",)
+    return tuple(name for name in PORTABLE_EXPERTS_IMPLEMENTATIONS if name == "eager" or name in ALL_EXPERTS_FUNCTIONS)
 
 
 def distributed_config_kwargs(layout_name: str, world_size: int) -> dict:
@@ -90,21 +140,33 @@ def distributed_config_kwargs(layout_name: str, world_size: int) -> dict:
         return {"fsdp_size": world_size}
     if layout_name == "fsdp_ep":
         return {"ep_size": world_size, "fsdp_size": world_size}
-    raise ValueError(f"transformers has no distributed loading for layout {layout_name!r}; "
-                     f"known: {sorted(set(LAYOUTS) - {'fully_shard'})}")
+    raise ValueError(
+        f"transformers has no distributed loading for layout {layout_name!r}; "
+        f"known: {sorted(set(LAYOUTS) - {'fully_shard'})}"
+    )
 
 
-def load_whole(checkpoint: str, dtype: torch.dtype, device: torch.device):
+def _implementation_kwargs(experts_implementation: str | None) -> dict:
+    return {} if experts_implementation is None else {"experts_implementation": experts_implementation}
+
+
+def load_whole(checkpoint: str, dtype: torch.dtype, device: torch.device, experts_implementation: str | None = None):
     """The reference: the same checkpoint loaded whole on this rank's device."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype).to(device)
+    return AutoModelForCausalLM.from_pretrained(
+        checkpoint, dtype=dtype, **_implementation_kwargs(experts_implementation)
+    ).to(device)
 
 
-def load_sharded(checkpoint: str, layout_name: str, world_size: int, dtype: torch.dtype):
+def load_sharded(
+    checkpoint: str, layout_name: str, world_size: int, dtype: torch.dtype, experts_implementation: str | None = None
+):
     """The checkpoint loaded sharded by transformers itself, on the process group already initialised."""
     from transformers import AutoModelForCausalLM
     from transformers.distributed.configuration_utils import DistributedConfig
 
     config = DistributedConfig(**distributed_config_kwargs(layout_name, world_size))
-    return AutoModelForCausalLM.from_pretrained(checkpoint, dtype=dtype, distributed_config=config)
+    return AutoModelForCausalLM.from_pretrained(
+        checkpoint, dtype=dtype, distributed_config=config, **_implementation_kwargs(experts_implementation)
+    )

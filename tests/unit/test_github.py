@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli, github
+from harness import cli, github, report
 from harness.errors import GitHubError
-from harness.results import Digest, load_baseline, load_results
+from harness.results import Digest, load_baseline, load_results, nightly_regressions
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "octo-org/harness"
@@ -46,6 +46,8 @@ class FakeGitHub:
         self.base = ""
         self.permissions: dict[str, tuple[str, str]] = {}  # login -> (permission, role_name)
         self.pulls: dict[int, dict] = {}
+        self.commits: dict[int, list[dict]] = {}  # a pull request's commits, oldest first
+        self.timeline: dict[int, list[dict]] = {}
         self.comments: dict[int, list[dict]] = {}
         self.issues: dict[int, dict] = {}
         self.reactions: dict[int, set[str]] = {}
@@ -68,6 +70,24 @@ class FakeGitHub:
             "base": {"label": "octo-org:main", "ref": "main", "sha": OLD_HEAD, "repo": {"full_name": REPO}},
         }
         self.comments.setdefault(number, [])
+        self.commits[number] = [commit(head)]
+        self.timeline[number] = [timeline_commit(head), {
+            "id": 1, "event": "commented", "actor": user("maintainer"), "created_at": "2026-11-29T09:30:00Z"}]
+
+    def push(self, number: int, sha: str) -> None:
+        """A plain push of one commit: the old head stays in the pull request's commits."""
+        self.commits[number].append(commit(sha))
+        self.timeline[number].append(timeline_commit(sha))
+        self.pulls[number]["head"]["sha"] = sha
+
+    def force_push(self, number: int, sha: str, at: str) -> None:
+        """The branch rewritten to one new commit at server time `at`: the reviewed commit is gone."""
+        self.commits[number] = [commit(sha)]
+        self.timeline[number] += [timeline_commit(sha), {
+            "id": 2, "node_id": "HRFPE_kwDOABCD", "url": f"{self.base}/repos/{REPO}/issues/events/2",
+            "actor": user("forker"), "event": "head_ref_force_pushed", "commit_id": None, "commit_url": None,
+            "created_at": at, "performed_via_github_app": None}]
+        self.pulls[number]["head"]["sha"] = sha
 
     def add_comment(self, issue: int, login: str, body: str) -> dict:
         self.next_id += 1
@@ -105,6 +125,21 @@ class FakeGitHub:
 
     def marker_comments(self, issue: int) -> list[dict]:
         return [c for c in self.comments.get(issue, []) if c["body"].startswith(MARKER)]
+
+
+def commit(sha: str) -> dict:
+    """An item of GET /pulls/N/commits. Its dates are the author's to choose."""
+    person = {"name": "Forker", "email": "forker@example.com", "date": "2026-11-29T08:00:00Z"}
+    return {"sha": sha, "node_id": "C_kwDOABCD", "commit": {"author": person, "committer": person,
+            "message": "Speed up the EP loader"}, "author": user("forker"), "committer": user("forker"),
+            "parents": []}
+
+
+def timeline_commit(sha: str) -> dict:
+    """A `committed` timeline event: no server timestamp, only the commit's own dates."""
+    person = {"name": "Forker", "email": "forker@example.com", "date": "2026-11-29T08:00:00Z"}
+    return {"sha": sha, "node_id": "C_kwDOABCD", "author": person, "committer": person,
+            "message": "Speed up the EP loader", "event": "committed"}
 
 
 def page(items: list, query: dict, url: str) -> tuple[list, dict]:
@@ -162,6 +197,18 @@ class Handler(BaseHTTPRequestHandler):
         if not path.startswith(prefix + "/"):
             return not_found
         rest = path[len(prefix):]
+        if match := re.fullmatch(r"/pulls/(\d+)/commits", rest):
+            number = int(match[1])
+            if number not in fake.commits:
+                return not_found
+            return (200, *page(fake.commits[number], query,
+                               f"{fake.base}/repositories/{REPO_ID}/pulls/{number}/commits"))
+        if match := re.fullmatch(r"/issues/(\d+)/timeline", rest):
+            number = int(match[1])
+            if number not in fake.timeline:
+                return not_found
+            return (200, *page(fake.timeline[number], query,
+                               f"{fake.base}/repositories/{REPO_ID}/issues/{number}/timeline"))
         if match := re.fullmatch(r"/pulls/(\d+)", rest):
             pull = fake.pulls.get(int(match[1]))
             return (200, pull, {}) if pull and method == "GET" else not_found
@@ -363,6 +410,60 @@ def test_windows_line_endings_and_more_text_after_the_first_line(fake, env, tmp_
     fake.permissions["maintainer"] = ("admin", "admin")
     event = comment_event(tmp_path, f"  /ok to test {HEAD[:8]}  \r\nLooks good to me.\r\n")
     assert authorize(event, tmp_path) == 0
+
+
+# --------------------------------------------------------------------------- authorize: short shas
+
+TWIN = HEAD[:7] + "f" * 33  # a commit an attacker made to share the head's 7-character prefix
+
+
+def test_a_force_pushed_twin_with_the_same_prefix_is_refused(fake, env, tmp_path):
+    """The maintainer reviewed HEAD and typed its short sha; the contributor force-pushed a twin with the
+    same prefix before the authorize job ran. The head now starts with the prefix, and it is not what
+    was reviewed."""
+    fake.add_pull(7, head=HEAD)
+    fake.permissions["maintainer"] = ("write", "write")
+    fake.force_push(7, TWIN, at="2026-11-30T03:00:05Z")  # five seconds after the comment
+    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD[:7]}"), tmp_path) == 5
+    reason = refusal(tmp_path)
+    assert "force-pushed at 2026-11-30T03:00:05+00:00, after the comment" in reason
+    assert f"/ok to test {TWIN}`" in reason  # the full sha to copy, once the new head was reviewed
+    assert "sha" not in outputs(env)
+
+
+def test_a_force_push_before_the_comment_leaves_the_short_sha_good(fake, env, tmp_path):
+    fake.add_pull(7, head=OLD_HEAD)
+    fake.force_push(7, HEAD, at="2026-11-30T02:59:00Z")
+    fake.permissions["maintainer"] = ("write", "write")
+    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD[:7]}"), tmp_path) == 0
+    assert outputs(env)["sha"] == HEAD
+
+
+def test_a_second_pushed_commit_sharing_the_prefix_is_refused(fake, env, tmp_path):
+    fake.add_pull(7, head=HEAD)
+    fake.push(7, TWIN)  # a plain push: both commits are in the pull request now, the twin on top
+    fake.permissions["maintainer"] = ("write", "write")
+    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD[:7]}"), tmp_path) == 5
+    assert "it matches 2 commits of the pull request" in refusal(tmp_path)
+
+
+@pytest.mark.parametrize("path", [r"/issues/7/timeline", r"/pulls/7/commits"])
+def test_a_short_sha_is_refused_when_the_api_will_not_tell(fake, env, tmp_path, path):
+    fake.add_pull(7)
+    fake.permissions["maintainer"] = ("write", "write")
+    fake.fail("GET", path, 404, body={"message": "Not Found"})
+    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD[:7]}"), tmp_path) == 5
+    reason = refusal(tmp_path)
+    assert "GitHub did not give the pull request's commits and timeline" in reason
+    assert f"/ok to test {HEAD}`" in reason
+
+
+def test_a_full_sha_needs_no_timeline(fake, env, tmp_path):
+    fake.add_pull(7, head=HEAD)
+    fake.permissions["maintainer"] = ("write", "write")
+    fake.fail("GET", r"/issues/7/timeline", 404, body={"message": "Not Found"})
+    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD}"), tmp_path) == 0
+    assert not fake.requests("GET", r"/timeline|/commits")
 
 
 # --------------------------------------------------------------------------- authorize: refused
@@ -815,9 +916,13 @@ def cells(tmp_path: Path, name: str, gpu_peak: float | None = None, **tests: str
 
 def regressions(now: Path, before: Path | None = None, memory_mib: float = 64.0,
                 memory_percent: float = 10.0) -> list[str]:
+    """The nightly listing's lines, as the issue shows them."""
     baseline = load_baseline(before) if before else Digest(cells={})
-    return github.nightly_regressions(load_results([now]), baseline, memory_mib=memory_mib,
-                                      memory_percent=memory_percent)
+    found = nightly_regressions(load_results([now]), baseline, memory_mib=memory_mib, memory_percent=memory_percent)
+    if not found:
+        return []
+    listing = report._environment().get_template("nightly-listing.md.j2").render(regressions=found)
+    return [line.removeprefix("- ") for line in listing.splitlines()]
 
 
 T = "tests/gpu/test_ep.py::t"
@@ -993,7 +1098,7 @@ def test_nightly_needs_results(env, tmp_path, capsys):
 
 def test_gh_imports_only_the_standard_library():
     """ok-to-test.yml runs `python3 -m harness gh ...` from a checkout with nothing installed; the
-    commands that read results import harness.results (junitparser) and harness.report (jinja2) late."""
+    commands that read results import harness.results and harness.report (jinja2) late."""
     missing = ("jinja2", "junitparser", "markupsafe", "yaml")
     code = f"import sys; sys.modules.update(dict.fromkeys({missing!r})); import harness.github"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,

@@ -1,4 +1,4 @@
-"""The persistent rank pool (harness/rank_pool.py), on CPU ranks with gloo: reuse, isolation between calls,
+"""The persistent rank pool (harness/ranks/pool.py), on CPU ranks with gloo: reuse, isolation between calls,
 a fresh pool after a crash or a hang, the spawn fallback, and the pytest plugin around it."""
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ from types import SimpleNamespace
 import pytest
 from process_helpers import is_alive, sleep_forever
 
-from harness import rank_pool
-from harness.distributed import RankFailedError, RankTimeoutError
-from harness.rank_pool import PoolLauncher
+from harness.ranks import RankFailedError, RankTimeoutError, zygote
+from harness.ranks.pool import PoolLauncher
 
 torch = pytest.importorskip("torch")
 pytest_plugins = ["pytester"]
@@ -75,6 +74,15 @@ def raise_on_rank_one():
     dist.barrier()
 
 
+def raise_on_rank_one_alone():
+    """Fails on rank 1 with no collective after it: every rank answers, and the pool can serve on."""
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise AssertionError("the answer is 41")
+    return "fine"
+
+
 def exit_on_rank_one():
     import torch.distributed as dist
 
@@ -89,6 +97,17 @@ def hang_on_rank_one():
     if dist.get_rank() == 1:
         sleep_forever()
     dist.barrier()
+
+
+def spin_in_c(pid_dir):
+    """Write this rank's pid and its parent's, then backtrack for ages inside C code, holding the GIL (no
+    Python thread of the rank runs again)."""
+    import re
+
+    import torch.distributed as dist
+
+    Path(pid_dir, f"rank{dist.get_rank()}").write_text(f"{os.getpid()} {os.getppid()}")
+    re.match(r"(a+)+$", "a" * 64 + "b")
 
 
 def _threads(pid: int) -> list[str]:
@@ -140,13 +159,16 @@ def test_what_a_call_leaves_behind_does_not_reach_the_next(launcher, tmp_path):
     assert freed.read_text() == "freed"  # the 64 MiB tensor was collected, not only forgotten
 
 
-def test_an_exception_on_one_rank_fails_the_call_and_the_next_gets_a_fresh_pool(launcher):
+def test_an_exception_a_peer_waits_on_fails_the_call_with_the_peers_stack_and_the_next_gets_a_fresh_pool(launcher):
     before = pids(launcher)
     with pytest.raises(RankFailedError) as failure:
         launcher(2, raise_on_rank_one, timeout=60, device="cpu")
     assert failure.value.rank == 1
     assert str(failure.value).startswith("rank 1 raised AssertionError: the answer is 41")
     assert "in raise_on_rank_one" in failure.value.details
+    # rank 0 waits in the barrier (its collective timeout is past the launch's): collateral, with its stack
+    [waiting] = failure.value.other_failures
+    assert waiting.startswith("rank 0 was still running and was killed") and "barrier" in waiting
     after = pids(launcher)
     assert set(after).isdisjoint(before)
     assert _wait_until_gone(before) == []
@@ -173,26 +195,44 @@ def test_a_hang_is_killed_at_the_timeout_with_every_ranks_stack_and_the_next_cal
     assert set(pids(launcher)).isdisjoint(before)
 
 
-def test_a_rank_killed_between_calls_is_replaced_and_a_killed_zygote_leaves_its_pools_alone(launcher):
-    first = launcher(2, identify, timeout=60, device="cpu")
-    os.kill(first[1].value["pid"], signal.SIGKILL)
-    # Reaped, not only a zombie: a killed process's other threads may still hold its socket open.
-    deadline = time.monotonic() + 5
-    while Path(f"/proc/{first[1].value['pid']}").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+def test_a_rank_killed_between_calls_is_found_before_the_next_call_and_replaced(launcher):
+    first = [result.value["pid"] for result in launcher(2, identify, timeout=60, device="cpu")]
+    os.kill(first[1], signal.SIGKILL)  # and at once the next call: it must find the rank dead, not fail
+    second = [result.value["pid"] for result in launcher(2, identify, timeout=60, device="cpu")]
+    assert set(second).isdisjoint(first)
+    assert _wait_until_gone(first) == []
+
+
+def test_a_killed_zygote_takes_its_ranks_along_and_the_next_call_gets_a_fresh_pool(launcher):
+    first = [result.value for result in launcher(2, identify, timeout=60, device="cpu")]
+    os.kill(first[0]["parent"], signal.SIGKILL)
+    assert _wait_until_gone([value["pid"] for value in first]) == []  # they died with it (PDEATHSIG)
     second = [result.value for result in launcher(2, identify, timeout=60, device="cpu")]
-    assert {value["pid"] for value in second}.isdisjoint(result.value["pid"] for result in first)
-    os.kill(second[0]["parent"], signal.SIGKILL)  # the zygote: its ranks live on and the pool is kept
-    kept = [result.value["pid"] for result in launcher(2, identify, timeout=60, device="cpu")]
-    assert kept == [value["pid"] for value in second]
-    os.kill(second[0]["pid"], signal.SIGKILL)
-    # Its parent, the killed zygote, is not reaped yet, so the rank stays a zombie; its socket closes when
-    # its last thread has exited.
-    deadline = time.monotonic() + 5
-    while len(_threads(second[0]["pid"])) > 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    third = [result.value for result in launcher(2, identify, timeout=60, device="cpu")]
-    assert third[0]["parent"] != second[0]["parent"]  # a new pool, forked by a new zygote
+    assert second[0]["parent"] != first[0]["parent"]  # a new pool, forked by a new zygote
+
+
+def test_an_orderly_failure_keeps_the_pool(launcher):
+    before = pids(launcher)
+    with pytest.raises(RankFailedError, match=r"^rank 1 raised AssertionError: the answer is 41") as failure:
+        launcher(2, raise_on_rank_one_alone, timeout=60, device="cpu")
+    assert failure.value.other_failures == []
+    assert pids(launcher) == before  # every rank answered and the probe collective passed
+
+
+def test_a_hang_on_a_warm_pool_reports_the_hung_ranks_stack():
+    """The launch timeout equals the one the pool was started with: the ranks' own collective timeout must
+    not win the race against the launcher collecting the hung rank's stack."""
+    launcher = PoolLauncher()
+    try:
+        before = [result.value["pid"] for result in launcher(2, identify, timeout=4, device="cpu")]
+        with pytest.raises(RankTimeoutError) as failure:
+            launcher(2, hang_on_rank_one, timeout=4, device="cpu")
+        assert failure.value.hung_ranks == [0, 1] and failure.value.hung_first == [1]
+        assert "in sleep_forever" in failure.value.stacks[1] and "in hang_on_rank_one" in failure.value.stacks[1]
+        assert "barrier" in failure.value.stacks[0]
+    finally:
+        launcher.close()
+    assert _wait_until_gone(before) == []
 
 
 PARENT_THAT_DIES = """
@@ -200,7 +240,7 @@ import os
 import signal
 import sys
 
-from harness.rank_pool import PoolLauncher
+from harness.ranks.pool import PoolLauncher
 
 if __name__ == "__main__":
     sys.path.insert(0, sys.argv[1])
@@ -224,6 +264,45 @@ def test_ranks_and_the_zygote_exit_when_their_parent_is_killed(tmp_path):
     pids = [int(pid) for pid in completed.stdout.split()]
     assert len(pids) == 4
     assert _wait_until_gone(pids, seconds=10) == []
+
+
+PARENT_KILLED_WHILE_RANKS_SPIN = """
+import sys
+
+from harness.ranks.pool import PoolLauncher
+from harness.ranks.spawn import run_distributed
+
+if __name__ == "__main__":
+    sys.path.insert(0, sys.argv[1])
+    import test_rank_pool
+
+    launcher = PoolLauncher() if sys.argv[2] == "pool" else run_distributed
+    launcher(2, test_rank_pool.spin_in_c, sys.argv[3], timeout=600, device="cpu")
+"""
+
+
+@pytest.mark.parametrize("how", ["pool", "spawn"])
+def test_ranks_spinning_in_c_die_with_their_killed_parent(tmp_path, how):
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT_KILLED_WHILE_RANKS_SPIN)
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]),
+                                                            os.environ.get("PYTHONPATH", "")])}
+    parent = subprocess.Popen([sys.executable, str(script), str(Path(__file__).parent), how, str(pid_dir)],
+                              env=environ)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(pid_dir.iterdir())) < 2:
+            assert parent.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(0.5)  # into the spin
+    finally:
+        parent.kill()
+        parent.wait()
+    pids = {int(pid) for path in pid_dir.iterdir() for pid in path.read_text().split()} - {parent.pid}
+    assert len(pids) == (3 if how == "pool" else 2)  # both ranks, and the zygote that forked them
+    assert _wait_until_gone(list(pids), seconds=10) == []
 
 
 def test_a_function_that_does_not_pickle_is_refused_before_any_rank_runs(launcher):
@@ -286,15 +365,15 @@ class _FakeCuda:
     (False, ["python", "cuda-EvtHandlr"], "initialized the CUDA driver (its threads ['cuda-EvtHandlr'] run)"),
 ])
 def test_only_an_initialized_cuda_driver_makes_forking_unsafe(monkeypatch, initialized, threads, hazard):
-    monkeypatch.setattr(rank_pool, "native_thread_names", lambda: threads)
-    monkeypatch.setattr(rank_pool.threading, "enumerate", lambda: [threading.current_thread()])
-    found = rank_pool._fork_hazard(SimpleNamespace(cuda=_FakeCuda(initialized)))
+    monkeypatch.setattr(zygote, "native_thread_names", lambda: threads)
+    monkeypatch.setattr(zygote.threading, "enumerate", lambda: [threading.current_thread()])
+    found = zygote.fork_hazard(SimpleNamespace(cuda=_FakeCuda(initialized)))
     assert found == hazard if hazard is None else hazard in found
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
 def test_native_thread_names_include_this_thread():
-    assert Path("/proc/self/comm").read_text().strip() in rank_pool.native_thread_names()
+    assert Path("/proc/self/comm").read_text().strip() in zygote.native_thread_names()
 
 
 CHILDREN_DIE_AT_FORK = """
@@ -352,7 +431,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.pytest_plugin import LAUNCHER_KEY
+from harness.ranks.plugin import LAUNCHER_KEY
 
 PIDS = Path(os.environ["POOL_TEST_PIDS"])
 
@@ -426,7 +505,7 @@ def run_suite(pytester, monkeypatch, tests: str, *args: str, pool: str | None = 
     else:
         monkeypatch.setenv("HARNESS_RANKS_POOL", pool)
     pytester.makepyfile(test_suite=tests)
-    result = pytester.runpytest("-p", "harness.pytest_plugin", "-p", "harness.rank_pool", *args)
+    result = pytester.runpytest(*args)
     values = [json.loads(line) for line in pid_file.read_text().splitlines()] if pid_file.exists() else []
     by_test: dict[str, list[int]] = {}
     for value in values:
@@ -440,7 +519,7 @@ def test_a_session_reuses_the_pool_and_a_crash_or_hang_fails_only_its_own_test(p
     result.stdout.fnmatch_lines(["rank pool: on (forked from a zygote ranks)",
                                  "E *RankFailedError: rank 1 exited with code 3 without a result",
                                  "E *RankTimeoutError: ranks [[]0, 1[]] still running after 2s; killed.*",
-                                 "rank pool: 6 calls, 3 pools started, 2 killed after a failure or hang*"])
+                                 "rank pool: 6 calls, 3 pools started, 2 replaced after*"])
     assert "in hang_on_rank_one" in result.stdout.str()  # the hung rank's stack is in the report
     assert pids["first"] == pids["second"]
     assert set(pids["after the crash"]).isdisjoint(pids["first"])
@@ -472,7 +551,9 @@ def test_a_rerun_and_the_test_after_a_pytest_timeout_get_a_healthy_pool(pytester
                                 "--timeout-method", "signal")
     outcomes = result.parseoutcomes()
     assert (outcomes["passed"], outcomes["failed"], outcomes["rerun"]) == (2, 1, 1)
-    result.stdout.fnmatch_lines(["E *Failed: Timeout (>3.0s) from pytest-timeout."])
+    result.stdout.fnmatch_lines(["E *Failed: Timeout (>3.0s) from pytest-timeout.",
+                                 "rank pool: Failed while the ranks ran; the Python stack of every rank:"])
+    assert "in hang_on_rank_one" in result.stdout.str()  # the ranks' stacks, not only the waiting parent's
     assert set(pids["after pytest-timeout"]).isdisjoint(pids["rerun"])
 
 
@@ -523,3 +604,11 @@ def test_the_timing_file_gets_one_line_per_call(pytester, monkeypatch):
     assert line["test"] == "test_suite.py::test_first" and line["outcome"] == "passed"
     assert line["world_size"] == 2 and len(line["rank_work_s"]) == 2
     assert 0 <= line["work_s"] <= line["call_s"] and line["pool_start_s"] > 0
+
+
+def test_no_ranks_pool_is_a_known_option_of_the_suite():
+    """The plugin registers before the command line is parsed (pytest11 entry point), so its options exist."""
+    completed = subprocess.run([sys.executable, "-m", "pytest", "tests/gpu", "--no-ranks-pool", "--collect-only",
+                                "-q", "-p", "no:cacheprovider"], cwd=Path(__file__).parents[2],
+                               capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]

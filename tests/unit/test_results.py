@@ -14,6 +14,7 @@ import pytest
 from harness.errors import ConfigError
 from harness.results import (
     DIGEST_TAG,
+    BaselineUnreadable,
     CellResult,
     CellStatus,
     Outcome,
@@ -81,7 +82,8 @@ def test_reruns_that_flake_stay_red_and_error_are_told_apart():
     assert seen["tests/gpu/test_fsdp.py::test_fsdp_gradients[2]"] == ("errored", 3)  # broken fixture
     assert seen["tests/gpu/test_fsdp.py::test_fsdp_gradients[4]"] == ("skipped", 1)
     assert seen["tests/gpu/test_ep.py::test_ep_load[2]"] == ("passed", 1)
-    assert cell.counts.total == len(seen) == 17  # every test once, however often it ran
+    assert seen["tests/gpu/test_ep.py::test_ep_gpt_oss_bias"] == ("xfailed", 1)  # a known upstream bug
+    assert cell.counts.total == len(seen) == 19  # every test once, however often it ran
     assert (cell.status, cell.reason) == (CellStatus.FAILED, None)
 
 
@@ -89,7 +91,7 @@ def test_failure_keeps_first_line_and_the_end_of_the_traceback():
     routing = next(t for t in read_cell(ADA).tests if t.test_id.endswith("::test_ep_routing"))
     assert routing.message == ("routing differs: layer 1 sends 1 of 32 tokens to other experts "
                                "than the whole model")
-    assert routing.excerpt.endswith("tests/gpu/test_ep.py:31: AssertionError")
+    assert routing.excerpt.endswith("tests/gpu/test_ep.py:43: AssertionError")
     assert routing.property_value("min_routing_margin") == "0.18"
 
 
@@ -110,7 +112,7 @@ def test_crashed_cell_without_junit_is_errored_with_the_log_tail():
     cell = read_cell(RUN / "results-h200-8gpu-torch2.11.0-tf5.18.0" / "h200-8gpu-torch2.11.0-tf5.18.0")
     assert (cell.status, cell.reason) == (CellStatus.ERRORED, "pytest crashed: killed by signal SIGKILL")
     assert cell.tests == ()
-    assert cell.log_tail.endswith("tests/gpu/test_ep.py .........")
+    assert cell.log_tail.endswith("tests/gpu/test_ep.py ..........x")
     assert [gpu.peak_used_mib for gpu in cell.memory][-1] == 41984.0
 
 
@@ -178,7 +180,7 @@ BROKEN_CELLS = [
     ({"junit": ""}, "errored", "junit.xml: empty"),
     ({"junit": JUNIT_OK[:90]}, "errored", "junit.xml: malformed or truncated XML"),
     ({"junit": "<html><body>502 Bad Gateway</body></html>"}, "errored", "junit.xml: not JUnit XML"),
-    ({"junit": JUNIT_OK.replace('1.5"/>', 'soon"/>')}, "errored", "junit.xml: malformed attribute"),
+    ({"junit": JUNIT_OK.replace('1.5"/>', 'soon"/>')}, "passed", "junit.xml: malformed attribute"),
     ({"junit": "\x00\x01binary"}, "errored", "junit.xml: malformed or truncated XML"),
     ({"env": json.dumps({"schema": 1, "status": "errored", "error": "environment: no torch==9.9 wheel"})},
      "errored", "environment: no torch==9.9 wheel"),
@@ -283,9 +285,18 @@ def test_a_small_budget_drops_skipped_ids_then_failing_ids():
     sizes = {"full": len(encode_digest(summary, 10**6))}
     without_skips = decode_digest(f"{DIGEST_TAG} {encode_digest(summary, sizes['full'] - 1)}")
     assert all(cell.skipped is None and cell.failing is not None for cell in without_skips.cells.values())
-    bare = decode_digest(f"{DIGEST_TAG} {encode_digest(summary, 10)}")
+    bare = decode_digest(f"{DIGEST_TAG} {encode_digest(summary, 400)}")
     assert all(cell.failing is None for cell in bare.cells.values())
+    assert bare.complete
     assert bare.cells["ada-2gpu-torch2.11.0-tf5.9.0"].peak_used_mib == (12595.0, 12390.0)
+
+
+def test_a_tiny_budget_keeps_the_first_cells_and_says_it_is_partial():
+    results = load_results([RUN])
+    partial = decode_digest(f"{DIGEST_TAG} {encode_digest(digest(results), 300)}")
+    assert not partial.complete and 0 < len(partial.cells) < len(results.cells)
+    # Cells the partial digest does not hold are not "new": it cannot tell.
+    assert {change.cell_id for change in compare(results, partial).cells} <= set(partial.cells)
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -304,7 +315,7 @@ def test_comparison_with_the_night_before():
     assert comparison.baseline_sha == "0a9b8c7d6e5f40312233445566778899aabbccdd"
     ada = changes["ada-2gpu-torch2.11.0-tf5.9.0"]
     assert [test_id.split("::")[1].split("[pipe")[0] for test_id in ada.new_failures] == [
-        "test_ep_gradients[2-bf16]", "test_ep_routing", "test_hostile_names"]
+        "test_ep_gradients[2-bf16]", "test_ep_logits", "test_ep_routing", "test_fsdp_nvfp4", "test_hostile_names"]
     assert ada.fixed == ("tests/gpu/test_fsdp.py::test_fsdp_fp8",)
     assert [(m.gpu_index, m.before_mib, m.after_mib) for m in ada.memory] == [(0, 11059.0, 12595.3)]
     cpu = changes["cpu-2rank-torch2.13.0-tf5.24.0"]
@@ -330,7 +341,7 @@ def test_memory_threshold_needs_both_mib_and_share():
 
 def test_a_shortened_baseline_says_what_it_could_not_compare():
     results = load_results([RUN])
-    shortened = decode_digest(f"{DIGEST_TAG} {encode_digest(digest(results), 10)}")
+    shortened = decode_digest(f"{DIGEST_TAG} {encode_digest(digest(results), 400)}")
     changes = compare(results, shortened).cells
     assert changes and all(change.incomplete == ("failing tests", "skipped tests") for change in changes)
 
@@ -340,14 +351,15 @@ def test_unchanged_runs_compare_empty():
     assert compare(results, digest(results)).cells == ()
 
 
-@pytest.mark.parametrize(("write", "message"), [
-    (lambda path: path.write_text("a comment without digest"), "no '<!-- harness-digest"),
-    (lambda path: None, "No such file"),
+@pytest.mark.parametrize(("write", "error", "message"), [
+    # A comment without a readable digest is a warning for the caller, never the end of the report.
+    (lambda path: path.write_text("a comment without digest"), BaselineUnreadable, "no '<!-- harness-digest"),
+    (lambda path: None, ConfigError, "No such file"),
 ])
-def test_bad_baselines_are_config_errors(tmp_path, write, message):
+def test_bad_baselines_say_why(tmp_path, write, error, message):
     path = tmp_path / "comment.md"
     write(path)
-    with pytest.raises(ConfigError, match=message):
+    with pytest.raises(error, match=message):
         load_baseline(path)
 
 
@@ -368,3 +380,20 @@ def test_paused_gc_restores_the_collector_even_on_errors(enabled_before):
         assert gc.isenabled() is enabled_before
     finally:
         gc.enable()
+
+
+def test_what_the_memory_monitor_writes_the_reader_reads_back(tmp_path):
+    """memory.json has one shape, contract.MemoryGpuRecord: the monitor writes it, the reader reads it."""
+    from harness import contract, memory
+
+    gpu = memory.GpuIdentity(index=3, uuid="GPU-1234", name="NVIDIA H200")
+    samples = memory.GpuSamples(gpu=gpu, total_mib=143771.0, used_before_mib=512.0, peak_used_mib=40960.5,
+                                interval_s=0.05, sample_count=120)
+    folder = write_cell(tmp_path / "h200-2gpu-torch2.11.0-tf5.18.0")
+    report = memory.MemoryReport(available=True, reason=None, interval_s=0.05, sample_count=120, gpus=(samples,))
+    memory.write_memory_json(folder / contract.MEMORY_JSON, report)
+    assert set(report.to_json()["gpus"][0]) == set(contract.MEMORY_GPU_FIELDS)
+    [read] = read_cell(folder).memory
+    assert (read.index, read.name, read.uuid, read.total_mib, read.used_before_mib, read.peak_used_mib) == (
+        3, "NVIDIA H200", "GPU-1234", 143771.0, 512.0, 40960.5)
+    assert not read_cell(folder).problems

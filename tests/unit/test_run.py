@@ -110,10 +110,23 @@ def test_git_dirty_says_whether_tracked_files_differ_from_head(tmp_path, monkeyp
     assert harness.run.git_dirty(repo) is False
     (repo / "tracked.txt").write_text("two")
     assert harness.run.git_dirty(repo) is True
-    monkeypatch.setenv("GITHUB_SHA", "0" * 40)  # an issue_comment run's sha is not what a cell checked out
-    assert harness.run.git_dirty(repo) is True
-    assert harness.run.git_sha(repo) != "0" * 40
-    assert harness.run.git_dirty(repo.parent) is None and harness.run.git_sha(repo.parent) == "0" * 40
+    assert harness.run.git_dirty(repo.parent) is None and harness.run.git_sha(repo.parent) is None
+
+
+def test_git_sha_is_the_commit_checked_out_and_the_trigger_sha_is_recorded_apart(tmp_path, monkeypatch):
+    """An issue_comment run's GITHUB_SHA is the default branch's head; the cell ran the pull request's."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "the pull request's head"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    monkeypatch.setenv("GITHUB_SHA", "0" * 40)  # the default branch's head
+    assert harness.run.git_sha(repo) == head
+    cell = harness.run.load_matrix(write_matrix(tmp_path, "passing")).cells[0]
+    host = harness.run.Host(gpus=(), gpu_type=None, driver=None)
+    record = harness.run.start_record(cell, host, [], 0.0, project=repo, reproduce="harness run")
+    assert (record["git_sha"], record["trigger_sha"], record["git_dirty"]) == (head, "0" * 40, False)
 
 
 def test_failing_cell_is_failed_and_exits_1(tmp_path):

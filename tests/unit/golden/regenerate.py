@@ -14,7 +14,8 @@ samples/run/       the run under test, laid out as downloaded artifacts:
                    artifact-name/cell-id/... for most cells, artifact-name/... (the artifact folder
                    is the cell folder) for one
 samples/baseline/  the run before it, as plain results/<cell-id>/ folders
-expected/          what `harness report` renders for GOLDEN_CASES
+expected/          per stage: the model the reader builds (model-*.json), the digest a comment
+                   carries (digest-run.json), and what `harness report` renders for GOLDEN_CASES
 """
 
 from __future__ import annotations
@@ -82,6 +83,15 @@ def record_measurements(record_property, world, error, bound, margin, peak_mib):
     record_property("world_size", world)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def ep_coverage(record_testsuite_property):
+    declared = ["qwen3_moe", "mixtral", "gpt_oss"]
+    covered = declared[:2] if "gpt-oss-floor" in FLAGS else declared
+    record_testsuite_property("ep_families_declared", ",".join(declared))
+    record_testsuite_property("ep_families_covered", ",".join(covered))
+    record_testsuite_property("transformers_version", os.environ["SAMPLE_TRANSFORMERS"])
+
+
 @pytest.fixture
 def process_group(world):
     needs(world)
@@ -116,6 +126,18 @@ def test_ep_gradients(world, dtype, record_property):
     assert error <= bound, f"gradient error {error:.2e} above bound {bound:.0e} ({dtype}, {world} ranks)"
 
 
+def test_ep_logits(record_property):
+    difference = 2.4e-3 if "logits-over" in FLAGS else 3.1e-4
+    record_property("max_logits_difference", difference)
+    record_property("logits_atol", 1e-3)
+    assert difference <= 1e-3, f"logits differ by {difference:.1e}, above atol 1e-03"
+
+
+@pytest.mark.xfail(reason="known upstream bug: gpt_oss grouped_mm drops the expert bias on rank 1", strict=True)
+def test_ep_gpt_oss_bias():
+    raise AssertionError("expert bias missing on rank 1")
+
+
 def test_ep_routing(record_property):
     record_property("min_routing_margin", 0.18)
     if "crash" in FLAGS:
@@ -144,7 +166,9 @@ def test_fsdp_gradients(world, process_group, record_property):
 
 @pytest.mark.skipif("nvfp4-floor" in FLAGS, reason="needs torch>=2.14 for nvfp4 fake quant")
 def test_fsdp_nvfp4(record_property):
-    record_measurements(record_property, 2, 1.9e-2, 3e-2, 0.25, 2300.0)
+    error = float("inf") if "grad-inf" in FLAGS else 1.9e-2  # what the suite records for a non-finite gradient
+    record_measurements(record_property, 2, error, 3e-2, 0.25, 2300.0)
+    assert error <= 3e-2, f"gradient error {error} above bound 3e-02"
 
 
 @pytest.mark.xfail(CPU, reason="fp8 fake quant is not implemented for gloo", strict=False)
@@ -207,7 +231,8 @@ H200_8 = "h200-8gpu-torch2.11.0-tf5.18.0"
 RUN = (
     Sample(cell_id=CPU, flags=("nvfp4-floor",), artifact=f"results-{CPU}", duration_s=48.2),
     Sample(cell_id=ADA_5_9, reruns=2, artifact=f"results-{ADA_5_9}", cell_is_artifact=True,
-           flags=("routing-flip", "grad-over-bound", "broken-fixture", "always-red", "flaky", "hostile"),
+           flags=("routing-flip", "grad-over-bound", "broken-fixture", "always-red", "flaky", "hostile", "grad-inf",
+                  "logits-over", "gpt-oss-floor"),
            peaks_mib=(12595.3, 12390.1), duration_s=754.9),
     Sample(cell_id=H200_2, flags=("flaky",), reruns=1, artifact=f"results-{H200_2}",
            peaks_mib=(20480.0, 19968.5), duration_s=402.0),
@@ -255,7 +280,8 @@ def run_sample(sample: Sample, folder: Path, scratch: Path, sha: str) -> None:
         command += ["--reruns", str(sample.reruns)]
     environment = {**os.environ, "PYTHONUNBUFFERED": "1", "SAMPLE_GPUS": str(sample.cell["gpus"]),
                    "SAMPLE_CPU": "1" if sample.cell["gpu"] == "cpu" else "0",
-                   "SAMPLE_FLAGS": ",".join(sample.flags), "SAMPLE_STATE": str(scratch / "state")}
+                   "SAMPLE_FLAGS": ",".join(sample.flags), "SAMPLE_STATE": str(scratch / "state"),
+                   "SAMPLE_TRANSFORMERS": sample.cell["transformers"]}
     done = subprocess.run(command, cwd=scratch, env=environment, capture_output=True, text=True, check=False)
     (folder / "pytest.log").write_text(pin_log(done.stdout + done.stderr, scratch))
     if junit.is_file():
@@ -338,8 +364,61 @@ def render_case(results: str, baseline: str | None, fmt: str) -> str:
     return render(load_results([SAMPLES / results]), fmt, baseline=loaded_baseline)
 
 
+# The middle stages, each its own file, so a reader change is one focused diff: samples -> model -> digest.
+MODEL_CASES = (("model-run.json", "run"), ("model-baseline.json", "baseline"))
+
+
+def model_document(results: str) -> str:
+    """The model the reader builds from samples/<results>, as JSON (folders relative to samples/)."""
+    import dataclasses
+    import enum
+
+    from harness.results import Labelled, load_results
+
+    def plain(value):
+        if isinstance(value, Labelled):
+            return {"labelled": value.label, "tiny": value.tiny}
+        if dataclasses.is_dataclass(value):
+            return {field.name: plain(getattr(value, field.name)) for field in dataclasses.fields(value)}
+        if isinstance(value, enum.Enum):
+            return value.value
+        if isinstance(value, (tuple, list)):
+            return [plain(item) for item in value]
+        if isinstance(value, dict):
+            return {str(key): plain(item) for key, item in value.items()}
+        return value
+
+    document = plain(load_results([SAMPLES / results]))
+    for cell in document["cells"]:
+        cell["folder"] = Path(cell["folder"]).relative_to(SAMPLES).as_posix()
+    return json.dumps(document, indent=1, ensure_ascii=False, sort_keys=True) + "\n"
+
+
+def digest_document(results: str) -> str:
+    from harness.report import DIGEST_MAX_CHARS
+    from harness.results import decode_digest, digest, encode_digest, load_results
+
+    summary = digest(load_results([SAMPLES / results]))
+    payload = encode_digest(summary, DIGEST_MAX_CHARS)
+    read_back = decode_digest(f"harness-digest v1 {payload}")
+    cells = {key: {"status": cell.status.value, "failing": sorted(cell.failing or ()),
+                   "skipped": sorted(cell.skipped or ()), "peak_used_mib": list(cell.peak_used_mib)}
+             for key, cell in read_back.cells.items()}
+    # The payload itself is left out: zlib builds may compress differently; what it decodes to is the contract.
+    return json.dumps({"sha": read_back.git_sha, "matrix": read_back.matrix,
+                       "complete": read_back.complete, "cells": cells}, indent=1, sort_keys=True) + "\n"
+
+
+STAGE_CASES = (
+    *((name, lambda results=results: model_document(results)) for name, results in MODEL_CASES),
+    ("digest-run.json", lambda: digest_document("run")),
+)
+
+
 def render_expected() -> None:
     EXPECTED.mkdir(exist_ok=True)
+    for file_name, build in STAGE_CASES:
+        (EXPECTED / file_name).write_text(build(), encoding="utf-8")
     for file_name, results, baseline, fmt in GOLDEN_CASES:
         (EXPECTED / file_name).write_text(render_case(results, baseline, fmt), encoding="utf-8")
 

@@ -1,20 +1,22 @@
-"""pytest plugin for the suite (tests/gpu): runs test functions on ranks and records what they measured.
+"""pytest plugin: the `ranks` fixture, running test functions on ranks, and the persistent rank pool.
 
-- `ranks` fixture: `ranks.run(world_size, fn, *args)` runs `fn(*args)` on `world_size` ranks (NCCL with
-  one GPU each when CUDA is there, gloo on CPU) and returns each rank's value in rank order. A test
-  parametrized with `world_size` is skipped before it starts when there are too few GPUs ("needs N
-  GPUs") or CPU ranks ("needs N ranks"; HARNESS_CPU_RANKS sets how many, 2 when unset).
+Registered through the `pytest11` entry point (installed harness), or `-p harness.ranks.plugin`, so its
+options (`--no-ranks-pool`) exist when the command line is parsed.
+
+- `ranks.run(world_size, fn, *args)` runs `fn(*args)` on `world_size` ranks (NCCL with one GPU each when
+  CUDA is there, gloo on CPU) and returns each rank's value in rank order. A test parametrized with
+  `world_size` is skipped before it starts when there are too few GPUs ("needs N GPUs") or CPU ranks
+  ("needs N ranks"; HARNESS_CPU_RANKS sets how many, 2 when unset).
 - Each rank's peak allocator memory on GPU becomes the JUnit properties `peak_allocated_mib.rankR` and
-  `peak_reserved_mib.rankR`, and `ranks.record(name=value, ...)` records the case's own metrics, through
+  `peak_reserved_mib.rankR`; `ranks.record(name=value, ...)` records the case's own metrics, through
   `record_property` (pytest writes them with `-o junit_family=xunit1`).
-- The ranks' launcher is `config.stash[LAUNCHER_KEY]`, `harness.distributed.run_distributed` unless a
-  plugin put another there (a persistent rank pool): tests only pass picklable module-level functions and
-  arguments, so they run unchanged on either.
+- The launcher is `config.stash[LAUNCHER_KEY]`: a `PoolLauncher` by default, `run_distributed` (one spawn
+  per call) with `--no-ranks-pool`, the ini `ranks_pool = false` or `HARNESS_RANKS_POOL=0`;
+  `HARNESS_RANKS_POOL=spawn` keeps the pool but spawns its ranks. A plugin may put another launcher there.
 - A launch times out a little before the test's pytest-timeout, so a hang fails with every rank's stack
   instead of pytest-timeout's dump of the waiting parent.
 
-Needs the standard library and pytest (and torch, to count GPUs), so a cell's environment loads it
-through PYTHONPATH. tests/gpu/conftest.py registers it.
+Needs the standard library and pytest (and torch, to count GPUs).
 """
 
 from __future__ import annotations
@@ -26,16 +28,90 @@ from typing import Any
 
 import pytest
 
-from harness.distributed import DEFAULT_TIMEOUT_S, RankResult, run_distributed
+from harness.ranks.pool import PoolLauncher
+from harness.ranks.protocol import DEFAULT_TIMEOUT_S, RankResult
+from harness.ranks.spawn import run_distributed
 
 CPU_RANKS_ENV = "HARNESS_CPU_RANKS"
 DEFAULT_CPU_RANKS = 2
-# The launch ends this long before pytest-timeout fires, leaving time to collect and kill the ranks.
+POOL_ENV = "HARNESS_RANKS_POOL"
+POOL_HELP = ("keep one pool of rank processes per world size for the session instead of spawning ranks for "
+             f"every test (default on; {POOL_ENV}=0 turns it off, {POOL_ENV}=spawn spawns the pool's ranks)")
+POOL_MODES = {"0": None, "1": "fork", "spawn": "spawn"}
+# The launch ends this long before pytest-timeout fires, leaving time to collect stacks and kill the ranks.
 TIMEOUT_MARGIN_S = 30.0
 MIN_LAUNCH_TIMEOUT_S = 10.0
 
 Launcher = Callable[..., list[RankResult]]  # (world_size, fn, *args, timeout=seconds) -> results by rank
 LAUNCHER_KEY = pytest.StashKey[Launcher]()
+POOL_KEY = pytest.StashKey[PoolLauncher]()
+
+
+# ---------------------------------------------------------------- hooks, in lifecycle order
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("harness")
+    group.addoption("--ranks-pool", action="store_true", default=None, dest="ranks_pool", help=POOL_HELP)
+    group.addoption("--no-ranks-pool", action="store_false", dest="ranks_pool",
+                    help=f"spawn fresh ranks for every test (as {POOL_ENV}=0)")
+    parser.addini("ranks_pool", type="bool", default=True, help=POOL_HELP)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    mode = pool_mode(config)
+    if mode is None or LAUNCHER_KEY in config.stash:  # off, or another plugin chose the launcher
+        return
+    launcher = PoolLauncher(fork=mode == "fork")
+    config.stash[POOL_KEY] = launcher
+    config.stash[LAUNCHER_KEY] = launcher
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # The zygote imports torch while pytest sets up the first test's fixtures.
+    launcher = session.config.stash.get(POOL_KEY, None)
+    if launcher is not None and not session.config.option.collectonly and \
+            any("ranks" in getattr(item, "fixturenames", ()) for item in session.items):
+        launcher.warm_up()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    launcher = config.stash.get(POOL_KEY, None)
+    if launcher is None:
+        return "rank pool: off (ranks spawned for every call)"
+    return f"rank pool: on ({'forked from a zygote' if launcher.fork else 'spawned'} ranks)"
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    launcher = config.stash.get(POOL_KEY, None)
+    if launcher is not None and launcher.calls:
+        terminalreporter.write_line(f"rank pool: {launcher.summary()}")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    launcher = config.stash.get(POOL_KEY, None)
+    if launcher is not None:
+        launcher.close()
+
+
+def pool_mode(config: pytest.Config) -> str | None:
+    """"fork", "spawn", or None (off): the command line, then HARNESS_RANKS_POOL, then the ini."""
+    option = config.getoption("ranks_pool", default=None)
+    value = os.environ.get(POOL_ENV, "").strip().lower()
+    if value not in ("", *POOL_MODES):
+        raise pytest.UsageError(f"{POOL_ENV} must be one of {', '.join(POOL_MODES)}, got {value!r}")
+    if option is not None:
+        on = option
+    elif value:
+        return POOL_MODES[value]
+    else:
+        on = config.getini("ranks_pool")
+    if not on:
+        return None
+    return "spawn" if value == "spawn" else "fork"
+
+
+# ---------------------------------------------------------------- the fixture
 
 
 def available_ranks() -> tuple[int, str]:

@@ -1,0 +1,115 @@
+"""The results-folder contract, written once: what `harness run` and the suite write into
+`results/<cell-id>/`, and what `harness.results` reads back.
+
+A new metric is one constant here, the suite's `ranks.record(NAME, value)`, and the rendering that
+shows it. The file names, the env.json record and the property names are not spelled anywhere else.
+Standard library only: `harness gh` and the suite import it on runners that installed nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA = 1  # env.json and memory.json carry it; the reader says when a folder speaks another
+
+# Files of one cell folder.
+JUNIT_XML = "junit.xml"
+ENV_JSON = "env.json"
+MEMORY_JSON = "memory.json"
+PYTEST_LOG = "pytest.log"
+INSTALL_LOG = "install.log"
+CONTRACT_FILES = (JUNIT_XML, ENV_JSON, MEMORY_JSON, PYTEST_LOG)  # a folder holding any of them is a cell
+
+# env.json "status"
+STATUSES = ("passed", "failed", "errored")
+
+# What the suite records per test case (record_property, through `ranks.record`). A failing check
+# records its metrics before it raises, so a red case still shows its numbers.
+GRAD_ERROR = "max_rel_grad_error"
+GRAD_BOUND = "grad_error_bound"
+GRAD_ERROR_PARAM = "max_rel_grad_error_param"  # the parameter whose gradient had the largest error
+ROUTING_MARGIN = "min_routing_margin"
+LOGITS_DIFFERENCE = "max_logits_difference"
+LOGITS_ATOL = "logits_atol"
+PEAK_ALLOCATED_PREFIX = "peak_allocated_mib."  # + the rank
+CASE_METRICS = (GRAD_ERROR, GRAD_BOUND, GRAD_ERROR_PARAM, ROUTING_MARGIN, LOGITS_DIFFERENCE, LOGITS_ATOL)
+
+# What the suite records once per run (record_testsuite_property).
+EP_FAMILIES_DECLARED = "ep_families_declared"  # comma-separated model_type names
+EP_FAMILIES_COVERED = "ep_families_covered"
+TRANSFORMERS_VERSION = "transformers_version"
+SUITE_PROPERTIES = (EP_FAMILIES_DECLARED, EP_FAMILIES_COVERED, TRANSFORMERS_VERSION)
+
+# The PR comment starts with this line, so the next run finds and edits it (harness gh, no jinja2 needed).
+COMMENT_MARKER = "<!-- harness-report -->"
+
+# A known upstream bug is a strict xfail whose reason starts with this; its XPASS says the other.
+KNOWN_BUG_PREFIX = "known upstream bug: "
+FIXED_UPSTREAM = "fixed upstream: remove the entry"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvRecord:
+    """env.json: how one cell ran. `harness run` writes it on every exit path; a folder without it
+    (or without a status) reads as errored."""
+
+    schema: int = SCHEMA
+    cell: dict[str, Any] = field(default_factory=dict)  # Cell.to_json(): id, gpu, gpus, torch, transformers, matrix
+    status: str = "errored"  # one of STATUSES
+    error: str | None = None  # why errored
+    exit_code: int | None = None  # pytest's
+    versions: dict[str, str | None] = field(default_factory=dict)  # python, torch, transformers, accelerate, cuda
+    gpus: list[dict[str, Any]] = field(default_factory=list)  # GpuIdentity.to_json() of the cell's GPUs
+    driver: str | None = None
+    host: str | None = None
+    runner: str | None = None
+    git_sha: str | None = None  # `git rev-parse HEAD` of the repository that ran: the code tested
+    git_dirty: bool | None = None  # tracked files differed from git_sha
+    trigger_sha: str | None = None  # $GITHUB_SHA: the commit the workflow run was started for (not what ran)
+    start: str | None = None  # ISO 8601, UTC
+    end: str | None = None
+    duration_s: float | None = None
+    reproduce: str | None = None  # `harness run --matrix M --cell ID`
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+ENV_FIELDS = tuple(entry.name for entry in dataclasses.fields(EnvRecord))
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryGpuRecord:
+    """One GPU of memory.json: what the NVML monitor measured; None wherever NVML could not tell."""
+
+    index: int  # NVML's index (the parent GPU's for a MIG instance)
+    name: str
+    uuid: str
+    total_mib: float | None
+    used_before_mib: float | None  # used when the cell began (other processes, driver reservations)
+    peak_used_mib: float | None
+    interval_s: float
+    sample_count: int
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryRecord:
+    """memory.json. `available` False (with the reason) on a CPU cell or where NVML cannot be used."""
+
+    schema: int = SCHEMA
+    available: bool
+    reason: str | None
+    interval_s: float
+    sample_count: int
+    gpus: list[MemoryGpuRecord] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+MEMORY_GPU_FIELDS = tuple(entry.name for entry in dataclasses.fields(MemoryGpuRecord))

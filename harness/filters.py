@@ -1,0 +1,135 @@
+"""The jinja2 filters every rendering uses: one escaping for Markdown, HTML and terminals, and the
+number formats. Nothing a test writes may add markup, break a table, close a fence or ping a user; a
+labelled value (inf, nan, out of range) is shown as its label, never computed with."""
+
+from __future__ import annotations
+
+import re
+
+import markupsafe
+
+from harness.results import CellResult, Labelled, Number
+
+# ---------------------------------------------------------------------------------------------
+# Escaping: nothing a test writes may add markup, break a table or ping a user
+
+# C0/C1 controls (ANSI escapes start with one) and bidirectional overrides that reorder what is shown.
+_CONTROL = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]<>|~&!#])")
+_ZERO_WIDTH_SPACE = "&#8203;"  # after '@', so `@team` in a message is text, not a mention
+
+
+def clean_block(text: str | None, max_lines: int | None = None) -> str:
+    """Multi-line text without control characters, keeping at most the last `max_lines` lines."""
+    lines = _CONTROL.sub("", (text or "").replace("\r\n", "\n").replace("\t", "    ")).split("\n")
+    if max_lines is not None and len(lines) > max_lines:
+        lines = lines[-max_lines:]
+    return "\n".join(lines)
+
+
+def one_line(text: object, max_chars: int = 300) -> str:
+    flat = " ".join(_CONTROL.sub(" ", "" if text is None else str(text)).split())
+    return flat if len(flat) <= max_chars else flat[: max_chars - 1] + "…"
+
+
+def markdown_text(text: object, max_chars: int = 300) -> str:
+    """Inline Markdown (table cells, list items): every character that could start markup is escaped."""
+    escaped = _MARKDOWN_SPECIAL.sub(r"\\\1", one_line(text, max_chars))
+    return escaped.replace("@", "@" + _ZERO_WIDTH_SPACE) or "—"
+
+
+def code_span(text: object, max_chars: int = 300, *, table: bool = False) -> str:
+    """An inline code span whose delimiter is longer than any backtick run inside it."""
+    content = one_line(text, max_chars)
+    if not content:
+        return "—"
+    if table:  # GitHub splits table cells on '|' even inside code spans, unless escaped
+        content = content.replace("|", "\\|")
+    longest = max((len(run) for run in re.findall(r"`+", content)), default=0)
+    ticks = "`" * (longest + 1)
+    pad = " " if content.startswith("`") or content.endswith("`") else ""
+    return f"{ticks}{pad}{content}{pad}{ticks}"
+
+
+def html_text(text: object, max_chars: int = 300) -> str:
+    """Text inside raw HTML in Markdown (a <summary>): escaped, one line, no mentions. GitHub does not
+    read Markdown there; '[' is encoded all the same, so no renderer can see a link in it."""
+    escaped = str(markupsafe.escape(one_line(text, max_chars))).replace("[", "&#91;")
+    return escaped.replace("@", "@" + _ZERO_WIDTH_SPACE)
+
+
+def fence_for(text: str | None) -> str:
+    """A code fence longer than any backtick run in `text`, so the text cannot close it."""
+    longest = max((len(run) for run in re.findall(r"`+", text or "")), default=0)
+    return "`" * max(3, longest + 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Numbers
+
+
+# A labelled value (inf, nan, out of range) is shown as its label, never computed with.
+
+
+def gib(mib: Number | None) -> str:
+    if isinstance(mib, Labelled):
+        return one_line(mib.label, 24)
+    return "?" if mib is None else f"{mib / 1024:.1f}"
+
+
+def mib_or_gib(mib: Number | None) -> str:
+    if isinstance(mib, Labelled):
+        return one_line(mib.label, 24) + " MiB"
+    if mib is None:
+        return "—"
+    return f"{mib:.0f} MiB" if mib < 1024 else f"{mib / 1024:.1f} GiB"
+
+
+def memory_per_gpu(cell: CellResult) -> str:
+    """`12.3 / 12.1 GiB`: peak used per GPU, in index order."""
+    if not cell.memory:
+        return "—"
+    return " / ".join(gib(gpu.peak_used_mib) for gpu in cell.memory) + " GiB"
+
+
+def duration(seconds: Number | None) -> str:
+    if isinstance(seconds, Labelled):
+        return one_line(seconds.label, 24) + "s"
+    if seconds is None:
+        return "—"
+    whole = round(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    if minutes:
+        return f"{minutes}m {secs:02d}s"
+    return f"{seconds:.1f}s" if seconds < 10 else f"{secs}s"
+
+
+def scientific(value: Number | None) -> str:
+    if isinstance(value, Labelled):
+        return one_line(value.label, 24)
+    return "—" if value is None else f"{value:.2e}"
+
+
+def significant(value: Number | None) -> str:
+    if isinstance(value, Labelled):
+        return one_line(value.label, 24)
+    return "—" if value is None else f"{value:.3g}"
+
+
+def pad(text: str, width: int, right: bool = False) -> str:
+    return text.rjust(width) if right else text.ljust(width)
+
+
+def percent(fraction: float | None) -> str:
+    return "—" if fraction is None else f"{fraction * 100:.0f}%"
+
+
+def plural(count: int, word: str) -> str:
+    return f"{count:,} {word if count == 1 else word + 's'}"
+
+
+def short_sha(sha: str | None) -> str:
+    return (sha or "")[:12]

@@ -1,0 +1,250 @@
+"""Geometry of the HTML report's plots (SVG markup is in reports/_plot.svg.j2): peak memory per GPU and
+the largest gradient error against its bound. Labelled values (inf, nan) never reach the arithmetic."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from harness.filters import gib, one_line, scientific
+from harness.results import CellResult, finite
+
+if TYPE_CHECKING:
+    from harness.report import CaseMetrics, Report
+
+
+# ---------------------------------------------------------------------------------------------
+# HTML plots: geometry here, markup in reports/_plot.svg.j2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rect:
+    x: float
+    y: float
+    width: float
+    height: float
+    kind: str
+    title: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Dot:
+    x: float
+    y: float
+    kind: str
+    title: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rule:
+    x1: float
+    y1: float
+    x2: float
+    y2: float
+    kind: str
+    title: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Label:
+    x: float
+    y: float
+    text: str
+    anchor: str = "start"
+    kind: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plot:
+    title: str
+    caption: str
+    width: float
+    height: float
+    rects: tuple[Rect, ...] = ()
+    dots: tuple[Dot, ...] = ()
+    rules: tuple[Rule, ...] = ()
+    labels: tuple[Label, ...] = ()
+
+
+_PLOT_WIDTH = 640.0
+_LABEL_CHARS = 56  # a row label's longest; longer ones lose their middle (see plot_label)
+_CHAR_WIDTH = 6.7  # px per character of the 11px monospace row labels (report.html.j2 sets the font)
+_AXIS_TOP = 28.0
+_BAR = 10.0
+_ROW_GAP = 3.0
+_GROUP_GAP = 12.0
+GRADIENT_PLOT_CASES = 60
+
+
+def plot_label(text: object, max_chars: int = _LABEL_CHARS) -> str:
+    """A row label that keeps what tells rows apart: a long test id loses its middle, not its parameters."""
+    flat = one_line(text, 10_000)
+    if len(flat) <= max_chars:
+        return flat
+    head = max_chars // 3
+    return flat[:head] + "…" + flat[len(flat) - (max_chars - head - 1) :]
+
+
+def _label_width(labels: Iterable[str]) -> float:
+    """Room left of the plot for the longest row label, so none is cut at the edge."""
+    return max((len(label) for label in labels), default=0) * _CHAR_WIDTH + 16
+
+
+def html_plots(report: Report) -> tuple[Plot, ...]:
+    plots = (memory_plot(report.cells), gradient_plot(report.metrics[:GRADIENT_PLOT_CASES]))
+    return tuple(plot for plot in plots if plot is not None)
+
+
+def memory_plot(cells: Iterable[CellResult]) -> Plot | None:
+    cells = tuple(cells)
+    largest = max(
+        (
+            value
+            for cell in cells
+            for gpu in cell.memory
+            for value in (finite(gpu.total_mib), finite(gpu.peak_used_mib))
+            if value
+        ),
+        default=0.0,
+    )
+    if not largest:
+        return None
+    scale = _PLOT_WIDTH / largest
+    left = _label_width(plot_label(cell.id) for cell in cells)
+    rects, labels, y = [], [], _AXIS_TOP
+    for cell in cells:
+        labels.append(Label(x=left - 8, y=y + _BAR, text=plot_label(cell.id), anchor="end", kind="row"))
+        if not cell.memory:
+            labels.append(
+                Label(x=left, y=y + _BAR, text=cell.memory_note or "no GPU memory recorded", kind="muted")
+            )
+            y += _BAR + _ROW_GAP
+        for gpu in cell.memory:
+            name = f"{cell.id} GPU {gpu.index}" + (f" ({gpu.name})" if gpu.name else "")
+            total, peak = finite(gpu.total_mib), finite(gpu.peak_used_mib)
+            if total and total > 0:
+                rects.append(
+                    Rect(
+                        x=left,
+                        y=y,
+                        width=total * scale,
+                        height=_BAR,
+                        kind="capacity",
+                        title=f"{name}: {gib(gpu.total_mib)} GiB in total",
+                    )
+                )
+            if peak is not None and peak >= 0:
+                rects.append(
+                    Rect(
+                        x=left,
+                        y=y,
+                        width=peak * scale,
+                        height=_BAR,
+                        kind="peak",
+                        title=f"{name}: peak {gib(gpu.peak_used_mib)} GiB, {gib(gpu.used_before_mib)} GiB before",
+                    )
+                )
+            labels.append(
+                Label(
+                    x=left + _PLOT_WIDTH + 8,
+                    y=y + _BAR,
+                    text=f"GPU {gpu.index}: {gib(gpu.peak_used_mib)} GiB",
+                    kind="value",
+                )
+            )
+            y += _BAR + _ROW_GAP
+        y += _GROUP_GAP
+    ticks = _linear_ticks(largest / 1024)
+    tick_xs = [left + tick * 1024 * scale for tick in ticks]
+    rules = [Rule(x1=x, y1=_AXIS_TOP - 6, x2=x, y2=y - _GROUP_GAP, kind="grid") for x in tick_xs]
+    labels.extend(
+        Label(x=rule.x1, y=_AXIS_TOP - 10, text=f"{tick:g} GiB", anchor="middle", kind="axis")
+        for rule, tick in zip(rules, ticks, strict=True)
+    )
+    return Plot(
+        title="Peak memory per GPU",
+        caption="Dark: peak used during the cell; light: the GPU's total.",
+        width=left + _PLOT_WIDTH + 130,
+        height=y,
+        rects=tuple(rects),
+        rules=tuple(rules),
+        labels=tuple(labels),
+    )
+
+
+def gradient_plot(cases: Iterable[CaseMetrics]) -> Plot | None:
+    cases = tuple(case for case in cases if any(point.error is not None for point in case.points))
+    values = [
+        value
+        for case in cases
+        for point in case.points
+        for value in (finite(point.error), finite(point.bound))
+        if value is not None and value > 0
+    ]
+    if not values:
+        return None
+    # Labelled values (inf, nan, out of range) sit at the axis' right end; the model's range keeps
+    # every finite value's log10 within a few hundred.
+    low, high = math.floor(math.log10(min(values))), math.ceil(math.log10(max(values)))
+    high = max(high, low + 1)
+    left = _label_width(plot_label(case.case) for case in cases)
+
+    def x_of(value: float) -> float:
+        return left + (math.log10(value) - low) / (high - low) * _PLOT_WIDTH
+
+    dots, rules, labels, y = [], [], [], _AXIS_TOP
+    row = _BAR + 2 * _ROW_GAP
+    bottom = _AXIS_TOP + row * len(cases)
+    for exponent in range(low, high + 1):  # the grid first, so bounds and dots are drawn over it
+        x = x_of(10.0**exponent)
+        rules.append(Rule(x1=x, y1=_AXIS_TOP - 6, x2=x, y2=bottom, kind="grid"))
+        labels.append(Label(x=x, y=_AXIS_TOP - 10, text=f"1e{exponent}", anchor="middle", kind="axis"))
+    for case in cases:
+        labels.append(Label(x=left - 8, y=y + _BAR, text=plot_label(case.case), anchor="end", kind="row"))
+        bounds = {finite(point.bound) for point in case.points}
+        for bound in sorted(bound for bound in bounds if bound and bound > 0):
+            rules.append(
+                Rule(
+                    x1=x_of(bound),
+                    y1=y - 1,
+                    x2=x_of(bound),
+                    y2=y + _BAR + 1,
+                    kind="bound",
+                    title=f"bound {scientific(bound)}",
+                )
+            )
+        for point in case.points:
+            if point.error is None:
+                continue
+            error = finite(point.error)
+            at_zero = error is not None and error <= 0
+            x = left + _PLOT_WIDTH if error is None else (left if at_zero else x_of(error))
+            dots.append(
+                Dot(
+                    x=x,
+                    y=y + _BAR / 2,
+                    kind="over" if point.exceeded else ("zero" if at_zero else "within"),
+                    title=f"{point.cell_id}: error {scientific(point.error)}, bound {scientific(point.bound)}",
+                )
+            )
+        y += row
+    return Plot(
+        title="Largest gradient error against its bound",
+        caption="One dot per cell (red: over the bound); the bar is the bound; log scale. "
+        f"The {len(cases)} cases closest to their bound.",
+        width=left + _PLOT_WIDTH + 40,
+        height=y + _ROW_GAP,
+        dots=tuple(dots),
+        rules=tuple(rules),
+        labels=tuple(labels),
+    )
+
+
+def _linear_ticks(largest: float) -> list[float]:
+    """About five round steps from 0 to `largest`."""
+    raw = largest / 5
+    magnitude = 10 ** math.floor(math.log10(raw))
+    step = next(factor * magnitude for factor in (1, 2, 5, 10) if factor * magnitude >= raw)
+    return [index * step for index in range(int(largest // step) + 1)]

@@ -1,0 +1,15 @@
+"""Running functions on N ranks: the protocol (protocol.py), what a rank does (rank.py), the launcher's side
+(launcher.py), one spawn per call (spawn.py), the zygote (zygote.py), persistent pools (pool.py), nothing
+outliving its launcher (lifecycle.py) and the pytest plugin with the `ranks` fixture (plugin.py)."""
+
+from harness.ranks.protocol import (
+    DEFAULT_TIMEOUT_S,
+    DistributedError,
+    RankFailedError,
+    RankResult,
+    RankTimeoutError,
+)
+from harness.ranks.spawn import run_distributed
+
+__all__ = ["DEFAULT_TIMEOUT_S", "DistributedError", "RankFailedError", "RankResult", "RankTimeoutError",
+           "run_distributed"]

@@ -1,0 +1,278 @@
+"""The launcher's side of the protocol for one set of ranks (`RankSet`): start them (spawned here, or
+forked by the zygote), wait until they formed their process group, check they are alive and idle, send a
+call and gather one answer per rank, and kill them. `spawn.run_distributed` uses one set per call; the
+pool keeps sets between calls.
+
+Deadlines: starting ranks has its own (`BOOTSTRAP_TIMEOUT_S`), and a call's timeout starts when the call
+is sent, so a machine slow to start ranks never turns into a false timeout. On any failure or hang the
+ranks still running are asked for their Python stacks (faulthandler, on SIGUSR1) before they are killed.
+Needs only the standard library; the ranks run harness.ranks.rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from harness.ranks import lifecycle
+from harness.ranks.protocol import (
+    BOOTSTRAP_TIMEOUT_S,
+    DEVICES,
+    PEER_FAILURE_GRACE_S,
+    STACK_DUMP_GRACE_S,
+    Call,
+    Died,
+    Done,
+    Failed,
+    Hello,
+    Launch,
+    Ping,
+    Probe,
+    RankResult,
+    RankSpec,
+    failure_error,
+    timeout_error,
+)
+from harness.ranks.rank import spawned_rank_main, stack_path
+
+POLL_S = 0.1
+# A rank answers a Ping once it has put back what its last call changed (a garbage collection, an emptied
+# CUDA cache); one that takes longer than this is not used again.
+IDLE_CHECK_TIMEOUT_S = 60.0
+PROBE_TIMEOUT_S = 60.0
+# How long a dead forked rank's exit status may take to come from the zygote that reaps it.
+EXIT_STATUS_WAIT_S = 1.0
+
+
+def pickle_call(world_size: int, fn: Callable[..., Any], args: tuple, device: str, caller: str) -> bytes:
+    """The pickled `(fn, args)` the ranks run, after refusing bad arguments before any rank starts."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+    try:
+        return pickle.dumps((fn, args))
+    except Exception as error:
+        raise TypeError(f"{caller} needs a module-level function and picklable arguments; {error}") from error
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (rank 0's store binds it moments later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def to_results(replies: list[Done]) -> list[RankResult]:
+    return [RankResult(rank=rank, value=reply.value, peak_allocated_mib=reply.peak_allocated_mib,
+                       peak_reserved_mib=reply.peak_reserved_mib) for rank, reply in enumerate(replies)]
+
+
+class RankSet:
+    """The ranks of one (world size, device): their sockets, stack files and processes."""
+
+    def __init__(self, world_size: int, device: str, collective_timeout_s: float):
+        self.world_size = world_size
+        self.device = device
+        self.collective_timeout_s = collective_timeout_s
+        # False once a rank died, hung or was killed: only an intact set may serve another call.
+        self.intact = True
+        self.workdir = Path(tempfile.mkdtemp(prefix="harness-pool-"))
+        self.launch = Launch(world_size=world_size, port=free_port(), workdir=str(self.workdir),
+                             collective_timeout_s=collective_timeout_s, device=device, launcher_pid=os.getpid())
+        # Linux: an abstract socket (no path-length limit, no file left behind), so anyone on the host could
+        # connect: the HMAC challenge with a key only the ranks hold comes before anything is unpickled.
+        self._authkey = os.urandom(32)
+        self._address = (f"\0harness-ranks-{uuid.uuid4().hex}" if sys.platform.startswith("linux")
+                         else str(self.workdir / "launcher.sock"))
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(self._address)
+        self._server.listen(world_size)
+        self.pids: list[int | None] = [None] * world_size
+        self._processes: list[multiprocessing.Process | None] = [None] * world_size  # spawned ranks
+        self._connections: list[multiprocessing.connection.Connection | None] = [None] * world_size
+        self._exit_code_of: Callable[[int, float], int | None] | None = None  # forked ranks: the zygote's
+
+    def specs(self) -> list[RankSpec]:
+        return [RankSpec(self.launch, rank, self._address, self._authkey, dict(os.environ))
+                for rank in range(self.world_size)]
+
+    def spawn(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        for spec in self.specs():
+            process = context.Process(target=spawned_rank_main, args=(spec,), name=f"harness-rank{spec.rank}")
+            process.start()
+            self._processes[spec.rank], self.pids[spec.rank] = process, process.pid
+
+    def adopt(self, pids: list[int], exit_code_of: Callable[[int, float], int | None]) -> None:
+        """Ranks forked elsewhere (by the zygote, which reaps them and reports their exit codes)."""
+        self.pids = list(pids)
+        self._exit_code_of = exit_code_of
+
+    def wait_ready(self, timeout_s: float = BOOTSTRAP_TIMEOUT_S) -> None:
+        """Until every rank has connected and formed the process group; raises as a call does."""
+        deadline = time.monotonic() + timeout_s
+        self._server.settimeout(POLL_S)
+        waiting = set(range(self.world_size))
+        while waiting:
+            with contextlib.suppress(TimeoutError, socket.timeout):
+                sock, _ = self._server.accept()
+                sock.setblocking(True)
+                connection = multiprocessing.connection.Connection(sock.detach())
+                try:
+                    multiprocessing.connection.deliver_challenge(connection, self._authkey)
+                    multiprocessing.connection.answer_challenge(connection, self._authkey)
+                except (multiprocessing.AuthenticationError, EOFError, OSError):
+                    connection.close()  # not one of our ranks
+                    continue
+                hello = pickle.loads(connection.recv_bytes())
+                assert isinstance(hello, Hello), hello
+                self._connections[hello.rank] = connection
+                waiting.discard(hello.rank)
+                continue
+            dead = {rank: self._died(rank, wait_s=0) for rank in sorted(waiting)}
+            dead = {rank: died for rank, died in dead.items() if died.exit_code is not None}
+            if dead or time.monotonic() > deadline:
+                self.intact = False
+                stacks = self.stacks([rank for rank in sorted(waiting) if rank not in dead])
+                if dead:
+                    raise failure_error(self.world_size, {}, dead, stacks)
+                raise timeout_error(self.world_size, timeout_s, {}, stacks)
+        self._server.close()
+        self._gather(deadline, timeout_s)
+
+    def idle(self) -> bool:
+        """Every rank alive and idle: asked, not guessed, so a rank that died between calls is found now."""
+        if not self.intact or any(connection is None for connection in self._connections):
+            return False
+        if not self._send_all(pickle.dumps(Ping())):
+            return False
+        return self._answered_by_all(IDLE_CHECK_TIMEOUT_S)
+
+    def probe(self) -> bool:
+        """After a call that failed on some ranks and was answered by all: one world collective succeeds."""
+        return self.intact and self._send_all(pickle.dumps(Probe())) and \
+            self._answered_by_all(PROBE_TIMEOUT_S)
+
+    def call(self, payload: bytes, timeout_s: float) -> list[Done]:
+        """Run the pickled `(fn, args)` on every rank; each rank's Done, or the launch's error."""
+        message = pickle.dumps(Call(payload, list(sys.path), dict(os.environ)))
+        for rank in range(self.world_size):
+            stack_path(self.workdir, rank).write_text("")  # this call's stacks only
+        self._send_all(message)  # a rank that is gone shows as a closed connection when gathered
+        return self._gather(time.monotonic() + timeout_s, timeout_s)
+
+    def _send_all(self, message: bytes) -> bool:
+        sent = True
+        for connection in self._connections:
+            try:
+                connection.send_bytes(message)
+            except OSError:
+                sent = False
+        return sent
+
+    def _answered_by_all(self, timeout_s: float) -> bool:
+        try:
+            self._gather(time.monotonic() + timeout_s, timeout_s)
+        except Exception:
+            self.intact = False
+            return False
+        return True
+
+    def _gather(self, deadline: float, timeout_s: float) -> list[Any]:
+        """One answer from every rank. A failure gives the others PEER_FAILURE_GRACE_S to answer; then the
+        ranks still running give their stacks, and the error names the first failure."""
+        replies: dict[int, Any] = {}
+        failures: dict[int, Failed | Died] = {}
+        failure_seen_at: float | None = None
+        while len(replies) + len(failures) < self.world_size:
+            now = time.monotonic()
+            if (failure_seen_at is not None and now - failure_seen_at > PEER_FAILURE_GRACE_S) or now > deadline:
+                break
+            pending = {self._connections[rank]: rank for rank in range(self.world_size)
+                       if rank not in replies and rank not in failures}
+            for connection in multiprocessing.connection.wait(list(pending), timeout=POLL_S):
+                rank = pending[connection]
+                try:
+                    answer = pickle.loads(connection.recv_bytes())
+                except (EOFError, OSError):
+                    answer = self._died(rank, wait_s=EXIT_STATUS_WAIT_S)
+                except Exception as error:  # a value this process cannot unpickle
+                    answer = Failed.from_exception(error)
+                if isinstance(answer, (Failed, Died)):
+                    failures[rank] = answer
+                    failure_seen_at = failure_seen_at or time.monotonic()
+                else:
+                    replies[rank] = answer
+        running = [rank for rank in range(self.world_size) if rank not in replies and rank not in failures]
+        if running or any(isinstance(f, Died) or not f.alive for f in failures.values()):
+            self.intact = False
+        if failures:
+            raise failure_error(self.world_size, replies, failures, self.stacks(running))
+        if running:
+            raise timeout_error(self.world_size, timeout_s, replies, self.stacks(running))
+        return [replies[rank] for rank in range(self.world_size)]
+
+    def stacks(self, ranks: list[int]) -> dict[int, str]:
+        """The Python stack of each of `ranks`, still running: faulthandler writes them on SIGUSR1."""
+        for rank in ranks:
+            if self.pids[rank] is not None:
+                lifecycle.signal_group(self.pids[rank], signal.SIGUSR1)
+        grace_end = time.monotonic() + STACK_DUMP_GRACE_S
+        sizes: dict[int, int] = {}
+        while ranks and time.monotonic() < grace_end:
+            time.sleep(POLL_S)
+            now = {rank: len(self._read_stack(rank)) for rank in ranks}
+            if all(now.values()) and now == sizes:  # written, and no longer growing
+                break
+            sizes = now
+        return {rank: self._read_stack(rank) or "(no stack written: the rank did not answer SIGUSR1)"
+                for rank in ranks}
+
+    def _read_stack(self, rank: int) -> str:
+        try:
+            return stack_path(self.workdir, rank).read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def _died(self, rank: int, wait_s: float) -> Died:
+        exit_code = None
+        process = self._processes[rank]
+        if process is not None:
+            process.join(wait_s)
+            exit_code = process.exitcode
+        elif self.pids[rank] is not None and self._exit_code_of is not None:
+            exit_code = self._exit_code_of(self.pids[rank], wait_s)
+        return Died(exit_code=exit_code, last_stack=self._read_stack(rank))
+
+    def kill(self) -> None:
+        """Kill every rank (and what it started) and remove the work folder; safe to call twice."""
+        self.intact = False
+        for pid in self.pids:
+            if pid is not None:
+                lifecycle.signal_group(pid, signal.SIGKILL)
+        for connection in self._connections:
+            if connection is not None:
+                connection.close()
+        self._connections = [None] * self.world_size
+        for process in self._processes:
+            if process is not None:
+                process.join(10)
+                process.close()
+        self._processes = [None] * self.world_size
+        self._server.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+

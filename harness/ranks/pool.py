@@ -1,0 +1,244 @@
+"""Persistent rank pools: one `RankSet` per (world size, device), started on first use and kept for the
+session, so a test pays for its own work and not for starting processes, importing torch and transformers
+and forming a process group.
+
+`PoolLauncher()(world_size, fn, *args, timeout=..., device=...)` has the contract of
+`spawn.run_distributed`: one `RankResult` per rank, or `RankFailedError` / `RankTimeoutError`.
+
+- Before every call each rank is asked whether it is alive and idle; a pool with a dead rank is replaced
+  before the call is sent, so a rank that died between calls (killed, OOM) never fails the next test.
+- After a call that failed on some ranks but was answered by all, a probe collective decides: the pool is
+  kept when it succeeds. A rank that died, a hang, or an interrupt (pytest-timeout, Ctrl-C) replaces it.
+- Ranks are forked from the zygote (harness.ranks.zygote), which imports torch, the modules of the
+  functions called and the modules the ranks went on to import. A zygote whose imports make forking unsafe
+  is replaced by one importing less (the functions' modules, then torch alone); if even that is refused,
+  or the first forked pool cannot start where a spawned one can, ranks are spawned for the rest of the
+  session; `summary()` says why.
+
+`HARNESS_RANKS_TIMING=PATH` appends one JSON line per call: how long `fn` ran on each rank and the call's
+wall time (tests/benchmarks/bench_pool.py reads it). Needs only the standard library here.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from harness.ranks.launcher import RankSet, pickle_call, to_results
+from harness.ranks.protocol import (
+    BOOTSTRAP_TIMEOUT_S,
+    COLLECTIVE_TIMEOUT_MARGIN_S,
+    DEFAULT_TIMEOUT_S,
+    DistributedError,
+    RankFailedError,
+    RankResult,
+    RankTimeoutError,
+    collective_timeout,
+)
+from harness.ranks.zygote import ForkRefused, Zygote
+
+TIMING_ENV = "HARNESS_RANKS_TIMING"
+
+
+class PoolLauncher:
+    """`run_distributed` on persistent pools: `launcher(world_size, fn, *args, timeout=..., device=...)`."""
+
+    def __init__(self, *, fork: bool = True):
+        self.fork = fork
+        self.preload_refused: str | None = None  # why the zygote imports less than it could
+        self.fork_refused: str | None = None  # why ranks are spawned: the zygote could not fork even bare
+        self._fork_proven = False  # a forked pool has formed its process group this session
+        self.calls = 0
+        self.pools_started = 0
+        self.pools_replaced = 0  # killed after a death, a hang or a broken failure
+        self._pools: dict[tuple[int, str], RankSet] = {}
+        self._zygote: Zygote | None = None
+        self._retired: list[Zygote] = []  # refused zygotes, kept while the ranks they forked serve
+        # What the zygote imports besides torch: the modules of the functions called, and (from level 2) the
+        # modules the ranks imported while they ran (transformers loads most of itself lazily), so a fresh
+        # pool imports nothing again. A level that makes forking unsafe is given up for the one below.
+        self._preload_level = 2
+        self._fn_modules: list[str] = []
+        self._rank_modules: dict[str, None] = {}
+        atexit.register(self.close)
+
+    def __call__(self, world_size: int, fn: Callable[..., Any], *args: Any, timeout: float = DEFAULT_TIMEOUT_S,
+                 device: str = "auto") -> list[RankResult]:
+        payload = pickle_call(world_size, fn, args, device, caller="the rank pool")
+        self.calls += 1
+        module = getattr(fn, "__module__", None)
+        if module and module != "__main__" and module not in self._fn_modules:
+            self._fn_modules.append(module)
+
+        started = time.monotonic()
+        key = (world_size, device)
+        pool_start_s = 0.0
+        outcome, work = "failed", []
+        try:
+            pool = self._pools.get(key)
+            if pool is not None and not (timeout <= pool.collective_timeout_s - COLLECTIVE_TIMEOUT_MARGIN_S
+                                         and pool.idle()):
+                self._discard(key)
+                pool = None
+            if pool is None:
+                pool = self._start_pool(world_size, device, timeout)
+                pool_start_s = time.monotonic() - started
+            try:
+                replies = pool.call(payload, timeout)
+            except BaseException as error:
+                if not isinstance(error, DistributedError):  # pytest-timeout, Ctrl-C: what were the ranks doing?
+                    _print_stacks(pool, error)
+                raise
+            work = [reply.seconds for reply in replies]
+            outcome = "passed"
+            self._preload([name for reply in replies for name in reply.modules])
+            return to_results(replies)
+        except RankFailedError as error:
+            work = error.rank_seconds
+            self._preload(error.rank_modules)
+            if not (key in self._pools and self._pools[key].probe()):
+                self._discard(key)
+            raise
+        except BaseException as error:  # a hang, or pytest-timeout / Ctrl-C while we waited
+            outcome = "timeout" if isinstance(error, RankTimeoutError) else outcome
+            work = getattr(error, "rank_seconds", work)
+            self._discard(key)
+            raise
+        finally:
+            _record_timing(world_size, device, fn, outcome, work, time.monotonic() - started, pool_start_s)
+
+    def summary(self) -> str:
+        if not self.fork:
+            how = "spawned"
+        elif self.fork_refused:
+            how = f"spawned ({self.fork_refused})"
+        else:
+            how = "forked from a zygote"
+            if self.preload_refused:
+                imports = "the functions' modules" if self._preload_level == 1 else "torch alone"
+                how += f" importing {imports} ({self.preload_refused})"
+        return (f"{self.calls} calls, {self.pools_started} pools started, {self.pools_replaced} replaced after a "
+                f"dead rank, a hang or a broken failure; ranks {how}")
+
+    def warm_up(self) -> None:
+        """Start the zygote now (it imports torch in the background) rather than at the first call."""
+        if self.fork and not self.fork_refused and self._zygote is None:
+            self._start_zygote()
+
+    def close(self) -> None:
+        """Kill every pool and zygote; safe to call more than once."""
+        for key in list(self._pools):
+            self._pools.pop(key).kill()
+        self._stop_zygote()
+        while self._retired:
+            self._retired.pop().kill()
+
+    def _discard(self, key: tuple[int, str]) -> None:
+        pool = self._pools.pop(key, None)
+        if pool is not None:
+            pool.kill()
+            self.pools_replaced += 1
+
+    def _start_pool(self, world_size: int, device: str, timeout: float) -> RankSet:
+        pool = self._new_pool(world_size, device, timeout)
+        if self._fork_ranks(pool):
+            try:
+                pool.wait_ready()
+                self._fork_proven = True
+                return pool
+            except RankFailedError as forked_error:
+                if self._fork_proven:
+                    raise
+                # Forked ranks never formed a pool here: spawned ones settle whether forking is to blame.
+                self._discard((world_size, device))
+                pool = self._new_pool(world_size, device, timeout)
+                pool.spawn()
+                pool.wait_ready()
+                self.fork_refused = f"forked ranks could not start: rank {forked_error.rank} {forked_error.summary}"
+                self._stop_zygote()
+                return pool
+        pool.spawn()
+        pool.wait_ready()
+        return pool
+
+    def _new_pool(self, world_size: int, device: str, timeout: float) -> RankSet:
+        pool = RankSet(world_size, device, collective_timeout_s=collective_timeout(timeout))
+        self._pools[(world_size, device)] = pool
+        self.pools_started += 1
+        return pool
+
+    def _fork_ranks(self, pool: RankSet) -> bool:
+        """Fork the pool's ranks from the zygote; False when they must be spawned instead."""
+        deadline = time.monotonic() + BOOTSTRAP_TIMEOUT_S
+        while self.fork and not self.fork_refused:
+            if self._zygote is None or not self._zygote.alive():
+                self._start_zygote()
+            zygote = self._zygote
+            try:
+                modules = self._fn_modules if self._preload_level >= 1 else []
+                pool.adopt(zygote.fork(pool.specs(), modules, deadline), zygote.exit_code)
+                return True
+            except ForkRefused as refused:
+                self._retire_zygote()
+                if self._preload_level > 0 and not refused.bare:
+                    self._preload_level -= 1
+                    self.preload_refused = str(refused)
+                else:
+                    self.fork_refused = str(refused)
+            except BaseException:  # still importing at the deadline, or interrupted
+                self._stop_zygote()
+                raise
+        return False
+
+    def _start_zygote(self) -> None:
+        self._retire_zygote()
+        self._zygote = Zygote()
+        if self._preload_level >= 2 and self._rank_modules:
+            self._zygote.preload(list(self._rank_modules))
+
+    def _retire_zygote(self) -> None:
+        """Stop forking from the zygote; it lives on while the ranks it forked (which die with it) serve."""
+        if self._zygote is not None:
+            self._retired.append(self._zygote)
+            self._zygote = None
+
+    def _stop_zygote(self) -> None:
+        if self._zygote is not None:
+            self._zygote.kill()
+            self._zygote = None
+
+    def _preload(self, modules: list[str]) -> None:
+        """Have the zygote import what the ranks imported, while the tests go on."""
+        new = [module for module in modules if module not in self._rank_modules]
+        self._rank_modules.update(dict.fromkeys(new))
+        if new and self._preload_level >= 2 and self._zygote is not None:
+            self._zygote.preload(new)
+
+
+def _print_stacks(pool: RankSet, error: BaseException) -> None:
+    """The ranks' stacks on stderr (pytest shows it with the test's failure) when the wait for them was cut
+    short by something else than the launcher: pytest-timeout, an interrupt."""
+    stacks = pool.stacks(list(range(pool.world_size)))
+    print(f"rank pool: {type(error).__name__} while the ranks ran; the Python stack of every rank:", file=sys.stderr)
+    for rank, stack in stacks.items():
+        print(f"--- rank {rank} ---\n{stack.rstrip()}", file=sys.stderr, flush=True)
+
+
+def _record_timing(world_size: int, device: str, fn: Callable[..., Any], outcome: str, work: list,
+                   call_s: float, pool_start_s: float) -> None:
+    """One JSON line per call to HARNESS_RANKS_TIMING: fn's seconds on each rank, the call's wall time."""
+    path = os.environ.get(TIMING_ENV)
+    if not path:
+        return
+    known = [seconds for seconds in work if seconds is not None]
+    record = {"test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0], "world_size": world_size,
+              "device": device, "fn": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}",
+              "outcome": outcome, "work_s": max(known) if known else None, "rank_work_s": work,
+              "call_s": round(call_s, 6), "pool_start_s": round(pool_start_s, 6)}
+    with open(path, "a") as timing:
+        timing.write(json.dumps(record) + "\n")

@@ -1,0 +1,292 @@
+"""What passes between the launcher and its ranks, and the errors a launch raises: one set of types, one
+failure ordering, one set of messages, for the spawned ranks and the pool alike.
+
+Messages are frozen dataclasses pickled over a Unix socket (launcher <-> rank) or a pipe (launcher <->
+zygote); nothing between processes is a bare tuple. Needs only the standard library.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+import traceback
+from typing import Any
+
+DEFAULT_TIMEOUT_S = 300.0
+# Starting ranks (importing torch, forming the process group) has its own deadline, so a busy machine that
+# is slow to start ranks never eats into the time a test's function is given.
+BOOTSTRAP_TIMEOUT_S = 300.0
+# After the first failure the other ranks get this long to report: gloo peers of a rank that exited fail
+# within milliseconds; NCCL peers, and peers of a rank that raised and lives on, wait in their collective.
+PEER_FAILURE_GRACE_S = 3.0
+# How long faulthandler gets to write the stacks of the ranks still running before they are killed.
+STACK_DUMP_GRACE_S = 5.0
+# A collective may last this much longer than the launch's deadline: the launcher, not a rank's own
+# collective timeout, decides a hang, so the hung rank's stack is collected before any peer gives up.
+COLLECTIVE_TIMEOUT_MARGIN_S = STACK_DUMP_GRACE_S + PEER_FAILURE_GRACE_S + 30.0
+MIB = 1024 * 1024
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def collective_timeout(launch_timeout_s: float) -> float:
+    """The process group's timeout for launches of up to `launch_timeout_s`."""
+    return launch_timeout_s + COLLECTIVE_TIMEOUT_MARGIN_S
+
+
+# ---------------------------------------------------------------- launch description
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """What every rank of one set of ranks shares."""
+
+    world_size: int
+    port: int  # rank 0's TCP store
+    workdir: str  # the ranks' stack files and the launcher's socket
+    collective_timeout_s: float
+    device: str
+    launcher_pid: int  # the process whose death ends every rank
+
+
+@dataclasses.dataclass(frozen=True)
+class RankSpec:
+    launch: Launch
+    rank: int
+    address: str  # the launcher's Unix socket
+    authkey: bytes  # answers the launcher's challenge: only its ranks may connect
+    environ: dict[str, str]  # the launcher's environment (a forked rank starts with the zygote's)
+
+
+@dataclasses.dataclass(frozen=True)
+class RankResult:
+    """What one rank returned, and its allocator peaks while `fn` ran (None on CPU)."""
+
+    rank: int
+    value: Any
+    peak_allocated_mib: float | None
+    peak_reserved_mib: float | None
+
+
+# ---------------------------------------------------------------- launcher -> rank
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    payload: bytes  # pickled (fn, args)
+    sys_path: list[str]
+    environ: dict[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Ping:
+    """Are you alive and idle? Answered with Pong once the rank has put back what its last call changed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    """After a call that failed on some ranks but was answered by all: one collective on the world group, to
+    show the pool can serve the next call."""
+
+
+# ---------------------------------------------------------------- rank -> launcher
+
+
+@dataclasses.dataclass(frozen=True)
+class Hello:
+    rank: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Ready:
+    """The rank formed its process group."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Pong:
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Done:
+    value: Any
+    seconds: float | None
+    peak_allocated_mib: float | None
+    peak_reserved_mib: float | None
+    modules: list[str]  # modules the rank imported during the call (the zygote imports them next)
+
+
+@dataclasses.dataclass(frozen=True)
+class Failed:
+    """The rank raised; it stays alive when the failure left it able to serve (`alive`)."""
+
+    failed_at: float  # time.time(), to order failures across ranks
+    error_type: str
+    error_message: str
+    traceback: str
+    seconds: float | None = None
+    modules: list[str] = dataclasses.field(default_factory=list)
+    alive: bool = True
+
+    @classmethod
+    def from_exception(cls, error: BaseException, **fields: Any) -> Failed:
+        return cls(failed_at=time.time(), error_type=type(error).__qualname__, error_message=first_line(error),
+                   traceback=traceback.format_exc(), **fields)
+
+
+# ---------------------------------------------------------------- launcher <-> zygote
+
+
+@dataclasses.dataclass(frozen=True)
+class Preload:
+    modules: list[str]
+    sys_path: list[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Fork:
+    specs: list[RankSpec]
+
+
+@dataclasses.dataclass(frozen=True)
+class Forked:
+    pids: list[int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Refused:
+    """Forking the zygote became unsafe; `bare`: importing torch alone made it so."""
+
+    reason: str
+    bare: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Exited:
+    pid: int
+    exit_code: int  # negative: killed by that signal
+
+
+# ---------------------------------------------------------------- errors
+
+
+class DistributedError(Exception):
+    """A launch did not complete on every rank. `rank_seconds`: how long fn ran on each rank (None: unknown);
+    `rank_modules`: what the ranks imported (the pool preloads them)."""
+
+    def __init__(self, text: str, rank_seconds: list[float | None], rank_modules: list[str]):
+        super().__init__(text)
+        self.rank_seconds = rank_seconds
+        self.rank_modules = rank_modules
+
+
+class RankFailedError(DistributedError):
+    """A rank raised, or exited without a result. `rank` is the first one that failed; `other_failures` the
+    collateral: later errors, and the ranks still running with their stacks."""
+
+    def __init__(self, rank: int, summary: str, details: str, other_failures: list[str], *,
+                 rank_seconds: list[float | None] | None = None, rank_modules: list[str] | None = None):
+        self.rank = rank
+        self.summary = summary
+        self.details = details
+        self.other_failures = other_failures
+        text = f"rank {rank} {summary}\n\n{details}"
+        if other_failures:
+            text += "\nafterwards:\n" + "\n".join(f"  {line}" for line in other_failures)
+        super().__init__(text, rank_seconds or [], rank_modules or [])
+
+
+class RankTimeoutError(DistributedError):
+    """Ranks still ran at the deadline; `stacks` maps each rank to its Python stack (or what it did).
+    `hung_first`: the ranks that were not waiting in a torch.distributed call, so the others wait for them;
+    their stacks come first."""
+
+    def __init__(self, timeout_s: float, hung_ranks: list[int], stacks: dict[int, str], *,
+                 rank_seconds: list[float | None] | None = None):
+        self.timeout_s = timeout_s
+        self.hung_ranks = hung_ranks
+        self.stacks = stacks
+        waiting = [rank for rank in hung_ranks if in_collective(stacks.get(rank, ""))]
+        self.hung_first = [rank for rank in hung_ranks if rank not in waiting]
+        head = f"ranks {hung_ranks} still running after {timeout_s:g}s; killed."
+        if self.hung_first and waiting:
+            head += f" Hung first: ranks {self.hung_first}; ranks {waiting} waited for them in a collective."
+        parts = [f"{head} Python stack of every rank:"]
+        order = self.hung_first + waiting + sorted(rank for rank in stacks if rank not in hung_ranks)
+        parts += [f"--- rank {rank} ---\n{stacks[rank].rstrip()}" for rank in order]
+        super().__init__("\n".join(parts), rank_seconds or [], [])
+
+
+def in_collective(stack: str) -> bool:
+    """Whether faulthandler's dump shows the rank's current thread inside torch.distributed (innermost frame
+    first): a rank there waits for its peers."""
+    current = stack.split("Current thread", 1)
+    frames = [line.strip() for line in current[1].splitlines()[1:] if line.strip().startswith("File ")] \
+        if len(current) == 2 else []
+    return bool(frames) and f"{os.sep}torch{os.sep}distributed{os.sep}" in frames[0]
+
+
+# ---------------------------------------------------------------- building the errors
+
+
+NO_STACK = "(no stack written: the rank did not answer SIGUSR1)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Died:
+    """A rank that exited without a word: `exit_code` as multiprocessing reports it (None: unknown)."""
+
+    exit_code: int | None
+    last_stack: str
+
+
+def failure_error(world_size: int, replies: dict[int, Done], failures: dict[int, Failed | Died],
+                  running_stacks: dict[int, str]) -> RankFailedError:
+    """The error for a launch in which `failures` happened, naming first the rank that failed first.
+
+    A rank that died without a word sorts first: its peers' errors (a connection reset) follow from it, and
+    when it died is unknown (only when it was noticed). Then the earliest error; the ranks still running
+    (with their stacks) come last."""
+    found = []
+    for rank, failure in failures.items():
+        if isinstance(failure, Failed):
+            found.append(((1, failure.failed_at), rank, f"raised {failure.error_type}: {failure.error_message}",
+                          failure.traceback))
+        else:
+            details = (f"last Python stack of rank {rank}:\n{failure.last_stack}" if failure.last_stack
+                       else "no Python stack was written")
+            found.append(((0, rank), rank, f"exited {describe_exit(failure.exit_code)} without a result", details))
+    found.sort(key=lambda entry: entry[0])
+    _, rank, summary, details = found[0]
+    others = [f"rank {other} {other_summary}" for _, other, other_summary, _ in found[1:]]
+    others += [f"rank {other} was still running and was killed; its Python stack:\n{stack.rstrip()}"
+               for other, stack in sorted(running_stacks.items())]
+    seconds = [_seconds(replies.get(each) or failures.get(each)) for each in range(world_size)]
+    modules = [name for outcome in (*replies.values(), *failures.values()) for name in getattr(outcome, "modules", ())]
+    return RankFailedError(rank, summary, details, others, rank_seconds=seconds, rank_modules=modules)
+
+
+def timeout_error(world_size: int, timeout_s: float, replies: dict[int, Done],
+                  running_stacks: dict[int, str]) -> RankTimeoutError:
+    stacks = dict(running_stacks)
+    stacks.update({rank: "(finished: returned its result)" for rank in replies})
+    return RankTimeoutError(timeout_s, sorted(running_stacks), stacks,
+                            rank_seconds=[_seconds(replies.get(rank)) for rank in range(world_size)])
+
+
+def _seconds(outcome: Any) -> float | None:
+    return getattr(outcome, "seconds", None)
+
+
+def describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "(exit status unknown)"
+    if exitcode < 0:
+        return f"by signal {signal.Signals(-exitcode).name}"
+    return f"with code {exitcode}"
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else "(no message)"

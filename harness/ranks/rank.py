@@ -1,0 +1,332 @@
+"""What a rank does: join the process group once, then serve calls until the launcher goes away.
+
+The loop, in the rank process (spawned by the launcher, or forked by the zygote):
+
+    connect to the launcher's socket, send Hello(rank)
+    init_process_group                         -> Ready (or Failed, then exit)
+    loop: Ping  -> Pong                         (alive and idle: the launcher asks before every call)
+          Call  -> Done | Failed                (then put back what the call changed; stay alive)
+          Probe -> Pong | Failed, then exit     (one collective on the world group after a failed call)
+
+A rank that raised stays alive: when every rank answered and a probe collective succeeds, the launcher
+keeps the pool. The world group lives as long as the rank; a call's own process groups, device meshes and
+the caches that refer to them are dropped after it, so the next call never meets a group that is gone.
+Needs torch in the rank only (imported inside functions).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import gc
+import multiprocessing.connection
+import os
+import pickle
+import random
+import signal
+import socket
+import sys
+import sysconfig
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from harness.ranks import lifecycle
+from harness.ranks.protocol import (
+    MIB,
+    Call,
+    Done,
+    Failed,
+    Hello,
+    Launch,
+    Ping,
+    Pong,
+    Probe,
+    RankSpec,
+    Ready,
+)
+
+
+def stack_path(workdir: str | Path, rank: int) -> Path:
+    """Where faulthandler writes the rank's stack (on SIGUSR1, or when it crashes)."""
+    return Path(workdir) / f"stack.rank{rank}.txt"
+
+
+def spawned_rank_main(spec: RankSpec) -> None:
+    """Entry point of a rank spawned by the launcher itself (its OS parent)."""
+    lifecycle.die_with_parent(spec.launch.launcher_pid)
+    serve(spec)
+
+
+def serve(spec: RankSpec) -> None:
+    launch, rank = spec.launch, spec.rank
+    lifecycle.own_process_group()
+    apply_environment(spec.environ)
+    stack_file = open(stack_path(launch.workdir, rank), "a")  # noqa: SIM115 - open until the rank exits
+    faulthandler.enable(file=stack_file, all_threads=True)  # a crash leaves its stack here
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    lifecycle.watch_launcher(launch.launcher_pid)
+    # init_process_group sets the same variables again (a no-op): set here, they show in rank_environ.
+    before = dict(os.environ)
+    set_environment(launch, rank)
+    rank_environ = {name: value for name, value in os.environ.items() if before.get(name) != value}
+
+    connection = multiprocessing.connection.Client(spec.address, family="AF_UNIX", authkey=spec.authkey)
+    _send(connection, Hello(rank))
+    try:
+        state = RankState(launch, rank)
+    except BaseException as error:
+        _fail_and_exit(connection, Failed.from_exception(error, alive=False))
+    _send(connection, Ready())
+    while True:
+        try:
+            message = pickle.loads(connection.recv_bytes())
+        except (EOFError, OSError):
+            os._exit(0)  # the launcher closed the pool
+        if isinstance(message, Ping):
+            _send(connection, Pong())
+        elif isinstance(message, Probe):
+            try:
+                state.probe()
+            except BaseException as error:
+                _fail_and_exit(connection, Failed.from_exception(error, alive=False))
+            _send(connection, Pong())
+        elif isinstance(message, Call):
+            sys.path[:] = message.sys_path
+            apply_environment({**message.environ, **rank_environ})
+            connection.send_bytes(_outcome(state, message.payload))
+            try:
+                state.reset()  # after replying: the launcher moves on while this rank cleans up
+            except BaseException as error:
+                # Too late to fail the call; the next Ping finds this rank gone and the pool is replaced.
+                print(f"rank {rank} cannot serve another call: {error!r}", file=sys.stderr, flush=True)
+                os._exit(1)
+
+
+def _outcome(state: RankState, payload: bytes) -> bytes:
+    started = time.perf_counter()
+    try:
+        return pickle.dumps(state.call(payload))  # a value that does not pickle is this rank's failure
+    except BaseException as error:
+        return pickle.dumps(Failed.from_exception(error, seconds=time.perf_counter() - started,
+                                                  modules=state.imported()))
+
+
+def _send(connection: multiprocessing.connection.Connection, message: object) -> None:
+    connection.send_bytes(pickle.dumps(message))
+
+
+def _fail_and_exit(connection: multiprocessing.connection.Connection, failure: Failed) -> None:
+    """Report, then exit at once: interpreter teardown could wait on a collective a peer never joins."""
+    with contextlib.suppress(OSError):
+        _send(connection, failure)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def apply_environment(environ: dict[str, str]) -> None:
+    """Make os.environ equal `environ`, touching only what differs (other threads may read it)."""
+    for name in [name for name in os.environ if name not in environ]:
+        del os.environ[name]
+    for name, value in environ.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
+
+
+def set_environment(launch: Launch, rank: int) -> None:
+    os.environ.update({
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(launch.port),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(launch.world_size),
+        "LOCAL_WORLD_SIZE": str(launch.world_size),
+    })
+    # Every rank is on this host: keep gloo on the loopback device, whatever the host name resolves to.
+    if "GLOO_SOCKET_IFNAME" not in os.environ and any(name == "lo" for _, name in socket.if_nameindex()):
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    # Share the cores between the ranks instead of each rank starting a thread per core.
+    threads = max(1, (os.cpu_count() or 1) // launch.world_size)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+
+
+def init_process_group(launch: Launch, rank: int) -> bool:
+    """Select this rank's GPU and join the process group; True for CUDA and NCCL, False for gloo on CPU."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    use_cuda = launch.device == "cuda" or (launch.device == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        if rank >= torch.cuda.device_count():
+            raise RuntimeError(f"rank {rank} needs GPU {rank}, but {torch.cuda.device_count()} are visible")
+        torch.cuda.set_device(rank)
+    # A rank forked with torch already imported missed OMP_NUM_THREADS: its thread count is set here.
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    dist.init_process_group(
+        backend="nccl" if use_cuda else "gloo",
+        rank=rank,
+        world_size=launch.world_size,
+        timeout=timedelta(seconds=launch.collective_timeout_s),
+        device_id=torch.device("cuda", rank) if use_cuda else None,
+    )
+    return use_cuda
+
+
+class RankState:
+    """A rank's process group and everything it puts back after each call."""
+
+    def __init__(self, launch: Launch, rank: int):
+        self.use_cuda = init_process_group(launch, rank)
+        self.world_size = launch.world_size
+        self.cuda_device = rank  # the GPU this rank selected, when it uses CUDA
+        import torch
+        import torch.distributed as dist
+
+        self.torch, self.dist = torch, dist
+        self.groups = set(self._process_groups())
+        self.cwd = os.getcwd()
+        self.default_dtype = torch.get_default_dtype()
+        self.num_threads = torch.get_num_threads()
+        self.grad_enabled = torch.is_grad_enabled()
+        self.deterministic = self._deterministic_algorithms()
+        self.matmul_precision = torch.get_float32_matmul_precision()
+        self.rng = self._rng_state()
+        self.module_globals: dict[str, dict[str, Any]] = {}
+        self.modules = set(sys.modules)
+        gc.freeze()  # collections between calls skip what exists now
+
+    def call(self, payload: bytes) -> Done:
+        torch = self.torch
+        fn, args = pickle.loads(payload)
+        self.module_globals = {module.__name__: dict(vars(module)) for module in _suite_modules(fn)}
+        if self.use_cuda:
+            torch.cuda.reset_peak_memory_stats()
+        started = time.perf_counter()
+        with warnings.catch_warnings():
+            value = fn(*args)
+        peak_allocated = peak_reserved = None
+        if self.use_cuda:
+            torch.cuda.synchronize()  # the call's GPU work is part of its time, and must be done
+            peak_allocated = torch.cuda.max_memory_allocated() / MIB
+            peak_reserved = torch.cuda.max_memory_reserved() / MIB
+        return Done(value=value, seconds=time.perf_counter() - started, peak_allocated_mib=peak_allocated,
+                    peak_reserved_mib=peak_reserved, modules=self.imported())
+
+    def probe(self) -> None:
+        """One all_reduce on the world group: every rank still agrees on it after a failed call."""
+        torch = self.torch
+        ones = torch.ones(1, device=f"cuda:{self.cuda_device}" if self.use_cuda else "cpu")
+        self.dist.all_reduce(ones)
+        if int(ones.item()) != self.world_size:
+            raise RuntimeError(f"the probe all_reduce summed to {ones.item()}, not {self.world_size}")
+
+    def imported(self) -> list[str]:
+        """Modules imported since the last time this was asked (the launcher has the zygote import them)."""
+        imported = [name for name in sys.modules if name not in self.modules and not name.startswith("__")]
+        self.modules.update(imported)
+        return imported
+
+    def reset(self) -> None:
+        """Put back what a call may have changed, then free what it left."""
+        torch = self.torch
+        if not self.dist.is_initialized():
+            raise RuntimeError("the call destroyed the default process group")
+        for name, saved in self.module_globals.items():
+            _restore_globals(sys.modules.get(name), saved)
+        self.module_globals = {}
+        self._drop_call_groups()
+        if "torch._dynamo" in sys.modules:
+            torch._dynamo.reset()
+        os.chdir(self.cwd)
+        torch.set_default_dtype(self.default_dtype)
+        torch.set_num_threads(self.num_threads)
+        torch.set_grad_enabled(self.grad_enabled)
+        if self._deterministic_algorithms() != self.deterministic:  # setting it imports much of torch
+            torch.use_deterministic_algorithms(self.deterministic[0], warn_only=self.deterministic[1])
+        torch.set_float32_matmul_precision(self.matmul_precision)
+        self._set_rng_state(self.rng)
+        if self.use_cuda:
+            torch.cuda.set_device(self.cuda_device)
+        gc.collect()
+        if self.use_cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+
+    def _drop_call_groups(self) -> None:
+        """Forget the device meshes the call made and every cache that may hold them, then destroy the
+        process groups it created. The world group stays: c10d's name registry and the meshes of later
+        calls then agree on every group that exists."""
+        _clear_mesh_caches()
+        for group in self._process_groups():
+            if group not in self.groups:
+                self.dist.destroy_process_group(group)
+
+    def _deterministic_algorithms(self) -> tuple[bool, bool]:
+        return (self.torch.are_deterministic_algorithms_enabled(),
+                self.torch.is_deterministic_algorithms_warn_only_enabled())
+
+    def _process_groups(self) -> list:
+        """Every live process group, the default one included (torch keeps no public list)."""
+        return list(self.dist.distributed_c10d._world.pg_map)
+
+    def _rng_state(self) -> dict[str, Any]:
+        state = {"python": random.getstate(), "torch": self.torch.get_rng_state()}
+        if "numpy" in sys.modules:
+            state["numpy"] = sys.modules["numpy"].random.get_state()
+        if self.use_cuda:
+            state["cuda"] = self.torch.cuda.get_rng_state(self.cuda_device)
+        return state
+
+    def _set_rng_state(self, state: dict[str, Any]) -> None:
+        random.setstate(state["python"])
+        self.torch.set_rng_state(state["torch"])
+        if "numpy" in state:
+            sys.modules["numpy"].random.set_state(state["numpy"])
+        if "cuda" in state:
+            self.torch.cuda.set_rng_state(state["cuda"], self.cuda_device)
+
+
+def _clear_mesh_caches() -> None:
+    """DeviceMesh's registry of meshes, and DTensor's sharding caches: they are keyed by meshes that compare
+    equal across calls (same ranks and names) while naming process groups the last call destroyed."""
+    resources = getattr(sys.modules.get("torch.distributed.device_mesh"), "_mesh_resources", None)
+    for value in vars(resources).values() if resources is not None else ():
+        if isinstance(value, (dict, list, set)):
+            value.clear()
+    dtensor = getattr(sys.modules.get("torch.distributed.tensor._api"), "DTensor", None)
+    propagator = getattr(getattr(dtensor, "_op_dispatcher", None), "sharding_propagator", None)
+    for cached in ("propagate_op_sharding", "_propagate_tensor_meta_cached"):
+        clear = getattr(getattr(propagator, cached, None), "cache_clear", None)
+        if clear is not None:
+            clear()
+
+
+def _suite_modules(fn: Callable[..., Any]) -> Iterable[Any]:
+    """The loaded modules beside `fn`'s own (the test suite's code), not installed packages or the stdlib."""
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    path = getattr(module, "__file__", None)
+    if not path:
+        return []
+    folder = os.path.dirname(os.path.abspath(path))
+    installed = {os.path.abspath(p) for p in sysconfig.get_paths().values()} | {sys.prefix, sys.base_prefix}
+    if any(folder == root or folder.startswith(root + os.sep) for root in installed):
+        return []
+    return [loaded for loaded in list(sys.modules.values())
+            if isinstance(getattr(loaded, "__file__", None), str)
+            and os.path.abspath(loaded.__file__).startswith(folder + os.sep)]
+
+
+def _restore_globals(module: Any, saved: dict[str, Any]) -> None:
+    if module is None:
+        return
+    namespace = vars(module)
+    for name in [name for name in namespace if name not in saved]:
+        del namespace[name]
+    for name, value in saved.items():
+        if namespace.get(name, saved) is not value:
+            namespace[name] = value

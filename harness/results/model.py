@@ -1,0 +1,329 @@
+"""The results model: frozen values for cells, tests and their numbers, built by the reader and read by
+every later stage (digest, comparison, report). Nothing here reads a file."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import shlex
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from harness.contract import (
+    EP_FAMILIES_COVERED,
+    EP_FAMILIES_DECLARED,
+    GRAD_BOUND,
+    GRAD_ERROR,
+    GRAD_ERROR_PARAM,
+    LOGITS_ATOL,
+    LOGITS_DIFFERENCE,
+    PEAK_ALLOCATED_PREFIX,
+    ROUTING_MARGIN,
+    TRANSFORMERS_VERSION,
+)
+
+# Magnitudes outside this range are shown, never computed with: a log scale, round() or a sum of them
+# overflows or underflows (5e-324 on a log axis, 1e308 summed).
+SMALLEST = 1e-300
+LARGEST = 1e300
+# `-k` accepts these characters in one identifier (pytest's mark expression grammar).
+_K_IDENT = re.compile(r"^[\w:+\-.\[\]\\/]+$")
+_K_KEYWORDS = {"and", "or", "not", "True", "False", "None"}
+_K_NAME_CHARS = 200  # longer names make a command nobody pastes
+_K_NAMES = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Labelled:
+    """A recorded number the model cannot compute with (inf, nan, out of range): shown as its label."""
+
+    label: str
+    tiny: bool = False  # a magnitude below SMALLEST (not zero), as opposed to inf, nan or a huge one
+
+    def __str__(self) -> str:
+        return self.label
+
+
+Number = float | Labelled
+
+
+def number(raw: object) -> Number | None:
+    """A float within the model's range, a `Labelled` value for what was recorded but is unusable, or
+    None where nothing (or no number) was recorded."""
+    if raw is None or isinstance(raw, bool):
+        return None
+    if isinstance(raw, (int, float)):
+        text = None
+    else:
+        text = str(raw).strip()
+        try:
+            raw = float(text)
+        except ValueError:
+            return None
+    try:
+        value = float(raw)
+    except OverflowError:  # an int beyond float
+        return Labelled("inf" if raw > 0 else "-inf")
+    if math.isnan(value):
+        return Labelled("nan")
+    if math.isinf(value):
+        return Labelled("inf" if value > 0 else "-inf")
+    if value != 0.0 and not SMALLEST <= abs(value) <= LARGEST:
+        return Labelled(text or repr(value), tiny=abs(value) < SMALLEST)
+    return value
+
+
+def finite(value: Number | None) -> float | None:
+    """The value where it can be computed with, else None."""
+    return value if isinstance(value, float) else None
+
+
+class Outcome(str, Enum):
+    PASSED = "passed"
+    FAILED = "failed"
+    ERRORED = "errored"  # setup/teardown or collection error
+    SKIPPED = "skipped"
+    XFAILED = "xfailed"
+    FLAKY = "flaky"  # failed, then passed on a rerun
+
+    @property
+    def is_failing(self) -> bool:
+        return self in (Outcome.FAILED, Outcome.ERRORED)
+
+
+class CellStatus(str, Enum):
+    PASSED = "passed"
+    FAILED = "failed"  # tests failed
+    ERRORED = "errored"  # no usable junit.xml, or env.json says the cell itself broke
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """A contract file that could not be read as the contract describes it."""
+
+    file: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TestResult:
+    __test__ = False  # not a pytest test class
+
+    test_id: str  # pytest's node id, e.g. tests/gpu/test_ep.py::test_grad[2-bf16]
+    name: str  # the function name with its parameters, what `-k` takes
+    outcome: Outcome
+    message: str | None = None  # first line of the failure, or the skip/xfail reason
+    excerpt: str | None = None  # the end of the traceback
+    attempts: int = 1  # 1 + reruns by pytest-rerunfailures
+    duration_s: Number = 0.0
+    properties: tuple[tuple[str, str], ...] = ()
+    # The numbers the report shows, read from `properties` once (a report may hold 200,000 tests).
+    grad_error: Number | None = field(init=False, compare=False, repr=False)
+    grad_bound: Number | None = field(init=False, compare=False, repr=False)
+    grad_error_param: str | None = field(init=False, compare=False, repr=False)
+    routing_margin: Number | None = field(init=False, compare=False, repr=False)
+    logits_difference: Number | None = field(init=False, compare=False, repr=False)
+    logits_atol: Number | None = field(init=False, compare=False, repr=False)
+    peak_allocated_mib: Number | None = field(init=False, compare=False, repr=False)  # largest over ranks
+
+    def __post_init__(self) -> None:
+        values = dict(self.properties)
+        peaks = [number(value) for key, value in self.properties if key.startswith(PEAK_ALLOCATED_PREFIX)]
+        odd = [peak for peak in peaks if isinstance(peak, Labelled)]
+        usable = [peak for peak in peaks if isinstance(peak, float)]
+        object.__setattr__(self, "grad_error", number(values.get(GRAD_ERROR)))
+        object.__setattr__(self, "grad_bound", number(values.get(GRAD_BOUND)))
+        object.__setattr__(self, "grad_error_param", values.get(GRAD_ERROR_PARAM))
+        object.__setattr__(self, "routing_margin", number(values.get(ROUTING_MARGIN)))
+        object.__setattr__(self, "logits_difference", number(values.get(LOGITS_DIFFERENCE)))
+        object.__setattr__(self, "logits_atol", number(values.get(LOGITS_ATOL)))
+        object.__setattr__(self, "peak_allocated_mib", odd[0] if odd else (max(usable) if usable else None))
+
+    @property
+    def has_metrics(self) -> bool:
+        return any(
+            value is not None
+            for value in (
+                self.grad_error,
+                self.grad_bound,
+                self.routing_margin,
+                self.logits_difference,
+                self.logits_atol,
+            )
+        )
+
+    def property_value(self, name: str) -> str | None:
+        for key, value in self.properties:
+            if key == name:
+                return value
+        return None
+
+    def number(self, name: str) -> Number | None:
+        return number(self.property_value(name))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuMemory:
+    """One GPU's row of memory.json as the report sees it (memory.py's GpuMemory is what the monitor
+    writes; this is what any folder, however broken, reads back as)."""
+
+    index: int
+    name: str | None = None
+    uuid: str | None = None
+    total_mib: Number | None = None
+    used_before_mib: Number | None = None
+    peak_used_mib: Number | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CellInfo:
+    id: str
+    gpu: str | None = None
+    gpus: int | None = None
+    torch: str | None = None
+    transformers: str | None = None
+    matrix: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SuiteInfo:
+    """What the suite recorded once per run (record_testsuite_property)."""
+
+    ep_families_declared: tuple[str, ...] | None = None
+    ep_families_covered: tuple[str, ...] | None = None
+    transformers_version: str | None = None
+
+    @classmethod
+    def of(cls, properties: dict[str, str]) -> SuiteInfo:
+        def names(key: str) -> tuple[str, ...] | None:
+            value = properties.get(key)
+            return None if value is None else tuple(name.strip() for name in value.split(",") if name.strip())
+
+        return cls(
+            ep_families_declared=names(EP_FAMILIES_DECLARED),
+            ep_families_covered=names(EP_FAMILIES_COVERED),
+            transformers_version=properties.get(TRANSFORMERS_VERSION),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Counts:
+    passed: int = 0
+    failed: int = 0
+    errored: int = 0
+    skipped: int = 0
+    xfailed: int = 0
+    flaky: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.passed + self.failed + self.errored + self.skipped + self.xfailed + self.flaky
+
+    def __add__(self, other: Counts) -> Counts:
+        return Counts(**{name: getattr(self, name) + getattr(other, name) for name in self.__slots__})
+
+    @classmethod
+    def of(cls, tests: Iterable[TestResult]) -> Counts:
+        tally = dict.fromkeys(cls.__slots__, 0)
+        for test in tests:
+            tally[test.outcome.value] += 1
+        return cls(**tally)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CellResult:
+    info: CellInfo
+    status: CellStatus
+    reason: str | None = None  # why errored, or why failed when no test says so
+    tests: tuple[TestResult, ...] = ()
+    suite: SuiteInfo = SuiteInfo()
+    memory: tuple[GpuMemory, ...] = ()
+    memory_note: str | None = None  # why there are no GPU numbers
+    duration_s: Number | None = None
+    versions: tuple[tuple[str, str | None], ...] = ()
+    exit_code: int | None = None
+    git_sha: str | None = None  # the commit that ran
+    git_dirty: bool | None = None  # tracked files differed from git_sha's commit
+    trigger_sha: str | None = None  # the commit the workflow run was started for
+    host: str | None = None
+    runner: str | None = None
+    driver: str | None = None
+    reproduce: str = ""
+    log_tail: str | None = None  # end of pytest.log, kept for errored cells
+    problems: tuple[Problem, ...] = ()
+    folder: str = ""
+    counts: Counts = field(init=False, compare=False)  # from `tests`
+    failing_tests: tuple[TestResult, ...] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "counts", Counts.of(self.tests))
+        object.__setattr__(self, "failing_tests", tuple(test for test in self.tests if test.outcome.is_failing))
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    def reproduce_command(self) -> str:
+        """`harness run ... --cell ID -- -k 'a or b'` selecting this cell's failing tests."""
+        names = sorted({_k_name(test.name) for test in self.failing_tests})
+        if not names or len(names) > _K_NAMES or any(len(name) > _K_NAME_CHARS for name in names):
+            return self.reproduce
+        return f"{self.reproduce} -- -k {shlex.quote(' or '.join(names))}"
+
+
+@dataclass(frozen=True, slots=True)
+class ResultSet:
+    cells: tuple[CellResult, ...]
+
+    @property
+    def counts(self) -> Counts:
+        total = Counts()
+        for cell in self.cells:
+            total = total + cell.counts
+        return total
+
+    def cells_with(self, status: CellStatus) -> tuple[CellResult, ...]:
+        return tuple(cell for cell in self.cells if cell.status is status)
+
+    @property
+    def git_sha(self) -> str | None:
+        return _only({cell.git_sha for cell in self.cells})
+
+    @property
+    def git_dirty(self) -> bool:
+        return any(cell.git_dirty for cell in self.cells)
+
+    @property
+    def matrix(self) -> str | None:
+        return _only({cell.info.matrix for cell in self.cells})
+
+
+def capped(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters; a cut one ends in a hash of the whole, so two long ids that share
+    their start stay apart (the digest and the comparison key cells and tests by these)."""
+    if len(text) <= limit:
+        return text
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{text[: limit - 14]}…~{digest}"
+
+
+def natural_key(text: str) -> tuple[str | int, ...]:
+    """Sort `torch2.9.0` before `torch2.11.0` and `2gpu` before `8gpu`."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
+
+
+def _k_name(test_name: str) -> str:
+    """A `-k` term for one test: its full name where the grammar allows it, else the function."""
+    if _K_IDENT.match(test_name) and test_name not in _K_KEYWORDS:
+        return test_name
+    return test_name.split("[", 1)[0]
+
+
+def _only(values: set[str | None]) -> str | None:
+    values.discard(None)
+    return values.pop() if len(values) == 1 else None

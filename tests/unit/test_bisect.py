@@ -1,0 +1,318 @@
+"""The bisect search and its verdicts, over tables of versions whose answers the test knows."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from harness.bisect import BisectResult, Probe, RunOutcome, Verdict, bisect, verdict_of
+from harness.bisect_command import bisect_releases, parse_side, split_test_ids
+from harness.errors import ConfigError
+
+RELEASES = ["5.19.0", "5.20.0", "5.20.1", "5.20.2", "5.21.0", "5.21.1", "5.22.0", "5.22.1", "5.22.2", "5.23.0"]
+GRAD = "test_fsdp_ep_moe[2-float32]"
+HALF = "expert gradients differ: max relative error 0.5 > bound 1e-05"
+
+
+def table_probe(verdicts: dict[str, Verdict], calls: list[str] | None = None):
+    """A probe answering from a table; a failing version names GRAD and its first line."""
+
+    def probe(version: str) -> Probe:
+        if calls is not None:
+            calls.append(version)
+        verdict = verdicts[version]
+        failure = (GRAD, HALF) if verdict is Verdict.FAIL else None
+        note = "all 6 selected tests skipped: needs transformers>=5.20.0" if verdict is Verdict.UNTESTABLE else None
+        return Probe(
+            versions={"transformers": version},
+            label=f"transformers {version}",
+            verdict=verdict,
+            failure=failure,
+            note=note,
+            nothing_selected=verdict is Verdict.UNTESTABLE and version == "none",
+        )
+
+    return probe
+
+
+def regression_from(first_bad: str, versions=RELEASES) -> dict[str, Verdict]:
+    index = versions.index(first_bad)
+    return {v: Verdict.PASS if i < index else Verdict.FAIL for i, v in enumerate(versions)}
+
+
+def test_a_regression_names_the_first_bad_release_and_its_failure():
+    calls: list[str] = []
+    result = bisect(
+        "transformers", RELEASES, good="5.19.0", bad="5.23.0", probe=table_probe(regression_from("5.20.0"), calls)
+    )
+    assert result.line() == f"first bad: transformers 5.20.0 (last good 5.19.0) · {GRAD} · {HALF}"
+    assert result.exit_code == 0 and result.kind == "regression"
+    assert calls[:2] == ["5.19.0", "5.23.0"]  # the ends are checked before the search trusts them
+    assert len(calls) <= math.ceil(math.log2(len(RELEASES))) + 2
+
+
+def test_an_older_bad_and_newer_good_find_the_first_good_release():
+    verdicts = {v: Verdict.FAIL if v < "5.23.0" else Verdict.PASS for v in RELEASES}
+    result = bisect("transformers", RELEASES[1:], good="5.23.0", bad="5.20.0", probe=table_probe(verdicts))
+    assert result.kind == "fix"
+    # A fix names the failure of the last bad release: what stopped failing.
+    assert result.line() == f"first good: transformers 5.23.0 (last bad 5.22.2) · {GRAD} · {HALF}"
+
+
+@pytest.mark.parametrize("count", range(2, 34))
+def test_every_boundary_is_found_within_the_budget(count):
+    versions = [f"1.{i}.0" for i in range(count)]
+    budget = math.ceil(math.log2(count)) + 2
+    for first_bad in versions[1:]:
+        calls: list[str] = []
+        result = bisect(
+            "pkg",
+            versions,
+            good=versions[0],
+            bad=versions[-1],
+            probe=table_probe(regression_from(first_bad, versions), calls),
+        )
+        assert (result.first, len(calls) <= budget, len(set(calls)) == len(calls)) == (first_bad, True, True)
+
+
+def test_an_untestable_bad_end_is_skipped_over_inward_and_said():
+    verdicts = {"5.19.0": Verdict.UNTESTABLE, **{v: Verdict.FAIL for v in RELEASES[1:-1]}, "5.23.0": Verdict.PASS}
+    calls: list[str] = []
+    result = bisect("transformers", RELEASES, good="5.23.0", bad="5.19.0", probe=table_probe(verdicts, calls))
+    assert result.first == "5.23.0" and result.last == "5.22.2"
+    untestable = [p for p in result.probes if p.verdict is Verdict.UNTESTABLE]
+    assert [p.label for p in untestable] == ["transformers 5.19.0"]
+    assert "untestable" in untestable[0].line() and "needs transformers>=5.20.0" in untestable[0].line()
+    assert len(calls) <= math.ceil(math.log2(len(RELEASES))) + 2
+
+
+def test_untestable_versions_inside_the_range_are_skipped_over():
+    verdicts = regression_from("5.22.0")
+    verdicts["5.21.0"] = Verdict.UNTESTABLE  # the first middle probed
+    calls: list[str] = []
+    result = bisect("transformers", RELEASES, good="5.19.0", bad="5.23.0", probe=table_probe(verdicts, calls))
+    assert (result.first, result.last, result.exit_code) == ("5.22.0", "5.21.1", 0)
+    assert "5.21.0" in calls
+
+
+def test_untestable_versions_that_hide_the_boundary_end_without_one():
+    verdicts = regression_from("5.21.1")
+    verdicts["5.21.0"] = verdicts["5.20.2"] = Verdict.UNTESTABLE
+    verdicts["5.20.1"] = Verdict.PASS
+    result = bisect("transformers", RELEASES, good="5.19.0", bad="5.23.0", probe=table_probe(verdicts))
+    assert result.exit_code == 1 and not result.found
+    assert result.line() == (
+        "no boundary: the change lies between transformers 5.20.1 and 5.21.1, and 5.20.2, 5.21.0 cannot be tested"
+    )
+
+
+def test_a_flaky_version_stops_the_search():
+    verdicts = regression_from("5.21.0")
+    verdicts["5.21.0"] = Verdict.FLAKY
+    result = bisect("transformers", RELEASES, good="5.19.0", bad="5.23.0", probe=table_probe(verdicts))
+    assert result.exit_code == 1
+    assert result.line().startswith("no boundary: transformers 5.21.0 is flaky")
+
+
+def test_a_flaky_end_stops_before_searching():
+    verdicts = regression_from("5.21.0")
+    verdicts["5.23.0"] = Verdict.FLAKY
+    calls: list[str] = []
+    result = bisect("transformers", RELEASES, good="5.19.0", bad="5.23.0", probe=table_probe(verdicts, calls))
+    assert result.exit_code == 1 and calls == ["5.19.0", "5.23.0"]
+
+
+@pytest.mark.parametrize(
+    ("verdicts", "expected"),
+    [
+        (
+            {v: Verdict.PASS for v in RELEASES},
+            "good and bad give the same verdict: transformers 5.19.0 and transformers 5.23.0 both pass",
+        ),
+        ({v: Verdict.FAIL for v in RELEASES}, "both fail"),
+        (
+            {**{v: Verdict.FAIL for v in RELEASES}, "5.23.0": Verdict.PASS},
+            "--good transformers 5.19.0 fails and --bad transformers 5.23.0 passes; swap them",
+        ),
+        ({v: Verdict.UNTESTABLE for v in RELEASES}, "no version from it towards the other end can run the selection"),
+    ],
+)
+def test_ends_that_do_not_disagree_as_claimed_are_bad_input(verdicts, expected):
+    with pytest.raises(ConfigError, match=expected.replace("[", r"\[").replace("+", r"\+")) as raised:
+        bisect("transformers", RELEASES, good="5.19.0", bad="5.23.0", probe=table_probe(verdicts))
+    assert raised.value.return_code == 2
+
+
+def test_an_untestable_good_end_never_walks_into_the_bad_end():
+    verdicts = {**{v: Verdict.UNTESTABLE for v in RELEASES}, "5.23.0": Verdict.FAIL}
+    calls: list[str] = []
+    with pytest.raises(ConfigError, match=r"--good 5\.19\.0: no version from it towards the other end"):
+        bisect("transformers", RELEASES, good="5.19.0", bad="5.23.0", probe=table_probe(verdicts, calls))
+    assert "5.23.0" not in calls
+
+
+def test_nothing_selected_is_bad_input():
+    def probe(version):
+        return Probe(
+            versions={"transformers": version},
+            label=f"transformers {version}",
+            verdict=Verdict.UNTESTABLE,
+            nothing_selected=True,
+            note="nothing selected",
+        )
+
+    with pytest.raises(ConfigError, match=r"nothing selected: pytest collected no tests on transformers 5\.19\.0"):
+        bisect("transformers", RELEASES, good="5.19.0", bad="5.23.0", probe=probe)
+
+
+# --------------------------------------------------------------------------- verdicts
+
+
+def run(outcomes, **fields) -> RunOutcome:
+    return RunOutcome(outcomes=outcomes, **fields)
+
+
+@pytest.mark.parametrize(
+    ("runs", "verdict", "note"),
+    [
+        ([run({"a": "passed", "b": "skipped"})], Verdict.PASS, "1 passed"),
+        ([run({"a": "passed", "b": "failed"}, failure=("b", "boom"))], Verdict.FAIL, "b · boom"),
+        (
+            [run({}, error="pytest crashed: killed by signal SIGKILL")],
+            Verdict.FAIL,
+            "pytest crashed: killed by signal SIGKILL",
+        ),
+        (
+            [run({"a": "skipped", "b": "skipped"}, skip_reason="needs transformers>=5.20.0")],
+            Verdict.UNTESTABLE,
+            "all 2 selected tests skipped: needs transformers>=5.20.0",
+        ),
+        (
+            [run({}, install_error="No matching distribution found for transformers==9.9.9")],
+            Verdict.UNTESTABLE,
+            "cannot install: No matching distribution found for transformers==9.9.9",
+        ),
+        ([run({}, nothing_selected=True)], Verdict.UNTESTABLE, "nothing selected: pytest collected no tests"),
+        ([run({"a": "flaky"})], Verdict.FLAKY, "a failed, then passed on a rerun"),
+        (
+            [run({"a": "passed"}), run({"a": "passed"}), run({"a": "failed"}, failure=("a", "x"))],
+            Verdict.FLAKY,
+            "a: passed in run 1, failed in run 3",
+        ),
+        ([run({"a": "passed"}), run({"a": "passed"})], Verdict.PASS, "1 passed"),
+        ([run({"a": "failed"}, failure=("a", "x")), run({"a": "failed"}, failure=("a", "x"))], Verdict.FAIL, "a · x"),
+    ],
+)
+def test_verdict_of_runs(runs, verdict, note):
+    assert verdict_of(runs)[:2] == (verdict, note)
+
+
+# --------------------------------------------------------------------------- both packages differ
+
+
+class FakeCell:
+    torch = "2.13.0"
+    transformers = "5.24.0"
+
+
+def pair_prober(broken):
+    """A prober whose verdict is fail exactly where `broken(versions)` says."""
+    calls = []
+
+    def prober(versions, label):
+        calls.append(dict(versions))
+        failing = broken(versions)
+        return Probe(
+            versions=dict(versions),
+            label=label,
+            verdict=Verdict.FAIL if failing else Verdict.PASS,
+            failure=(GRAD, HALF) if failing else None,
+        )
+
+    return prober, calls
+
+
+def fake_between(package, first, second, pre):
+    known = {"torch": ["2.11.0", "2.12.0", "2.13.0"], "transformers": RELEASES}[package]
+    for value in (first, second):
+        if value not in known:
+            raise ConfigError(f"{package} {value}: no such release on the package index")
+    low, high = sorted((known.index(first), known.index(second)))
+    return known[low : high + 1]
+
+
+@pytest.mark.parametrize(
+    ("broken", "package", "first"),
+    [
+        (lambda v: v["transformers"] >= "5.21.0", "transformers", "5.21.0"),
+        (lambda v: v["torch"] >= "2.12.0", "torch", "2.12.0"),
+    ],
+)
+def test_with_both_packages_different_one_swap_names_the_upstream(broken, package, first, capsys):
+    prober, calls = pair_prober(broken)
+    result = bisect_releases(
+        FakeCell(),
+        prober,
+        parse_side("torch=2.11.0,transformers=5.19.0", None, "--good"),
+        parse_side("torch=2.13.0,transformers=5.23.0", None, "--bad"),
+        pre=False,
+        shape="cpu-2rank",
+        between=fake_between,
+        emit=lambda probe: None,
+    )
+    assert isinstance(result, BisectResult)
+    assert (result.package, result.first, result.exit_code) == (package, first, 0)
+    assert calls[2] == {"torch": "2.13.0", "transformers": "5.19.0"}  # the swap: torch moved alone
+    assert f"{package} is the upstream that changes it" in capsys.readouterr().out
+    assert len({tuple(sorted(c.items())) for c in calls}) == len(calls)  # no version pair probed twice
+
+
+def test_an_unknown_version_is_bad_input_before_anything_runs():
+    prober, calls = pair_prober(lambda v: False)
+    with pytest.raises(ConfigError, match=r"transformers 5\.99\.0: no such release"):
+        bisect_releases(
+            FakeCell(),
+            prober,
+            {"transformers": "5.19.0"},
+            {"transformers": "5.99.0"},
+            pre=False,
+            shape="cpu-2rank",
+            between=fake_between,
+            emit=lambda probe: None,
+        )
+    assert calls == []
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("5.20.0", {"transformers": "5.20.0"}),
+        ("torch=2.11.0,transformers=5.19.0", {"torch": "2.11.0", "transformers": "5.19.0"}),
+        ("torch==2.11.0", {"torch": "2.11.0"}),
+    ],
+)
+def test_parse_side(text, expected):
+    assert parse_side(text, "transformers", "--good") == expected
+
+
+@pytest.mark.parametrize("text", ["numpy=1.0", "torch=", "torch=1,accelerate=2"])
+def test_parse_side_refuses_other_packages(text):
+    with pytest.raises(ConfigError, match="expected PACKAGE=VERSION pairs of torch, transformers"):
+        parse_side(text, None, "--good")
+
+
+@pytest.mark.parametrize(
+    ("arguments", "ids", "rest"),
+    [
+        (["-k", "test_fsdp_ep_moe"], [], ["-k", "test_fsdp_ep_moe"]),
+        (
+            ["tests/gpu/test_fsdp2.py::test_fsdp_ep_moe[2-float32]", "-x", "tests/gpu/test_x.py"],
+            ["tests/gpu/test_fsdp2.py::test_fsdp_ep_moe[2-float32]", "tests/gpu/test_x.py"],
+            ["-x"],
+        ),
+        (["-k", "a::b", "--deselect", "t.py::c"], [], ["-k", "a::b", "--deselect", "t.py::c"]),
+    ],
+)
+def test_test_ids_become_the_suite(arguments, ids, rest):
+    assert split_test_ids(arguments) == (ids, rest)

@@ -410,7 +410,8 @@ class Runner:
                 if fnmatch.fnmatchcase(p.name, given.get("pattern") or given.get("name") or "*")
             )
             for artifact in names:
-                merged = str(given.get("merge-multiple")).lower() == "true"
+                # One artifact by name, or merge-multiple: its files land in path itself; else path/<name>/.
+                merged = bool(given.get("name")) or str(given.get("merge-multiple")).lower() == "true"
                 shutil.copytree(self.artifacts / artifact, target if merged else target / artifact, dirs_exist_ok=True)
             return True, f"downloaded {names}"
         raise ValueError(f"action {name} is not emulated")

@@ -98,3 +98,11 @@ def known_bug(case) -> KnownBug | None:
     """The table's entry covering `case` on the installed releases, if any."""
     installed = installed_versions()
     return next((bug for bug in KNOWN_BUGS if bug.covers(case, installed)), None)
+
+
+def fixed_upstream_message(longrepr: str) -> str | None:
+    """For pytest's strict-XPASS failure text of a known-bugs case, what to tell the reader instead; else None."""
+    strict_xpass = "[XPASS(strict)] "
+    if not longrepr.startswith(strict_xpass + REASON_PREFIX):
+        return None
+    return f"{strict_xpass}{FIXED_MESSAGE} in tests/gpu/known_bugs.py: {longrepr.removeprefix(strict_xpass)}"

@@ -16,6 +16,8 @@ from rank_cases import DTYPES, Case, summarize
 from routing import RoutingRecorder
 from tf_adapter import load_whole, transformers_version
 
+pytest_plugins = ["pytester"]
+
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("checkpoint", sorted(families.MOE_FAMILIES), indirect=True)
@@ -94,6 +96,40 @@ def test_bounds_are_a_stated_multiple_of_measured_noise(dtype):
     assert 1 < tolerances.FACTOR[dtype] <= 100
     assert tolerances.grad_error_bound(dtype) < 1000 * tolerances.MEASURED_WORST[(dtype, "gradients")]
     assert tolerances.logits_tolerance(dtype)["atol"] < 1000 * tolerances.MEASURED_WORST[(dtype, "logits")]
+
+
+XPASS_CONFTEST = """
+import pytest
+import known_bugs
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    message = known_bugs.fixed_upstream_message(str(report.longrepr)) if report.failed else None
+    if message is not None:
+        report.longrepr = message
+    return report
+"""
+
+
+def test_a_known_bug_that_passes_fails_saying_it_was_fixed_upstream(pytester):
+    pytester.makeconftest(XPASS_CONFTEST)
+    pytester.makepyfile(
+        f"""
+        import pytest
+
+        @pytest.mark.xfail(strict=True, reason="{known_bugs.REASON_PREFIX}transformers >=5.23: a cause")
+        def test_fixed():
+            pass
+
+        @pytest.mark.xfail(strict=True, reason="{known_bugs.REASON_PREFIX}transformers >=5.23: a cause")
+        def test_still_broken():
+            raise RuntimeError("still broken")
+        """
+    )
+    result = pytester.runpytest("-p", "no:cacheprovider")  # in-process: the suite directory is on sys.path
+    result.assert_outcomes(failed=1, xfailed=1)
+    result.stdout.fnmatch_lines(["*fixed upstream: remove the entry in tests/gpu/known_bugs.py: known upstream bug:*"])
 
 
 def test_secondary_expert_is_never_the_primary():

@@ -239,9 +239,11 @@ class RankState:
         for name, saved in self.module_globals.items():
             _restore_globals(sys.modules.get(name), saved)
         self.module_globals = {}
-        self._drop_call_groups()
         if "torch._dynamo" in sys.modules:
             torch._dynamo.reset()
+        _clear_mesh_caches()
+        gc.collect()  # frees what the call left, meshes included (they form cycles): their groups can go
+        self._drop_call_groups()
         os.chdir(self.cwd)
         torch.set_default_dtype(self.default_dtype)
         torch.set_num_threads(self.num_threads)
@@ -252,25 +254,21 @@ class RankState:
         self._set_rng_state(self.rng)
         if self.use_cuda:
             torch.cuda.set_device(self.cuda_device)
-        gc.collect()
-        if self.use_cuda:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
 
     def _drop_call_groups(self) -> None:
-        """Forget the device meshes the call made and every cache known to hold them, then destroy the
-        process groups it created. The world group stays: c10d's name registry and the meshes of later
-        calls then agree on every group that exists.
+        """Destroy the process groups the call created, once its meshes and the caches known to hold them are
+        gone (reset clears and collects first). The world group stays: c10d's name registry and the meshes of
+        later calls then agree on every group that exists.
 
         A group that a surviving DeviceMesh still names is kept instead: some cache we do not know of
         (torch's, transformers', the suite's) may hand that mesh to a later call, which must then resolve
         its groups. Holding a few groups (an NCCL communicator each) costs less than a false red, and it
         is bounded: a kept group goes at the first reset after its last mesh is gone."""
-        _clear_mesh_caches()
         call_groups = [group for group in self._process_groups() if group not in self.groups]
         if not call_groups:
             return
-        gc.collect()  # meshes that only cycles keep alive must not keep their groups
         named = _groups_named_by_live_meshes()
         for group in call_groups:
             if group.group_name not in named:
@@ -339,7 +337,8 @@ def _groups_named_by_live_meshes() -> set[str]:
     mesh_type = getattr(sys.modules.get("torch.distributed.device_mesh"), "DeviceMesh", None)
     if not isinstance(mesh_type, type):
         return set()
-    meshes = [obj for obj in gc.get_objects() if isinstance(obj, mesh_type)]
+    # type(), not isinstance(): DeviceMesh's metaclass would read attributes of every object (and warn).
+    meshes = [obj for obj in gc.get_objects() if issubclass(type(obj), mesh_type)]
     return {name for mesh in meshes for name in getattr(mesh, "_dim_group_names", ()) if isinstance(name, str)}
 
 

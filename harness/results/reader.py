@@ -210,6 +210,8 @@ def _cell_status(
         return CellStatus.ERRORED, env_error or "env.json says errored and gives no reason"
     if junit_problem:
         return CellStatus.ERRORED, str(junit_problem)
+    if env_status is None:  # harness writes a status on every way out: without one the run never finished
+        return CellStatus.ERRORED, "env.json gives no status: the run did not finish (interrupted or killed)"
     if counts.failed or counts.errored:
         return CellStatus.FAILED, None
     if env_status == "failed":

@@ -1,6 +1,11 @@
-"""Not yet attributed (torch or transformers): after the process groups that an FSDP2+EP load created are
-destroyed, later FSDP2+EP loads in the same processes can reach a DeviceMesh of the first load, and fail with
+"""torch 2.13: after the process groups that an FSDP2+EP load created are destroyed, a later FSDP2+EP load in
+the same processes can get a DeviceMesh of the first load back, and fails with
 `RuntimeError: Could not resolve the process group registered under the name 11`.
+
+Likely cause (from gc referrer chains after the first load): DTensor's sharding-propagation cache
+(`ShardingPropagator.propagate_op_sharding`, a thread-local lru_cache keyed by OpSchema) keeps OutputSharding
+results whose DTensorSpec holds the first load's ('efsdp', 'ep') DeviceMesh; DeviceMesh equality ignores process
+groups, so an equal mesh of a later load hits the cache and gets the old mesh, whose groups are gone.
 
 The persistent rank pool (harness/rank_pool.py) destroys the groups each call created, so in the suite the
 third fsdp_ep case of one pool fails (test_fsdp_ep_moe[gpt_oss-2-float32] after the two deepseek_v3 cases);

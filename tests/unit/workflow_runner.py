@@ -3,8 +3,8 @@
 Per job: a fresh workspace and $RUNNER_TEMP, the GITHUB_OUTPUT / GITHUB_ENV / GITHUB_PATH /
 GITHUB_STEP_SUMMARY files, `run:` steps under `bash --noprofile --norc -eo pipefail`, `${{ }}` expressions
 evaluated from the event, inputs, matrix, needs and steps, job and step `if:` conditions, outputs.
-actions/checkout is a git clone at the ref; the artifact actions are folders; setup-python puts this
-machine's Python first on PATH; a `uses: ./...` job runs the called workflow with its inputs.
+actions/checkout is a git clone at the ref; the artifact actions are folders; setup-python is a fresh
+venv of this machine's Python, first on PATH; a `uses: ./...` job runs the called workflow with its inputs.
 Only what these workflows use is implemented; anything else raises, so the test cannot pass by ignoring it.
 """
 
@@ -225,13 +225,8 @@ class Runner:
     def __post_init__(self) -> None:
         self.artifacts = self.work / "artifacts"
         self.artifacts.mkdir(parents=True, exist_ok=True)
-        # setup-python: the base interpreter, which has no harness of its own (this venv's has, editable).
-        self.python_bin = self.work / "setup-python"
-        self.python_bin.mkdir(exist_ok=True)
-        base = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
-        for name in ("python", "python3"):
-            if not (self.python_bin / name).exists():
-                (self.python_bin / name).symlink_to(base)
+        # What setup-python provides, from the base interpreter (this test's venv has harness, editable).
+        self.base_python = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
 
     def run_workflow(
         self, name: str, inputs: dict[str, Any] | None = None, sha: str | None = None
@@ -386,8 +381,12 @@ class Runner:
             )
             return done.returncode == 0, done.stdout + done.stderr
         if name == "actions/setup-python":
-            extra_path.insert(0, str(self.python_bin))
-            return True, f"python {sys.version.split()[0]}"
+            # A Python of the job's own, first on PATH, where `pip install` puts scripts that PATH finds,
+            # as the tool cache's does; never this machine's base interpreter.
+            toolcache = workspace.parent / "python"
+            done = subprocess.run([str(self.base_python), "-m", "venv", str(toolcache)], capture_output=True, text=True)
+            extra_path.insert(0, str(toolcache / "bin"))
+            return done.returncode == 0, f"python {sys.version.split()[0]} at {toolcache}{done.stderr}"
         if name == "actions/upload-artifact":
             source = Path(given["path"])
             source = source if source.is_absolute() else workspace / source

@@ -569,7 +569,7 @@ def run_suite(pytester, monkeypatch, tests: str, *args: str, pool: str | None = 
 def test_a_session_reuses_the_pool_and_a_crash_or_hang_fails_only_its_own_test(pytester, monkeypatch):
     result, pids, parents = run_suite(pytester, monkeypatch, REUSE_AND_CRASH_TESTS)
     result.assert_outcomes(passed=4, failed=2)
-    result.stdout.fnmatch_lines(["rank pool: on (forked from a zygote ranks)",
+    result.stdout.fnmatch_lines(["rank pool: on (ranks forked from a zygote)",
                                  "E *RankFailedError: rank 1 exited with code 3 without a result",
                                  "E *RankTimeoutError: ranks [[]0, 1[]] still running after 2s; killed.*",
                                  "rank pool: 6 calls, 3 pools started, 2 replaced after*"])

@@ -48,13 +48,6 @@ from harness.ranks.protocol import (
     Ready,
 )
 
-# Process groups the calls made, kept alive (see RankState._drop_call_groups) until the rank retires.
-MAX_KEPT_GROUPS = 32
-
-
-class RankRetired(Exception):
-    """The rank holds too much from earlier calls and exits; the pool is replaced before the next call."""
-
 
 def stack_path(workdir: str | Path, rank: int) -> Path:
     """Where faulthandler writes the rank's stack (on SIGUSR1, or when it crashes)."""
@@ -106,8 +99,6 @@ def serve(spec: RankSpec) -> None:
             connection.send_bytes(_outcome(state, message.payload))
             try:
                 state.reset()  # after replying: the launcher moves on while this rank cleans up
-            except RankRetired:
-                os._exit(0)
             except BaseException as error:
                 # Too late to fail the call; the next Ping finds this rank gone and the pool is replaced.
                 print(f"rank {rank} cannot serve another call: {error!r}", file=sys.stderr, flush=True)
@@ -267,15 +258,13 @@ class RankState:
             torch.cuda.reset_peak_memory_stats()
 
     def _drop_call_groups(self) -> None:
-        """Forget the device meshes the call made and the caches that may hold them, but keep the process
-        groups it created: a mesh some library still holds (seen with transformers' FSDP2+EP loading of
-        gpt_oss and granitemoe after other families) names its groups, and a destroyed one fails the next
-        call with "Could not resolve the process group registered under the name N". Past
-        MAX_KEPT_GROUPS the rank retires; the launcher's next Ping finds it gone and starts a fresh pool."""
+        """Forget the device meshes the call made and every cache that may hold them, then destroy the
+        process groups it created. The world group stays: c10d's name registry and the meshes of later
+        calls then agree on every group that exists."""
         _clear_mesh_caches()
-        kept = len(self._process_groups()) - len(self.groups)
-        if kept > MAX_KEPT_GROUPS:
-            raise RankRetired(f"{kept} process groups made by earlier calls are kept; a fresh pool frees them")
+        for group in self._process_groups():
+            if group not in self.groups:
+                self.dist.destroy_process_group(group)
 
     def _deterministic_algorithms(self) -> tuple[bool, bool]:
         return (self.torch.are_deterministic_algorithms_enabled(),

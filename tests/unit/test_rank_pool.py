@@ -154,8 +154,6 @@ def test_what_a_call_leaves_behind_does_not_reach_the_next(launcher, tmp_path):
     assert [result.value for result in launcher(2, leave_a_mess, str(freed), timeout=60, device="cpu")] == \
         ["messy", "messy"]
     after = [result.value for result in launcher(2, observe, timeout=60, device="cpu")]
-    # The group the messy call made is kept (a library may still hold a mesh naming it), nothing else.
-    assert [value.pop("groups") for value in after] == [value.pop("groups") + 1 for value in fresh]
     assert after == fresh  # the same ranks (pids included), seeing what a fresh pool sees
     assert after[0]["leftover"] is None and after[0]["dtype"] == "torch.float32"
     assert freed.read_text() == "freed"  # the 64 MiB tensor was collected, not only forgotten

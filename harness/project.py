@@ -14,11 +14,20 @@ from pathlib import Path
 
 
 def shipped_matrices_dir() -> Path:
-    return Path(str(importlib.resources.files("harness._matrices")))
+    return _shipped("harness._matrices", "matrices")
 
 
 def shipped_reports_dir() -> Path:
-    return Path(str(importlib.resources.files("harness._reports")))
+    return _shipped("harness._reports", "reports")
+
+
+def _shipped(package: str, checkout_folder: str) -> Path:
+    """The package data of an installed harness; run from a checkout on PYTHONPATH (not installed, so the
+    package-dir mapping does not exist), the same folder at the checkout's top."""
+    try:
+        return Path(str(importlib.resources.files(package)))
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / checkout_folder
 
 
 def project_root(matrix_file: Path | None = None) -> Path:

@@ -79,7 +79,7 @@ def pytest_report_header(config: pytest.Config) -> str:
     launcher = config.stash.get(POOL_KEY, None)
     if launcher is None:
         return "rank pool: off (ranks spawned for every call)"
-    return f"rank pool: on ({'forked from a zygote' if launcher.fork else 'spawned'} ranks)"
+    return f"rank pool: on (ranks {'forked from a zygote' if launcher.fork else 'spawned'})"
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:

@@ -239,9 +239,11 @@ class RankState:
         for name, saved in self.module_globals.items():
             _restore_globals(sys.modules.get(name), saved)
         self.module_globals = {}
-        self._drop_call_groups()
         if "torch._dynamo" in sys.modules:
             torch._dynamo.reset()
+        _clear_mesh_caches()
+        gc.collect()  # frees what the call left, meshes included (they form cycles): their groups can go
+        self._drop_call_groups()
         os.chdir(self.cwd)
         torch.set_default_dtype(self.default_dtype)
         torch.set_num_threads(self.num_threads)
@@ -252,18 +254,24 @@ class RankState:
         self._set_rng_state(self.rng)
         if self.use_cuda:
             torch.cuda.set_device(self.cuda_device)
-        gc.collect()
-        if self.use_cuda:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
 
     def _drop_call_groups(self) -> None:
-        """Forget the device meshes the call made and every cache that may hold them, then destroy the
-        process groups it created. The world group stays: c10d's name registry and the meshes of later
-        calls then agree on every group that exists."""
-        _clear_mesh_caches()
-        for group in self._process_groups():
-            if group not in self.groups:
+        """Destroy the process groups the call created, once its meshes and the caches known to hold them are
+        gone (reset clears and collects first). The world group stays: c10d's name registry and the meshes of
+        later calls then agree on every group that exists.
+
+        A group that a surviving DeviceMesh still names is kept instead: some cache we do not know of
+        (torch's, transformers', the suite's) may hand that mesh to a later call, which must then resolve
+        its groups. Holding a few groups (an NCCL communicator each) costs less than a false red, and it
+        is bounded: a kept group goes at the first reset after its last mesh is gone."""
+        call_groups = [group for group in self._process_groups() if group not in self.groups]
+        if not call_groups:
+            return
+        named = _groups_named_by_live_meshes()
+        for group in call_groups:
+            if group.group_name not in named:
                 self.dist.destroy_process_group(group)
 
     def _deterministic_algorithms(self) -> tuple[bool, bool]:
@@ -299,11 +307,39 @@ def _clear_mesh_caches() -> None:
         if isinstance(value, (dict, list, set)):
             value.clear()
     dtensor = getattr(sys.modules.get("torch.distributed.tensor._api"), "DTensor", None)
+    if dtensor is None:
+        return
     propagator = getattr(getattr(dtensor, "_op_dispatcher", None), "sharding_propagator", None)
     for cached in ("propagate_op_sharding", "_propagate_tensor_meta_cached"):
         clear = getattr(getattr(propagator, cached, None), "cache_clear", None)
         if clear is not None:
             clear()
+    # The C++ dispatch fast path keeps its own cache of output shardings, whose specs hold the mesh of the
+    # call that first ran the op: a later call's DTensor op returned that mesh, naming destroyed groups.
+    clear_fast_path = getattr(sys.modules["torch"]._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if clear_fast_path is not None:
+        clear_fast_path()
+    # Redistribution plans and collective cost estimates, kept per mesh: they would keep old meshes alive.
+    redistribute = sys.modules.get("torch.distributed.tensor._redistribute")
+    topology = getattr(sys.modules.get("torch.distributed.tensor._collective_utils"), "MeshTopoInfo", None)
+    for clear in (
+        getattr(redistribute, "clear_redistribute_planner_cache", None),
+        getattr(getattr(redistribute, "_gen_transform_infos", None), "cache_clear", None),
+        getattr(getattr(topology, "build_from_mesh", None), "cache_clear", None),
+    ):
+        if clear is not None:
+            clear()
+
+
+def _groups_named_by_live_meshes() -> set[str]:
+    """The names of the process groups that some DeviceMesh still alive refers to (flattened ones included:
+    they are meshes too)."""
+    mesh_type = getattr(sys.modules.get("torch.distributed.device_mesh"), "DeviceMesh", None)
+    if not isinstance(mesh_type, type):
+        return set()
+    # type(), not isinstance(): DeviceMesh's metaclass would read attributes of every object (and warn).
+    meshes = [obj for obj in gc.get_objects() if issubclass(type(obj), mesh_type)]
+    return {name for mesh in meshes for name in getattr(mesh, "_dim_group_names", ()) if isinstance(name, str)}
 
 
 def _suite_modules(fn: Callable[..., Any]) -> Iterable[Any]:

@@ -35,10 +35,9 @@ def pytest_runtest_makereport(item, call):
     import known_bugs
 
     report = yield
-    longrepr = str(report.longrepr) if report.failed else ""
-    if longrepr.startswith("[XPASS(strict)] " + known_bugs.REASON_PREFIX):
-        reason = longrepr.removeprefix("[XPASS(strict)] ")
-        report.longrepr = f"[XPASS(strict)] {known_bugs.FIXED_MESSAGE} in tests/gpu/known_bugs.py: {reason}"
+    message = known_bugs.fixed_upstream_message(str(report.longrepr)) if report.failed else None
+    if message is not None:
+        report.longrepr = message
     return report
 
 

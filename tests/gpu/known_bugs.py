@@ -43,7 +43,36 @@ class KnownBug:
         )
 
 
+# Version ranges: where the bug was reproduced (the `reproduced` field) and what the releases' changes bound it by
+# (5.13 introduced the ep_router plan these go through; 5.20 replaced it; 5.23 fixed the FSDP2+EP scaling).
 KNOWN_BUGS: tuple[KnownBug, ...] = (
+    KnownBug(
+        package="transformers",
+        versions=">=5.13,<5.20",
+        layouts=("ep",),
+        checks=("logits", "gradients"),
+        implementations=("eager",),
+        cause="eager experts one-hot the ep_router's sentinel expert id: 'Class values must be smaller than "
+        "num_classes'",
+        reproduced="upstream_repros/ep_experts_implementations_5_13_to_5_19.py eager, 5.17.0 on 2 CPU ranks",
+    ),
+    KnownBug(
+        package="transformers",
+        versions=">=5.13,<5.20",
+        layouts=("ep",),
+        checks=("gradients",),
+        implementations=("batched_mm",),
+        cause="batched_mm experts under the ep_router give the router a wrong gradient (relative error 0.5-1.1)",
+        reproduced="upstream_repros/ep_experts_implementations_5_13_to_5_19.py batched_mm, 5.17.0 on 2 CPU ranks",
+    ),
+    KnownBug(
+        package="transformers",
+        versions=">=5.20,<5.23",
+        layouts=("fsdp_ep",),
+        checks=("gradients",),
+        cause="FSDP2 + EP expert gradients (and expert biases) are exactly 0.5x the whole model's on 2 ranks",
+        reproduced="upstream_repros/fsdp_ep_expert_gradients_halved.py, 5.20.0 on 2 CPU ranks",
+    ),
     KnownBug(
         package="transformers",
         versions=">=5.23",
@@ -69,3 +98,11 @@ def known_bug(case) -> KnownBug | None:
     """The table's entry covering `case` on the installed releases, if any."""
     installed = installed_versions()
     return next((bug for bug in KNOWN_BUGS if bug.covers(case, installed)), None)
+
+
+def fixed_upstream_message(longrepr: str) -> str | None:
+    """For pytest's strict-XPASS failure text of a known-bugs case, what to tell the reader instead; else None."""
+    strict_xpass = "[XPASS(strict)] "
+    if not longrepr.startswith(strict_xpass + REASON_PREFIX):
+        return None
+    return f"{strict_xpass}{FIXED_MESSAGE} in tests/gpu/known_bugs.py: {longrepr.removeprefix(strict_xpass)}"

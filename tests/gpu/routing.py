@@ -2,9 +2,7 @@
 its own output (router logits, top-k weights, top-k expert ids).
 
 Reading the router's output instead of recomputing `topk(linear(h, W))` keeps whatever the family's router
-does (a bias, a sigmoid, groups, a correction-bias buffer, an fp32 router under bf16). Expert parallelism
-in the releases under test remaps expert ids at the experts module's input, after the router, so the ids
-recorded here are global on every rank.
+does (a bias, a sigmoid, groups, a correction-bias buffer, an fp32 router under bf16), in global expert ids.
 """
 
 from __future__ import annotations
@@ -29,15 +27,26 @@ class RoutingRecorder:
                 f"{family.model_type}: no router module at {missing}; the family's entry in "
                 f"tests/gpu/families.py names other modules than {type(model).__name__} has"
             )
-        self._handles = [modules[path].register_forward_hook(self._record) for path in family.router_paths()]
+        self._handles = [
+            modules[path].register_forward_hook(self._record, prepend=True) for path in family.router_paths()
+        ]
 
     def _record(self, module, args, output):
-        logits, weights, experts = output[:3]
-        with torch.no_grad():
-            logits = _full(logits).detach().float().reshape(-1, _full(logits).shape[-1])
-            weights = _full(weights).detach().float().reshape(logits.shape[0], -1)
-            experts = _full(experts).detach().reshape(logits.shape[0], -1)
-        self.layers.append(checks.LayerRouting(logits.cpu(), experts.cpu(), weights.cpu()))
+        if "forward" in module.__dict__:
+            # A parallel style replaced this router's forward with a wrapper that rewrites its output (5.13-5.19's
+            # ep_router: rank-local expert ids); the router's own decision is its class's forward on the same input.
+            with torch.no_grad():
+                output = type(module).forward(module, *args)
+        # copies: the tensors may be rewritten in place later
+        logits, weights, experts = (_full(tensor).detach().clone() for tensor in output[:3])
+        tokens = logits.numel() // logits.shape[-1]
+        self.layers.append(
+            checks.LayerRouting(
+                logits.float().reshape(tokens, -1).cpu(),
+                experts.reshape(tokens, -1).cpu(),
+                weights.float().reshape(tokens, -1).cpu(),
+            )
+        )
 
     def rows(self, tokens: slice) -> list[checks.LayerRouting]:
         return [layer.rows(tokens) for layer in self.layers]

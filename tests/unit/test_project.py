@@ -209,3 +209,17 @@ def test_an_interpreter_holds_installs_by_name_and_version(tmp_path):
     assert not env.holds_installs(sys.executable, cell("pytest==0.0.1"))
     assert not env.holds_installs(sys.executable, cell("no-such-package-here"))
     assert not env.holds_installs(sys.executable, cell("--index-url http://x pkg"))
+
+
+def test_a_checkout_on_pythonpath_finds_its_matrices_and_reports(tmp_path):
+    """Not installed (a checkout on PYTHONPATH, as on a bare GPU machine), the package data folders do not
+    exist as packages: the checkout's own matrices/ and reports/ are used."""
+    checkout = Path(__file__).resolve().parents[2]
+    code = (
+        "from harness.project import shipped_matrices_dir, shipped_reports_dir; "
+        "print(shipped_matrices_dir()); print(shipped_reports_dir())"
+    )
+    # -S: no site-packages, so the installed harness (and its package-dir mapping) is out of sight.
+    done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          env={"PYTHONPATH": str(checkout)}, check=True)
+    assert done.stdout.split() == [str(checkout / "matrices"), str(checkout / "reports")]

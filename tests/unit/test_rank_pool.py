@@ -66,6 +66,32 @@ def leave_a_mess(freed_marker):
     return "messy"
 
 
+def op_on_a_new_mesh():
+    """One DTensor op on a fresh 2-D mesh (its size-1 dim gets a process group of this call's own); the groups
+    that the op's output mesh names must resolve."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "tp"))
+    doubled = distribute_tensor(torch.ones(4, 4), mesh, [Shard(0), Replicate()]) * 2
+    return [doubled.device_mesh.get_group(name).size() for name in ("dp", "tp")]
+
+
+def keep_a_mesh_in_a_library():
+    """Like a cache the pool does not know of: a mesh kept by an installed module, not by the suite."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.distributed.tensor._harness_kept_mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "tp"))
+
+
+def use_the_kept_mesh():
+    return torch.distributed.tensor._harness_kept_mesh.get_group("tp").size()
+
+
+def forget_the_kept_mesh():
+    vars(torch.distributed.tensor).pop("_harness_kept_mesh", None)
+
+
 def raise_on_rank_one():
     import torch.distributed as dist
 
@@ -157,6 +183,33 @@ def test_what_a_call_leaves_behind_does_not_reach_the_next(launcher, tmp_path):
     assert after == fresh  # the same ranks (pids included), seeing what a fresh pool sees
     assert after[0]["leftover"] is None and after[0]["dtype"] == "torch.float32"
     assert freed.read_text() == "freed"  # the 64 MiB tensor was collected, not only forgotten
+
+
+def test_a_dtensor_op_of_a_later_call_gets_that_calls_mesh_not_one_whose_groups_are_gone(launcher):
+    """DTensor caches output shardings (in its C++ dispatch too), keyed by meshes that compare equal across calls:
+    unless the reset clears them, the second call's op returns the first call's mesh, naming destroyed groups."""
+
+    def groups():
+        return [result.value["groups"] for result in launcher(2, observe, timeout=60, device="cpu")]
+
+    before = groups()
+    for _ in range(2):
+        assert [result.value for result in launcher(2, op_on_a_new_mesh, timeout=60, device="cpu")] == [[2, 1]] * 2
+    assert groups() == before  # every cache that held the calls' meshes was cleared: their groups are gone
+
+
+def test_a_group_that_a_mesh_kept_elsewhere_names_stays_until_the_mesh_goes(launcher):
+    def groups():
+        return [result.value["groups"] for result in launcher(2, observe, timeout=60, device="cpu")]
+
+    before = groups()
+    try:
+        launcher(2, keep_a_mesh_in_a_library, timeout=60, device="cpu")
+        assert [result.value for result in launcher(2, use_the_kept_mesh, timeout=60, device="cpu")] == [1, 1]
+        assert groups() == [count + 1 for count in before]  # the kept mesh's own group, nothing more
+    finally:
+        launcher(2, forget_the_kept_mesh, timeout=60, device="cpu")
+    assert groups() == before
 
 
 def test_an_exception_a_peer_waits_on_fails_the_call_with_the_peers_stack_and_the_next_gets_a_fresh_pool(launcher):
@@ -516,7 +569,7 @@ def run_suite(pytester, monkeypatch, tests: str, *args: str, pool: str | None = 
 def test_a_session_reuses_the_pool_and_a_crash_or_hang_fails_only_its_own_test(pytester, monkeypatch):
     result, pids, parents = run_suite(pytester, monkeypatch, REUSE_AND_CRASH_TESTS)
     result.assert_outcomes(passed=4, failed=2)
-    result.stdout.fnmatch_lines(["rank pool: on (forked from a zygote ranks)",
+    result.stdout.fnmatch_lines(["rank pool: on (ranks forked from a zygote)",
                                  "E *RankFailedError: rank 1 exited with code 3 without a result",
                                  "E *RankTimeoutError: ranks [[]0, 1[]] still running after 2s; killed.*",
                                  "rank pool: 6 calls, 3 pools started, 2 replaced after*"])

@@ -1,11 +1,14 @@
-"""Not yet attributed (torch or transformers): after the process groups that an FSDP2+EP load created are
-destroyed, later FSDP2+EP loads in the same processes can reach a DeviceMesh of the first load, and fail with
+"""torch 2.13: after the process groups that an FSDP2+EP load created are destroyed, a later FSDP2+EP load in
+the same processes can get a DeviceMesh of the first load back, and fails with
 `RuntimeError: Could not resolve the process group registered under the name 11`.
 
-The persistent rank pool (harness/rank_pool.py) destroys the groups each call created, so in the suite the
-third fsdp_ep case of one pool fails (test_fsdp_ep_moe[gpt_oss-2-float32] after the two deepseek_v3 cases);
-with HARNESS_RANKS_POOL=0 every case passes. Here: deepseek_v3, deepseek_v3, gpt_oss loaded FSDP2+EP on 2 gloo
-ranks; `destroy` fails at the third load (transformers 5.24.0, torch 2.13.0), `keep` passes.
+Cause (found with this script): DTensor's dispatch fast path keeps a sharding cache of its own in C++ beside the
+Python lru_caches; its OutputSharding results hold the DeviceMesh of the call that first ran an op, and its key
+compares meshes with DeviceMesh.__eq__ (ranks, layout, dim names; not process-group names). An equal mesh of a
+later load gets the old mesh back, whose groups are gone. torch's own tests clear it between tests with
+`torch._C._clear_DTensor_sharding_propagator_cache()`; the rank pool's per-call reset (harness/ranks/rank.py)
+now does the same, and keeps any group a live mesh still names. `destroy` fails at the third load here
+(transformers 5.24.0, torch 2.13.0); `keep`, or `destroy` after that clear, passes.
 
 Run by hand: python tests/gpu/upstream_repros/fsdp_ep_after_destroyed_groups.py destroy|keep
 """

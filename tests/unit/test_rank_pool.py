@@ -628,9 +628,9 @@ def test_second(ranks):
 
 @pytest.mark.parametrize(("pool", "args", "header"), [
     (None, ("--no-ranks-pool",), "rank pool: off*"),
-    ("0", ("--ranks-pool",), "rank pool: on (forked*"),
-    ("spawn", (), "rank pool: on (spawned ranks)"),
-    ("1", ("-o", "ranks_pool=false"), "rank pool: on (forked*"),
+    ("0", ("--ranks-pool",), "rank pool: on (ranks forked*"),
+    ("spawn", (), "rank pool: on (ranks spawned)"),
+    ("1", ("-o", "ranks_pool=false"), "rank pool: on (ranks forked*"),
     (None, ("-o", "ranks_pool=false"), "rank pool: off*"),
 ])
 def test_the_command_line_wins_over_the_environment_which_wins_over_the_ini(pytester, monkeypatch, pool, args,

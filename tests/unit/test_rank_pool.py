@@ -309,7 +309,7 @@ if __name__ == "__main__":
 def test_ranks_and_the_zygote_exit_when_their_parent_is_killed(tmp_path):
     script = tmp_path / "parent_that_dies.py"
     script.write_text(PARENT_THAT_DIES)
-    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]),
+    environ = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]),
                                                             os.environ.get("PYTHONPATH", "")])}
     completed = subprocess.run([sys.executable, str(script), str(Path(__file__).parent)], env=environ,
                                capture_output=True, text=True, timeout=120)
@@ -340,7 +340,7 @@ def test_ranks_spinning_in_c_die_with_their_killed_parent(tmp_path, how):
     script.write_text(PARENT_KILLED_WHILE_RANKS_SPIN)
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
-    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]),
+    environ = {**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]),
                                                             os.environ.get("PYTHONPATH", "")])}
     parent = subprocess.Popen([sys.executable, str(script), str(Path(__file__).parent), how, str(pid_dir)],
                               env=environ)

@@ -6,10 +6,7 @@ built once under the cache folder and reused while its marker matches. uv is the
 fast path, pip the fallback. Where packages come from is configuration:
 
   HARNESS_INSTALLER        uv | pip (default: uv when it is on PATH)
-  HARNESS_INDEX_URL        replaces the default index (e.g. a CUDA torch index or a mirror)
-  HARNESS_EXTRA_INDEX_URL  more indexes, space-separated
-  HARNESS_FIND_LINKS       folders or pages of wheels, space-separated (default: $PIP_FIND_LINKS)
-  HARNESS_INSTALLER_ARGS   anything else for the installer (shell-quoted)
+  HARNESS_INDEX_URL, HARNESS_EXTRA_INDEX_URL, HARNESS_FIND_LINKS, HARNESS_INSTALLER_ARGS: see harness.index
   HARNESS_ENV_DIR          the cache folder (default ~/.cache/harness/envs)
 
 Trust: a cached environment is used only while every file in it is the file its build wrote. The build
@@ -34,6 +31,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from harness.index import index_arguments
 from harness.matrix import Cell
 
 # Besides the pinned torch and transformers, what the suite imports in its own environment.
@@ -308,25 +306,6 @@ def choose_installer() -> str:
     if chosen:
         return chosen
     return "uv" if _uv() else "pip"
-
-
-def index_arguments(installer: str, *, installer_args: bool = True) -> list[str]:
-    """Where packages come from, as the installer's options; `installer_args` adds HARNESS_INSTALLER_ARGS
-    (left out where another command asks the same index, e.g. `pip index versions`)."""
-    arguments = []
-    if os.environ.get("HARNESS_INDEX_URL"):
-        arguments += ["--index-url", os.environ["HARNESS_INDEX_URL"]]
-    for url in os.environ.get("HARNESS_EXTRA_INDEX_URL", "").split():
-        arguments += ["--extra-index-url", url]
-    # pip already reads PIP_FIND_LINKS; uv does not, so hand it over explicitly.
-    find_links = os.environ.get("HARNESS_FIND_LINKS") or (
-        os.environ.get("PIP_FIND_LINKS", "") if installer == "uv" else "")
-    for location in find_links.split():
-        arguments += ["--find-links", location]
-    if installer == "uv" and len(arguments) > 2:
-        # A CUDA torch index and PyPI both carry torch; take the best match, not the first index.
-        arguments += ["--index-strategy", "unsafe-best-match"]
-    return arguments + (shlex.split(os.environ.get("HARNESS_INSTALLER_ARGS", "")) if installer_args else [])
 
 
 def _marker_matches(path: Path, cell: Cell) -> bool:

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from harness.errors import ConfigError
+from harness.index import FLOATING
 from harness.project import project_root, shipped_matrices_dir
 
 AXES = ("gpu", "gpus", "torch", "transformers")
@@ -33,8 +34,6 @@ DEFAULT_MATRIX = "cpu"
 # A job's timeout is the cell's pytest budget plus this much for checkout and building its environment.
 JOB_SETUP_MINUTES = 20
 # PEP 440 release versions as pip pins them: 2.11.0, 5.0.0rc1, 2.14.0.dev20261101, 2.11.0+cu130.
-# A version that floats: the newest release on the index, or the one N releases before it.
-FLOATING = re.compile(r"latest(?:-([0-9]+))?")
 VERSION_PATTERN = re.compile(r"\d+(\.\d+){1,3}((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?(\+[a-z0-9.]+)?")
 
 

@@ -115,7 +115,8 @@ def test_harness_has_no_import_circle():
     [
         # the circle this test was written for: env -> matrix -> versions -> env, one edge inside a function
         ({"env.py": "from pkg.matrix import Cell\n", "matrix.py": "def f():\n    from pkg import versions\n",
-          "versions.py": "from pkg.env import index_arguments\n"}, [["pkg.env", "pkg.matrix", "pkg.versions", "pkg.env"]]),
+          "versions.py": "from pkg.env import index_arguments\n"},
+         [["pkg.env", "pkg.matrix", "pkg.versions", "pkg.env"]]),
         ({"a.py": "from . import b\n", "b.py": "import pkg.a\n"}, [["pkg.a", "pkg.b", "pkg.a"]]),
         # typing-only imports never run
         ({"a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import b\n",

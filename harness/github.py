@@ -33,7 +33,7 @@ BODY_LIMIT = 65_536  # characters GitHub accepts in an issue or comment body
 DEFAULT_AUTHOR = "github-actions[bot]"  # who GITHUB_TOKEN posts as
 TRUSTED_PERMISSIONS = frozenset({"admin", "maintain", "write"})
 REACTIONS = frozenset({"+1", "-1", "laugh", "confused", "heart", "hooray", "rocket", "eyes"})
-OK_TO_TEST = re.compile(r"/ok to test +([0-9a-f]{7,40})", re.IGNORECASE)
+OK_TO_TEST = re.compile(r"/ok to test +([0-9a-f]{7,40})", re.IGNORECASE)  # 7-11: refused, saying why
 LOGIN = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})(?:\[bot\])?")
 OUTPUT_VALUE = re.compile(r"[A-Za-z0-9._/-]*")
 
@@ -308,8 +308,8 @@ def requested_sha(body: str) -> str:
     if not match:
         # Never echo the comment: it is the commenter's text, not ours.
         raise NotAuthorizedError(
-            "the first line must be `/ok to test <sha>` alone, with the full or a 7+ character short sha "
-            "of the pull request's head commit")
+            f"the first line must be `/ok to test <sha>` alone, with the full or a {MIN_SHORT_SHA}+ character "
+            "short sha of the pull request's head commit")
     return match.group(1).lower()
 
 
@@ -351,8 +351,12 @@ def authorize(gh: GitHub, event: CommentEvent, matrix: str) -> Approval:
         raise GitHubError(f"GitHub API: pull request #{event.number} has no head sha")
     if not head.startswith(prefix):
         raise NotAuthorizedError(
-            f"`{prefix}` is not the head of #{event.number}, which is now `{head[:12]}`: "
-            f"review the new commits, then comment `/ok to test {head[:12]}`")
+            f"`{prefix}` is not the head of #{event.number}, which is now `{head}`: "
+            f"review the new commits, then comment `/ok to test {head}`")
+    if len(prefix) < MIN_SHORT_SHA:
+        raise NotAuthorizedError(
+            f"`{prefix}` is {len(prefix)} characters, and a commit sharing that many can be made in hours: a short "
+            f"sha needs {MIN_SHORT_SHA} or more. If you reviewed the head, comment `/ok to test {head}`")
     if len(prefix) < 40:
         unproven = short_sha_doubt(gh, event, prefix, head)
         if unproven:
@@ -365,16 +369,22 @@ def authorize(gh: GitHub, event: CommentEvent, matrix: str) -> Approval:
 # Timeline events that move the head without adding a commit the PR's commit list would show twice.
 HEAD_MOVES = frozenset({"head_ref_force_pushed", "head_ref_restored", "head_ref_deleted"})
 MAX_PR_COMMITS = 250  # GitHub lists at most this many commits of a pull request
+# A twin of a 7-character prefix takes about 2**28 SHA-1 tries (minutes); of 12 characters, 2**48.
+MIN_SHORT_SHA = 12
+# A head moved this shortly before the comment may be a twin the reviewer never saw: a short sha then
+# does not count (the full sha always does).
+QUIET_BEFORE_COMMENT = datetime.timedelta(hours=1)
 
 
 def short_sha_doubt(gh: GitHub, event: CommentEvent, prefix: str, head: str) -> str | None:
     """Why a short sha cannot be shown to name only the commit the reviewer saw, or None when it can.
 
-    A contributor can make a commit sharing a 7-character prefix in minutes, and push it between the
-    comment and this job. So the prefix counts only where it matches exactly one commit of the pull
-    request, that commit is the head, and the timeline shows no force-push since the comment (by the
-    server's timestamps; commit dates are the contributor's to choose). A plain push of a twin leaves
-    both commits in the list, which the first rule catches."""
+    A contributor can make a commit sharing a short prefix, and push it between the review and this job.
+    So a prefix of MIN_SHORT_SHA or more characters counts only where it matches exactly one commit of
+    the pull request, that commit is the head, and the timeline shows no force-push from
+    QUIET_BEFORE_COMMENT before the comment on (by the server's timestamps; commit dates are the
+    contributor's to choose). A plain push of a twin leaves both commits in the list, which the first
+    rule catches."""
     try:
         commits = list(gh.paginate(gh.repo_path(f"pulls/{event.number}/commits")))
         events = list(gh.paginate(gh.repo_path(f"issues/{event.number}/timeline")))
@@ -398,6 +408,9 @@ def short_sha_doubt(gh: GitHub, event: CommentEvent, prefix: str, head: str) -> 
             return f"a {entry.get('event')} event has no time"
         if moved >= commented:
             return f"the branch was force-pushed at {moved.isoformat()}, after the comment"
+        if moved >= commented - QUIET_BEFORE_COMMENT:
+            return (f"the branch was force-pushed at {moved.isoformat()}, less than "
+                    f"{QUIET_BEFORE_COMMENT.total_seconds() / 3600:.0f} hour before the comment")
     return None
 
 

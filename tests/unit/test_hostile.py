@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html.parser
 import json
+import os
 import re
 import subprocess
 import sys
@@ -311,6 +312,14 @@ def test_one_unreadable_cell_folder_is_one_errored_row(tmp_path, monkeypatch):
             return _real(path, *args, **kwargs)
 
         monkeypatch.setattr(Path, method, refusing)
+    real_open = os.open
+
+    def refusing_open(path, *args, **kwargs):
+        if locked in Path(path).parents:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refusing_open)  # the reader opens contract files by descriptor
     cells = {cell.id: cell for cell in load_results([tmp_path]).cells}
     assert cells[CELL].status is CellStatus.PASSED
     locked_cell = cells["h200-2gpu-torch2.11.0-tf5.18.0"]

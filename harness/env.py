@@ -192,7 +192,7 @@ def ensure_environment(cell: Cell, root: Path, log: Callable[[str], None]) -> En
                 origin = "build"
         if origin == "build":
             # Runners on one host share the cache: one run builds, the others wait, then find it cached.
-            held.enter_context(_build_lock(path, log))
+            held.enter_context(build_lock(path, log))
             origin, python, path = plan_environment(cell, root)
             if origin == "cached" and manifest_difference(path):
                 origin = "build"
@@ -265,7 +265,7 @@ def _checked(cell: Cell, origin: str, python: Path, path: Path | None) -> Enviro
 
 
 @contextlib.contextmanager
-def _build_lock(path: Path, log: Callable[[str], None]) -> Iterator[None]:
+def build_lock(path: Path, log: Callable[[str], None]) -> Iterator[None]:
     """Hold `<env>.lock` exclusively; the kernel lets go if this process dies."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "a") as lock:
@@ -283,20 +283,34 @@ def _build_lock(path: Path, log: Callable[[str], None]) -> Iterator[None]:
 def build(cell: Cell, path: Path, log: Callable[[str], None]) -> None:
     if path.exists():
         shutil.rmtree(path)  # a stale or half-built environment; its marker did not match
-    path.parent.mkdir(parents=True, exist_ok=True)
     installer = choose_installer()
-    python = path / "bin" / "python"
-    if installer == "uv":
-        create = [_uv(), "venv", "--quiet", "--python", sys.executable, str(path)]
-        # Compile bytecode once here, or every first import of torch in a fresh cache pays for it.
-        install = [_uv(), "pip", "install", "--compile-bytecode", "--python", str(python)]
-    else:
-        create = [sys.executable, "-m", "venv", str(path)]
-        install = [str(python), "-m", "pip", "install", "--progress-bar", "off"]
-    install += index_arguments(installer) + requirements(cell)
     log(f"building environment {path.name} with {installer}: {' '.join(requirements(cell)[:2])}")
-    for step in (create, install):
-        _run_logged(step, log)
+    python = new_venv(path, installer, log)
+    # Compile bytecode once here, or every first import of torch in a fresh cache pays for it.
+    install(python, installer, [*index_arguments(installer), *requirements(cell)], log, compile_bytecode=True)
+
+
+def new_venv(path: Path, installer: str, log: Callable[[str], None]) -> Path:
+    """An empty virtual environment at `path` for this interpreter; its python."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if installer == "uv":
+        run_logged([_uv_or_fail(), "venv", "--quiet", "--python", sys.executable, str(path)], log)
+    else:
+        run_logged([sys.executable, "-m", "venv", str(path)], log)
+    return path / "bin" / "python"
+
+
+def install(python: Path, installer: str, arguments: list[str], log: Callable[[str], None], *,
+            compile_bytecode: bool = False) -> None:
+    """Install into the environment of `python`. uv copies files out of its cache (--link-mode=copy): a hard
+    link would make the installed file and the cache's one the same file, so editing one in place (a run's
+    code can) would edit what every later install from that cache gets."""
+    if installer == "uv":
+        command = [_uv_or_fail(), "pip", "install", "--link-mode=copy", "--python", str(python)]
+        command += ["--compile-bytecode"] if compile_bytecode else []
+    else:
+        command = [str(python), "-m", "pip", "install", "--progress-bar", "off"]
+    run_logged(command + arguments, log)
 
 
 def choose_installer() -> str:
@@ -321,7 +335,14 @@ def _uv() -> str | None:
     return str(beside) if beside.exists() else shutil.which("uv")
 
 
-def _run_logged(command: list[str], log: Callable[[str], None]) -> None:
+def _uv_or_fail() -> str:
+    found = _uv()
+    if found is None:
+        raise EnvironmentBuildError("HARNESS_INSTALLER=uv, but no uv beside this python nor on PATH")
+    return found
+
+
+def run_logged(command: list[str], log: Callable[[str], None]) -> None:
     lines: list[str] = []
     try:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

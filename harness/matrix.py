@@ -28,7 +28,7 @@ from harness.project import project_root, shipped_matrices_dir
 AXES = ("gpu", "gpus", "torch", "transformers")
 MATRIX_KEYS = {"description", "axes", "exclude", "include", "suite", "timeout_minutes", "reruns",
                "test_timeout_seconds", "install"}
-RUNNER_KEYS = {"labels", "gpus", "nvml_name", "ranks"}
+RUNNER_KEYS = {"labels", "gpus", "nvml_name", "ranks", "ephemeral"}
 CPU = "cpu"
 DEFAULT_MATRIX = "cpu"
 # A job's timeout is the cell's pytest budget plus this much for checkout and building its environment.
@@ -50,6 +50,8 @@ class Runner:
     gpus: int
     nvml_name: str | None = None
     ranks: int = 0
+    # A fresh machine or container for every job, nothing kept: only then may a pull request's cell run there.
+    ephemeral: bool = False
 
     @property
     def is_cpu(self) -> bool:
@@ -234,8 +236,11 @@ def read_runners(path: Path) -> dict[str, Runner]:
         ranks = _non_negative_int(entry.get("ranks", 0), f"{where}.ranks")
         if gpus == 0 and ranks == 0:
             raise ConfigError(f"{where}: a runner with gpus: 0 needs ranks (CPU ranks it can run)")
+        ephemeral = entry.get("ephemeral", False)
+        if not isinstance(ephemeral, bool):
+            raise ConfigError(f"{where}.ephemeral: expected true or false, got {ephemeral!r}")
         runners[name] = Runner(name=name, labels=tuple(labels), gpus=gpus,
-                               nvml_name=entry.get("nvml_name"), ranks=ranks)
+                               nvml_name=entry.get("nvml_name"), ranks=ranks, ephemeral=ephemeral)
     return runners
 
 
@@ -372,6 +377,10 @@ def command(args) -> int:
     cells = select(matrix.cells, args.cell)
     if not cells:
         raise ConfigError(f"{matrix.path}: no cell matches --cell {' '.join(args.cell)}")
+    if args.pull_request:
+        from harness.isolation import refuse_persistent_runners
+
+        refuse_persistent_runners(cells, load_runners(matrix.root, beside=matrix.path.parent), str(matrix.path))
     print(format_cells(cells, args.format))
     return 0
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli, github, report
+from harness import actions_io, cli, github_api, github_comments, report
 from harness.errors import GitHubError
 from harness.results import Digest, load_baseline, load_results, nightly_regressions
 
@@ -300,7 +300,7 @@ def fake():
 @pytest.fixture
 def sleeps(monkeypatch):
     waited: list[float] = []
-    monkeypatch.setattr(github, "sleep", waited.append)
+    monkeypatch.setattr(github_api, "sleep", waited.append)
     return waited
 
 
@@ -1132,11 +1132,11 @@ def test_gh_imports_only_the_standard_library():
 
 def test_outputs_refuse_values_that_would_add_lines(env):
     with pytest.raises(GitHubError, match="unexpected characters"):
-        github.write_outputs({"sha": "abc\nmalicious=1"})
+        actions_io.write_outputs({"sha": "abc\nmalicious=1"})
     assert env.read_text() == ""
 
 
 def test_fit_body_leaves_short_bodies_alone():
-    assert github.fit_body("short") == "short"
-    cut = github.fit_body("line\n" * 100, limit=200)
+    assert github_comments.fit_body("short") == "short"
+    cut = github_comments.fit_body("line\n" * 100, limit=200)
     assert len(cut) <= 200 and cut.startswith("line\nline\n")

@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="ids: one cell id a line; json: the cells; github: {'include': [...]}")
     matrix.add_argument("--cell", action="append", metavar="GLOB",
                         help="keep only cells whose id matches (fnmatch, braces); repeatable")
+    matrix.add_argument("--pull-request", action="store_true",
+                        help="the plan runs a pull request's code: refuse cells on runners not declared ephemeral")
 
     run = commands.add_parser("run", help="run the suite for each selected cell that fits this machine")
     run.add_argument("--matrix", metavar="NAME_OR_PATH",

@@ -17,6 +17,10 @@ from harness.results import CellResult, Labelled, Number
 _CONTROL = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]<>|~&!#])")
 _ZERO_WIDTH_SPACE = "&#8203;"  # after '@', so `@team` in a message is text, not a mention
+# GitHub turns bare `scheme://host`, `www.host` and `user@host` into links (GFM autolinks). A zero-width
+# space after the scheme's ':' and inside `www.` leaves the text as it reads and matches no autolink rule.
+_AUTOLINK_SCHEME = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*):(?=//)")
+_AUTOLINK_WWW = re.compile(r"(?i)\b(www)(?=\.)")
 
 
 def clean_block(text: str | None, max_lines: int | None = None) -> str:
@@ -35,7 +39,14 @@ def one_line(text: object, max_chars: int = 300) -> str:
 def markdown_text(text: object, max_chars: int = 300) -> str:
     """Inline Markdown (table cells, list items): every character that could start markup is escaped."""
     escaped = _MARKDOWN_SPECIAL.sub(r"\\\1", one_line(text, max_chars))
-    return escaped.replace("@", "@" + _ZERO_WIDTH_SPACE) or "—"
+    return _no_autolinks(escaped) or "—"
+
+
+def _no_autolinks(escaped: str) -> str:
+    """Text already escaped for Markdown or HTML, with nothing GitHub would link or mention."""
+    escaped = _AUTOLINK_SCHEME.sub(r"\1:" + _ZERO_WIDTH_SPACE, escaped)
+    escaped = _AUTOLINK_WWW.sub(r"\1" + _ZERO_WIDTH_SPACE, escaped)
+    return escaped.replace("@", "@" + _ZERO_WIDTH_SPACE)
 
 
 def code_span(text: object, max_chars: int = 300, *, table: bool = False) -> str:
@@ -54,8 +65,7 @@ def code_span(text: object, max_chars: int = 300, *, table: bool = False) -> str
 def html_text(text: object, max_chars: int = 300) -> str:
     """Text inside raw HTML in Markdown (a <summary>): escaped, one line, no mentions. GitHub does not
     read Markdown there; '[' is encoded all the same, so no renderer can see a link in it."""
-    escaped = str(markupsafe.escape(one_line(text, max_chars))).replace("[", "&#91;")
-    return escaped.replace("@", "@" + _ZERO_WIDTH_SPACE)
+    return _no_autolinks(str(markupsafe.escape(one_line(text, max_chars))).replace("[", "&#91;"))
 
 
 def fence_for(text: str | None) -> str:

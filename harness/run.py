@@ -32,6 +32,7 @@ from harness.env import EnvironmentBuildError, ensure_environment, env_root, pla
 from harness.errors import ConfigError, HostMismatchError
 from harness.matrix import DEFAULT_MATRIX, Cell, Matrix, load_matrix, load_runners, select
 from harness.project import git, project_root, resolve, shipped_matrices_dir
+from harness.ranks import lifecycle
 from harness.ranks.lifecycle import CELL_TOKEN_ENV, kill_cell_processes
 
 # Memory other processes may hold on a cell's GPUs before the cell refuses to start.
@@ -287,6 +288,9 @@ def run_pytest(cell: Cell, python: Path, folder: Path, gpus: list, pytest_args: 
     token = uuid.uuid4().hex
     temporary = tempfile.mkdtemp(prefix="harness-cell-")
     environ = {**pytest_environment(cell, gpus, import_path), CELL_TOKEN_ENV: token, "TMPDIR": temporary}
+    # Orphans of the cell come to this process while it runs, so one that dropped the token still ends with it.
+    before = lifecycle.descendants(os.getpid())
+    adopting = lifecycle.adopt_orphans(True)
     try:
         with (folder / "pytest.log").open("wb") as pytest_log:
             process = subprocess.Popen(command, cwd=project, env=environ,
@@ -306,8 +310,12 @@ def run_pytest(cell: Cell, python: Path, folder: Path, gpus: list, pytest_args: 
                 raise
             finally:
                 _kill_leftovers(process, token)
+                if adopting:
+                    lifecycle.kill_new_descendants(before)
                 reader.join(timeout=10)
     finally:
+        if adopting:
+            lifecycle.adopt_orphans(False)
         shutil.rmtree(temporary, ignore_errors=True)
     return process.returncode, timed_out
 

@@ -25,11 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from harness import __version__
-from harness.contract import COMMENT_MARKER
+from harness.contract import COMMENT_LIMIT, COMMENT_MARKER
 from harness.errors import ConfigError, GitHubError, NotAuthorizedError
 
 NIGHTLY_MARKER = "<!-- harness-nightly -->"
-BODY_LIMIT = 65_536  # characters GitHub accepts in an issue or comment body
 DEFAULT_AUTHOR = "github-actions[bot]"  # who GITHUB_TOKEN posts as
 TRUSTED_PERMISSIONS = frozenset({"admin", "maintain", "write"})
 REACTIONS = frozenset({"+1", "-1", "laugh", "confused", "heart", "hooray", "rocket", "eyes"})
@@ -432,7 +431,7 @@ def authorize_command(gh: GitHub, args: Any) -> int:
 # --------------------------------------------------------------------------- comments
 
 
-def fit_body(body: str, limit: int = BODY_LIMIT) -> str:
+def fit_body(body: str, limit: int = COMMENT_LIMIT) -> str:
     """Cut at a line boundary so the body fits GitHub's limit, saying that it was cut."""
     if len(body) <= limit:
         return body

@@ -18,7 +18,10 @@ import pytest
 from test_github import BOT, REPO, TOKEN, FakeGitHub, Handler, comment_event
 from workflow_runner import Runner
 
-pytestmark = pytest.mark.workflows
+# Minutes of pip installs and fresh venvs, longer on a busy machine: no per-test clock (pyproject's 600 s would
+# race the load); each step instead fails when it stalls (workflow_runner.STEP_STALL_SECONDS). The default
+# `python -m pytest` leaves the marker out (pyproject's addopts); .ci/run runs it as its own step.
+pytestmark = [pytest.mark.workflows, pytest.mark.timeout(0)]
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCH = importlib.metadata.version("torch").split("+")[0]

@@ -8,6 +8,7 @@ use instead of a wall-clock timeout, so load alone can never fail them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -71,7 +72,5 @@ def run_while_progressing(
 
 def _kill_leftovers(session_id: int) -> None:
     """What a step left running in the background (a runner kills it at the job's end too)."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(session_id, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("results", nargs="+", metavar="RESULTS", help="cell folders, or folders holding them")
     report.add_argument("--baseline", metavar="RESULTS_OR_DIGEST",
                         help="previous results folder, or a file holding a previous comment's digest")
-    report.add_argument("--format", choices=FORMATS_REPORT, default="terminal")
+    report.add_argument("--format", choices=FORMATS_REPORT,
+                        help="default: from -o's extension (.html, .txt), else terminal")
     report.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     report.add_argument("--sha", help="commit the results belong to (shown in the verdict line)")
     report.add_argument("--matrix", dest="matrix_name", help="matrix name shown in the verdict line")

@@ -55,6 +55,7 @@ from harness.results import (
     load_results,
     paused_gc,
 )
+from harness.terminal import COLUMNS, paint, wants_color, wrap
 
 FORMATS = ("pr-comment", "summary", "terminal", "html")
 SUMMARY_LIMIT_BYTES = 1_000_000  # GitHub's step summary takes 1 MiB
@@ -104,24 +105,25 @@ TERMINAL_LIMITS = Limits(cells=10**9, failures=50, excerpt_lines=0, flaky=50, me
 
 def render(
     result_set: ResultSet, fmt: str, *, baseline: Digest | ResultSet | None = None,
-    sha: str | None = None, matrix_name: str | None = None,
+    sha: str | None = None, matrix_name: str | None = None, color: bool = False,
 ) -> str:
-    """The text of one format; the run loop uses `render(result_set, "terminal")`."""
+    """The text of one format; the run loop uses `render(result_set, "terminal", color=...)`. `color`
+    (terminal only) adds ANSI colours: pass `terminal.wants_color(stream)`."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown report format {fmt!r}; expected one of {', '.join(FORMATS)}")
     with paused_gc():
         report = build_report(result_set, baseline=baseline, sha=sha, matrix_name=matrix_name)
-        return _render_format(report, fmt)
+        return _render_format(report, fmt, color=color)
 
 
-def _render_format(report: Report, fmt: str) -> str:
+def _render_format(report: Report, fmt: str, *, color: bool = False) -> str:
     if fmt == "pr-comment":
         return _render_pr_comment(report)
     if fmt == "summary":
         return _fit(lambda limits: _render("summary.md.j2", report, limits),
                     SUMMARY_LADDER, _utf8_length, SUMMARY_LIMIT_BYTES, unit="bytes")
     if fmt == "terminal":
-        return _render("terminal.txt.j2", report, TERMINAL_LIMITS, table=terminal_table(report.cells))
+        return _render("terminal.txt.j2", report, TERMINAL_LIMITS, table=terminal_table(report.cells), color=color)
     return _render("report.html.j2", report, UNLIMITED, plots=html_plots(report))
 
 
@@ -214,7 +216,7 @@ def _environment() -> jinja2.Environment:
         md=markdown_text, code=code_span, html_text=html_text, fence=fence_for, block=clean_block,
         one_line=one_line, terminal=one_line, memory=memory_per_gpu, gib=gib, duration=duration,
         sci=scientific, sig=significant, percent=percent, mib=mib_or_gib, plural=plural, short_sha=short_sha,
-        pad=pad,
+        pad=pad, paint=paint, wrap=wrap,
     )
     return environment
 
@@ -224,35 +226,48 @@ def _environment() -> jinja2.Environment:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TerminalRow:
+    status: str  # passed | failed | errored: the colour and the row's first word
+    cell_id: str
+    values: tuple[str, ...]  # under TerminalTable.header
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TerminalTable:
+    """Each cell is two lines, so every line fits `terminal.COLUMNS`: the status and the cell id (ids are
+    30-odd characters), then its numbers under one header."""
+
     header: tuple[str, ...]
-    rows: tuple[tuple[str, ...], ...]
+    rows: tuple[TerminalRow, ...]
     widths: tuple[int, ...]
     right_aligned: tuple[bool, ...]
 
 
+_TERMINAL_HEADER = ("pass", "fail", "skip", "xfail", "flaky", "err", "peak memory/GPU", "time")
+
+
 def terminal_table(cells: Iterable[CellResult]) -> TerminalTable:
-    header = ("", "cell", "passed", "failed", "skipped", "xfail", "flaky", "errored",
-              "peak memory/GPU", "time")
     rows = []
     for cell in cells:
         counts = cell.counts
         known = bool(cell.tests) or cell.status is not CellStatus.ERRORED
-        numbers = [str(value) if known else "-" for value in (
+        numbers = [f"{value:,}" if known else "-" for value in (
             counts.passed, counts.failed, counts.skipped, counts.xfailed, counts.flaky, counts.errored)]
-        rows.append((cell.status.value.upper(), one_line(cell.id, 80), *numbers,
-                     _compact_memory(cell), duration(cell.duration_s).replace("—", "-")))
-    widths = tuple(max(len(row[column]) for row in (header, *rows)) for column in range(len(header)))
-    right_aligned = (False, False, True, True, True, True, True, True, False, True)
-    return TerminalTable(header=header, rows=tuple(rows), widths=widths, right_aligned=right_aligned)
+        status = cell.status.value
+        rows.append(TerminalRow(status=status, cell_id=one_line(cell.id, COLUMNS - len(status) - 1),
+                                values=(*numbers, _compact_memory(cell), duration(cell.duration_s).replace("—", "-"))))
+    widths = tuple(max(len(row[column]) for row in (_TERMINAL_HEADER, *(row.values for row in rows)))
+                   for column in range(len(_TERMINAL_HEADER)))
+    right_aligned = (True, True, True, True, True, True, False, True)
+    return TerminalTable(header=_TERMINAL_HEADER, rows=tuple(rows), widths=widths, right_aligned=right_aligned)
 
 
 def _compact_memory(cell: CellResult) -> str:
-    """Per GPU up to four GPUs; beyond, the range over them keeps the table narrow."""
+    """`12.3/12.1 GiB` per GPU up to four GPUs; beyond, the range over them keeps the line short."""
     peaks = [finite(gpu.peak_used_mib) for gpu in cell.memory if finite(gpu.peak_used_mib) is not None]
     if len(cell.memory) <= 4 or not peaks:
-        return memory_per_gpu(cell).replace("—", "-")
-    return f"{gib(min(peaks))}-{gib(max(peaks))} GiB on {len(cell.memory)} GPUs"
+        return memory_per_gpu(cell).replace(" / ", "/").replace("—", "-")
+    return f"{gib(min(peaks))}-{gib(max(peaks))} GiB x{len(cell.memory)}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,11 +285,29 @@ def read_baseline(path: str) -> Digest | None:
         return None
 
 
+# What `-o FILE` means without --format: the extension says it; Markdown could be either Markdown format.
+FORMAT_BY_EXTENSION = {".html": "html", ".htm": "html", ".txt": "terminal", ".log": "terminal"}
+
+
+def output_format(requested: str | None, output: str | None) -> str:
+    if requested:
+        return requested
+    if not output:
+        return "terminal"
+    extension = Path(output).suffix.lower()
+    if extension in FORMAT_BY_EXTENSION:
+        return FORMAT_BY_EXTENSION[extension]
+    raise ConfigError(f"-o {output}: cannot tell the format from {extension or 'a name without an extension'}; "
+                      f"pass --format {'|'.join(FORMATS)}")
+
+
 def command(args) -> int:
     """`harness report`: read the results, render one format, write it to a file or stdout."""
+    fmt = output_format(args.format, args.output)
     result_set = load_results(args.results)
     baseline = read_baseline(args.baseline) if args.baseline else None
-    text = render(result_set, args.format, baseline=baseline, sha=args.sha, matrix_name=args.matrix_name)
+    color = fmt == "terminal" and not args.output and wants_color(sys.stdout)
+    text = render(result_set, fmt, baseline=baseline, sha=args.sha, matrix_name=args.matrix_name, color=color)
     if not args.output:
         sys.stdout.write(text)
         return 0

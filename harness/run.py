@@ -353,13 +353,24 @@ def print_plan(matrix: Matrix, cells: list[Cell], host: Host, results_root: Path
 def print_table(folders: list[Path]) -> None:
     from harness.report import render
     from harness.results import load_results
+    from harness.terminal import wants_color
 
-    print(render(load_results([str(folder) for folder in folders]), "terminal"))
+    print(render(load_results([str(folder) for folder in folders]), "terminal", color=wants_color(sys.stdout)))
 
 
 def print_where(results_root: Path) -> None:
     print(f"results: {results_root}")
-    print(f"render:  harness report {shlex.quote(str(results_root))} --format html -o harness-report.html")
+    print(f"render:  {shlex.quote(this_command())} report {shlex.quote(str(results_root))} -o harness-report.html")
+
+
+def this_command() -> str:
+    """How the user ran harness: `harness` where PATH finds this very script, else the path they typed
+    (`.venv/bin/harness`), so the hint runs as printed."""
+    typed = sys.argv[0] if sys.argv and sys.argv[0] else "harness"
+    found = shutil.which("harness")
+    if Path(typed).name == "harness" and found and Path(found).resolve() == Path(typed).resolve():
+        return "harness"
+    return typed if Path(typed).name == "harness" else "harness"
 
 
 def start_record(cell: Cell, host: Host, gpus: list, started: float, *, project: Path, reproduce: str) -> dict:

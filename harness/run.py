@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import harness
-from harness import __version__, memory
+from harness import __version__, memory, preflight
 from harness.contract import ENV_JSON, EnvRecord
 from harness.env import EnvironmentBuildError, ensure_environment, env_root, plan_environment, probe_versions
 from harness.errors import ConfigError, HostMismatchError
@@ -87,13 +87,12 @@ def command(args) -> int:
                                 f"{summarize_refusals(refused)}; pick others with --cell, or pass --force")
     results_root = results_folder(args.results, matrix.root)
     root = env_root(args.env_dir)
+    preflight.check_project(matrix.root, [(str(matrix.path), cell.suite) for cell in cells])
     if args.dry_run:
         print_plan(matrix, cells, host, results_root, root, args.pytest_args, refused)
         return 0
-    try:
-        results_root.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ConfigError(f"--results {args.results}: cannot create {results_root}: {error.strerror}") from None
+    preflight.prepare_results(results_root, f"--results {args.results}")
+    preflight.clear_earlier_run(results_root, [cell.id for cell in cells], args.pytest_args)
     try:
         with interruptible(), harness_import_path() as import_path:
             outcomes = [run_cell(cell, host=host, results_root=results_root, env_dir=root,

@@ -21,8 +21,10 @@ import jinja2
 from harness.contract import COMMENT_LIMIT, COMMENT_MARKER
 from harness.errors import ConfigError
 from harness.filters import (
+    breakable,
     clean_block,
     code_span,
+    compact_memory,
     duration,
     fence_for,
     gib,
@@ -50,7 +52,6 @@ from harness.results import (
     Regression,
     ResultSet,
     encode_digest,
-    finite,
     load_baseline,
     load_results,
     paused_gc,
@@ -214,9 +215,10 @@ def _environment() -> jinja2.Environment:
     )
     environment.filters.update(
         md=markdown_text, code=code_span, html_text=html_text, fence=fence_for, block=clean_block,
-        one_line=one_line, terminal=one_line, memory=memory_per_gpu, gib=gib, duration=duration,
+        one_line=one_line, terminal=one_line, memory=memory_per_gpu, compact_memory=compact_memory, gib=gib,
+        duration=duration,
         sci=scientific, sig=significant, percent=percent, mib=mib_or_gib, plural=plural, short_sha=short_sha,
-        pad=pad, paint=paint, wrap=wrap,
+        pad=pad, paint=paint, wrap=wrap, breakable=breakable,
     )
     return environment
 
@@ -254,20 +256,13 @@ def terminal_table(cells: Iterable[CellResult]) -> TerminalTable:
         numbers = [f"{value:,}" if known else "-" for value in (
             counts.passed, counts.failed, counts.skipped, counts.xfailed, counts.flaky, counts.errored)]
         status = cell.status.value
+        texts = (compact_memory(cell), duration(cell.duration_s))
         rows.append(TerminalRow(status=status, cell_id=one_line(cell.id, COLUMNS - len(status) - 1),
-                                values=(*numbers, _compact_memory(cell), duration(cell.duration_s).replace("—", "-"))))
+                                values=(*numbers, *(text.replace("—", "-") for text in texts))))
     widths = tuple(max(len(row[column]) for row in (_TERMINAL_HEADER, *(row.values for row in rows)))
                    for column in range(len(_TERMINAL_HEADER)))
     right_aligned = (True, True, True, True, True, True, False, True)
     return TerminalTable(header=_TERMINAL_HEADER, rows=tuple(rows), widths=widths, right_aligned=right_aligned)
-
-
-def _compact_memory(cell: CellResult) -> str:
-    """`12.3/12.1 GiB` per GPU up to four GPUs; beyond, the range over them keeps the line short."""
-    peaks = [finite(gpu.peak_used_mib) for gpu in cell.memory if finite(gpu.peak_used_mib) is not None]
-    if len(cell.memory) <= 4 or not peaks:
-        return memory_per_gpu(cell).replace(" / ", "/").replace("—", "-")
-    return f"{gib(min(peaks))}-{gib(max(peaks))} GiB x{len(cell.memory)}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -61,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     report.add_argument("--sha", help="commit the results belong to (shown in the verdict line)")
     report.add_argument("--matrix", dest="matrix_name", help="matrix name shown in the verdict line")
+    report.add_argument("--classify-against", metavar="RESULTS",
+                        help="main's last nightly results: each red is new, already red there, flaky, a known "
+                             "upstream bug or infrastructure (nightly triage's rules)")
+    report.add_argument("--links", metavar="FILE",
+                        help="`harness gh run-links` output: each cell's job and artifact (the run's own link "
+                             "comes from GITHUB_SERVER_URL, GITHUB_REPOSITORY and GITHUB_RUN_ID)")
 
     init = commands.add_parser("init", help="write a starter matrices/ and the workflow callers into this repository")
     init.add_argument("--uses", required=True, metavar="OWNER/NAME@REF",
@@ -134,6 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
     previous_run.add_argument("--workflow", required=True, metavar="FILE", help="e.g. nightly.yml")
     previous_run.add_argument("--branch", required=True)
     previous_run.add_argument("--artifact-prefix", default="results-", metavar="PREFIX")
+
+    run_links = gh_commands.add_parser("run-links", parents=[on_repo],
+                                       help="write this run's cell jobs and artifacts as links for `report --links`")
+    run_links.add_argument("-o", "--output", required=True, metavar="FILE")
+    run_links.add_argument("--artifact-prefix", default="results-", metavar="PREFIX")
 
     nightly = gh_commands.add_parser("nightly-issue", parents=[on_repo],
                                      help="open, update or close the nightly regression issue")

@@ -534,6 +534,30 @@ def previous_run_command(gh: GitHub, args: Any) -> int:
     return 0
 
 
+def run_links_command(gh: GitHub, args: Any) -> int:
+    """Each cell's job and results artifact in this run, for `harness report --links`: read here, before
+    the report job downloads any artifact, since the step that renders holds no token. A cell job's name
+    ends with its cell id (`gpu-tests / <id>` when called); its artifact is PREFIX<id>."""
+    run_id = os.environ.get("GITHUB_RUN_ID", "")
+    if not run_id.isdigit():
+        raise ConfigError(f"GITHUB_RUN_ID {run_id!r} is not a run id; run-links runs inside the workflow run")
+    server = (os.environ.get("GITHUB_SERVER_URL") or "https://github.com").rstrip("/")
+    run = f"{server}/{gh.repo}/actions/runs/{run_id}"
+    jobs = {}
+    for job in gh.paginate(gh.repo_path(f"actions/runs/{run_id}/jobs"), key="jobs", filter="latest"):
+        url, name = job.get("html_url"), str(job.get("name") or "")
+        if isinstance(url, str) and url.startswith(f"{run}/"):
+            jobs[name.rsplit(" / ", 1)[-1]] = url
+    artifacts = {}
+    for artifact in gh.paginate(gh.repo_path(f"actions/runs/{run_id}/artifacts"), key="artifacts"):
+        name = str(artifact.get("name") or "")
+        if name.startswith(args.artifact_prefix) and not artifact.get("expired") and str(artifact.get("id")).isdigit():
+            artifacts[name[len(args.artifact_prefix):]] = f"{run}/artifacts/{artifact['id']}"
+    Path(args.output).write_text(json.dumps({"jobs": jobs, "artifacts": artifacts}, indent=2) + "\n")
+    print(f"{len(jobs)} jobs and {len(artifacts)} {args.artifact_prefix}* artifacts of run {run_id}")
+    return 0
+
+
 def find_open_issue(gh: GitHub, label: str, author: str) -> dict | None:
     # The label filter of the issues list is exact and has no search-index delay.
     for issue in gh.paginate(gh.repo_path("issues"), state="open", labels=label):
@@ -603,6 +627,7 @@ COMMANDS = {
     "reply": reply_command,
     "react": react_command,
     "previous-run": previous_run_command,
+    "run-links": run_links_command,
     "nightly-issue": nightly_issue_command,
 }
 

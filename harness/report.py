@@ -56,6 +56,7 @@ from harness.results import (
     load_results,
     paused_gc,
 )
+from harness.run_links import RunLinks, links_from
 from harness.terminal import COLUMNS, paint, wants_color, wrap
 
 FORMATS = ("pr-comment", "summary", "terminal", "html")
@@ -107,13 +108,15 @@ TERMINAL_LIMITS = Limits(cells=10**9, failures=50, excerpt_lines=0, flaky=50, me
 def render(
     result_set: ResultSet, fmt: str, *, baseline: Digest | ResultSet | None = None,
     sha: str | None = None, matrix_name: str | None = None, color: bool = False,
+    links: RunLinks | None = None, red_baseline: ResultSet | None = None,
 ) -> str:
     """The text of one format; the run loop uses `render(result_set, "terminal", color=...)`. `color`
     (terminal only) adds ANSI colours: pass `terminal.wants_color(stream)`."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown report format {fmt!r}; expected one of {', '.join(FORMATS)}")
     with paused_gc():
-        report = build_report(result_set, baseline=baseline, sha=sha, matrix_name=matrix_name)
+        report = build_report(result_set, baseline=baseline, sha=sha, matrix_name=matrix_name, links=links,
+                              red_baseline=red_baseline)
         return _render_format(report, fmt, color=color)
 
 
@@ -302,7 +305,10 @@ def command(args) -> int:
     result_set = load_results(args.results)
     baseline = read_baseline(args.baseline) if args.baseline else None
     color = fmt == "terminal" and not args.output and wants_color(sys.stdout)
-    text = render(result_set, fmt, baseline=baseline, sha=args.sha, matrix_name=args.matrix_name, color=color)
+    links = links_from(os.environ, args.links)
+    red_baseline = load_results([args.classify_against]) if args.classify_against else None
+    text = render(result_set, fmt, baseline=baseline, sha=args.sha, matrix_name=args.matrix_name, color=color,
+                  links=links, red_baseline=red_baseline)
     if not args.output:
         sys.stdout.write(text)
         return 0

@@ -9,10 +9,12 @@ its plots. Both import this module and neither imports the other.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from harness.contract import KNOWN_BUG_PREFIX
+from harness.red_classes import RedClass, RedKey, classify_reds
 from harness.results import (
     CellResult,
     CellStatus,
@@ -29,6 +31,7 @@ from harness.results import (
     finite,
     natural_key,
 )
+from harness.run_links import RunLinks
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,16 +185,33 @@ class Report:
     comparison: Comparison | None
     notes: tuple[Note, ...]
     digest: Digest
+    links: RunLinks | None = None  # where the run, each cell's job and artifact are (GitHub Actions only)
+    red_classes: Mapping[RedKey, RedClass] | None = None  # against the baseline nightly, when one was given
+    red_baseline_sha: str | None = None  # the commit of the nightly the classes were judged against
 
     @property
     def failing_cells(self) -> int:
         return self.failed_cells + self.errored_cells
 
+    def red_class(self, cell_id: str, test_id: str | None) -> RedClass | None:
+        return self.red_classes.get((cell_id, test_id)) if self.red_classes is not None else None
+
+    @property
+    def red_tally(self) -> tuple[tuple[RedClass, int], ...]:
+        """How many reds of each class, in the order of `RedClass`; empty without a baseline."""
+        if not self.red_classes:
+            return ()
+        counts = Counter(self.red_classes.values())
+        return tuple((red_class, counts[red_class]) for red_class in RedClass if counts[red_class])
+
 
 def build_report(
     result_set: ResultSet, *, baseline: Digest | ResultSet | None = None,
     sha: str | None = None, matrix_name: str | None = None,
+    links: RunLinks | None = None, red_baseline: ResultSet | None = None,
 ) -> Report:
+    """`baseline`: the previous run of this matrix (deltas); `red_baseline`: main's last nightly, which each
+    red is classified against (new, already red there, flaky, known upstream, infrastructure)."""
     if isinstance(baseline, ResultSet):
         baseline = digest(baseline)
     cells = result_set.cells
@@ -225,6 +245,9 @@ def build_report(
         notes=tuple(Note(cell_id=cell.id, text=str(problem))
                     for cell in cells for problem in cell.problems if str(problem) != cell.reason),
         digest=digest(result_set, sha=sha, matrix=matrix_name),
+        links=links,
+        red_classes=classify_reds(result_set, red_baseline) if red_baseline is not None else None,
+        red_baseline_sha=red_baseline.git_sha if red_baseline is not None else None,
     )
 
 

@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     previous_run = gh_commands.add_parser("previous-run", parents=[on_repo],
                                           help="find the last finished run of a workflow that kept results")
     previous_run.add_argument("--workflow", required=True, metavar="FILE", help="e.g. nightly.yml")
-    previous_run.add_argument("--branch", required=True)
+    previous_run.add_argument("--branch", help="default: the repository's default branch")
     previous_run.add_argument("--artifact-prefix", default="results-", metavar="PREFIX")
 
     run_links = gh_commands.add_parser("run-links", parents=[on_repo],

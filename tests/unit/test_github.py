@@ -54,6 +54,7 @@ class FakeGitHub:
         self.runs: list[dict] = []
         self.artifacts: dict[int, list[dict]] = {}
         self.jobs: dict[int, list[dict]] = {}  # run id -> its jobs (GET /actions/runs/ID/jobs)
+        self.default_branch = "main"
         self.failures: list[dict] = []  # each answers one matching request instead of (or after) the real one
         self.log: list[tuple[str, str, object]] = []
         self.next_id = 1_000_000
@@ -195,6 +196,8 @@ class Handler(BaseHTTPRequestHandler):
     def route(self, method: str, path: str, query: dict, body) -> tuple[int, object, dict]:
         fake, prefix = self.fake, f"/repos/{REPO}"
         not_found = (404, {"message": "Not Found", "documentation_url": "https://docs.github.com/rest"}, {})
+        if path == prefix and method == "GET":
+            return 200, {"full_name": REPO, "default_branch": fake.default_branch}, {}
         if not path.startswith(prefix + "/"):
             return not_found
         rest = path[len(prefix):]
@@ -854,6 +857,14 @@ def test_previous_run_skips_this_run_cancelled_runs_and_expired_results(fake, en
     assert gh("previous-run", "--workflow", "nightly.yml", "--branch", "main") == 0
     assert outputs(env) == {"run_id": "897", "sha": f"{897:040x}"}
     assert not fake.requests("GET", r"/runs/(900|899)/artifacts")
+
+
+def test_previous_run_defaults_to_the_repositorys_default_branch(fake, env):
+    fake.default_branch = "trunk"
+    fake.runs = [workflow_run(5, "success", branch="main"), workflow_run(4, "success", branch="trunk")]
+    fake.artifacts = {5: [artifact("results-a")], 4: [artifact("results-b")]}
+    assert gh("previous-run", "--workflow", "nightly.yml") == 0
+    assert outputs(env)["run_id"] == "4"
 
 
 def test_no_previous_run_leaves_the_output_empty(fake, env, capsys):

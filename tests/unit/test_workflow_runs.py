@@ -154,6 +154,7 @@ def test_ok_to_test_runs_the_approved_head_and_comments_on_the_pull_request(upst
     body = comment["body"]
     assert comment["user"]["login"] == BOT
     assert CPU_CELL in body and head[:12] in body and "passed" in body, body
+    assert f"[workflow run](https://github.com/{REPO}/actions/runs/4242)" in body, body  # the run's own link
     assert "rocket" in api.reactions[555001]
     assert any(CPU_CELL in summary for summary in run.summaries)
     cell = json.loads((run.artifacts / f"results-{CPU_CELL}" / CPU_CELL / "env.json").read_text())

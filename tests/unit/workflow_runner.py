@@ -339,6 +339,8 @@ class Runner:
                 "GITHUB_REF_NAME": self.github["ref_name"],
                 "GITHUB_REPOSITORY": self.github["repository"],
                 "GITHUB_RUN_ID": self.github["run_id"],
+                "GITHUB_RUN_ATTEMPT": "1",
+                "GITHUB_SERVER_URL": "https://github.com",
                 **{key: str(path) for key, path in files.items()},
             }
             if "uses" in step:

@@ -94,6 +94,19 @@ def build_parser() -> argparse.ArgumentParser:
     bisect.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="-- PYTEST_ARGS",
                         help="which tests, after --: -k EXPR or test ids")
 
+    env = commands.add_parser("env", help="list or clean the cached per-cell environments")
+    env_commands = _Subcommands(env.add_subparsers(dest="env_command", required=True, metavar="ENV_COMMAND"), debug)
+    in_cache = argparse.ArgumentParser(add_help=False)
+    in_cache.add_argument("--env-dir", metavar="DIR",
+                          help="the cache (default $HARNESS_ENV_DIR or ~/.cache/harness/envs)")
+    env_commands.add_parser("list", parents=[in_cache], help="each environment: size, versions, last use")
+    clean = env_commands.add_parser("clean", parents=[in_cache],
+                                    help="remove failed builds, and environments unused for --unused-days")
+    clean.add_argument("--unused-days", type=float, default=30.0, metavar="N",
+                       help="also remove environments no cell used for N days (default 30)")
+    clean.add_argument("--all", action="store_true", help="remove every environment")
+    clean.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
+
     triage = commands.add_parser("triage", help="classify tonight's new reds and plan bisects of the real ones")
     triage.add_argument("--results", required=True, metavar="DIR", help="tonight's cell folders")
     triage.add_argument("--baseline", metavar="DIR", help="the previous night's cell folders, if any")
@@ -187,6 +200,10 @@ def dispatch(args: argparse.Namespace) -> int:
         from harness import bisect_command
 
         return bisect_command.command(args)
+    if args.command == "env":
+        from harness import env_cache
+
+        return env_cache.command(args)
     if args.command == "triage":
         from harness import triage
 

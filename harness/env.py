@@ -297,8 +297,12 @@ def build(cell: Cell, path: Path, log: Callable[[str], None]) -> None:
         install = [str(python), "-m", "pip", "install", "--progress-bar", "off"]
     install += index_arguments(installer) + requirements(cell)
     log(f"building environment {path.name} with {installer}: {' '.join(requirements(cell)[:2])}")
-    for step in (create, install):
-        _run_logged(step, log)
+    try:
+        for step in (create, install):
+            _run_logged(step, log)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)  # a failed build is 1 GB that nothing will ever use
+        raise
 
 
 def choose_installer() -> str:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import harness
-from harness import __version__, memory, preflight
+from harness import __version__, env_cache, memory, preflight
 from harness.contract import ENV_JSON, EnvRecord
 from harness.env import EnvironmentBuildError, ensure_environment, env_root, plan_environment, probe_versions
 from harness.errors import ConfigError, HostMismatchError
@@ -208,6 +208,7 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
     try:
         with (folder / "install.log").open("w") as install_log:
             environment = prepare_environment(cell, env_dir, tee(install_log, log))
+        env_cache.mark_used(environment.path)
         record["versions"].update({k: environment.versions.get(k) for k in
                                    ("python", "torch", "transformers", "accelerate", "cuda")})
         busy = memory.preflight(gpus, BUSY_THRESHOLD_MIB) if gpus else []

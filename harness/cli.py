@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="ids: one cell id a line; json: the cells; github: {'include': [...]}")
     matrix.add_argument("--cell", action="append", metavar="GLOB",
                         help="keep only cells whose id matches (fnmatch, braces); repeatable")
+    matrix.add_argument("--check", action="store_true",
+                        help="also check that every pinned torch and transformers version is on the package index")
 
     run = commands.add_parser("run", help="run the suite for each selected cell that fits this machine")
     run.add_argument("--matrix", metavar="NAME_OR_PATH",

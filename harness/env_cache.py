@@ -16,13 +16,15 @@ import fcntl
 import json
 import os
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.env import MARKER, env_root
+from harness.env import MARKER, env_key, env_root, holds_installs, probe_versions, satisfies
 from harness.errors import ConfigError
+from harness.matrix import Cell
 
 DAY_S = 86_400
 
@@ -109,6 +111,22 @@ def _age(last_use: float | None, now: float) -> str:
     days = (now - last_use) / DAY_S
     when = datetime.datetime.fromtimestamp(last_use, tz=datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
     return f"{when} UTC ({days:.0f} d ago)" if days >= 1 else f"{when} UTC (today)"
+
+
+def build_reason(cell: Cell, root: Path) -> str:
+    """Why `harness run` would build this cell's environment: what this interpreter lacks, and what the
+    cache has under the cell's key."""
+    versions = probe_versions(sys.executable)
+    if not satisfies(versions, cell):
+        here = (f"this interpreter has torch {versions.get('torch') or 'none'} and transformers "
+                f"{versions.get('transformers') or 'none'}, the cell pins {cell.torch} and {cell.transformers}")
+    elif not holds_installs(sys.executable, cell):
+        here = f"this interpreter lacks the matrix's install: {' '.join(cell.install)} (pip install it here to use it)"
+    else:
+        here = "this interpreter lacks a pytest plugin the suite needs"
+    path = root / env_key(cell)
+    cached = "a failed build is in the cache" if path.exists() else "the cache has none"
+    return f"{here}; {cached}"
 
 
 def list_command(root: Path) -> int:

@@ -341,6 +341,10 @@ def command(args) -> int:
     cells = select(matrix.cells, args.cell)
     if not cells:
         raise ConfigError(f"{matrix.path}: no cell matches --cell {' '.join(args.cell)}")
+    if args.check:
+        from harness.pins import check_pins  # asks the package index: only when told to
+
+        check_pins(cells, str(matrix.path))
     print(format_cells(cells, args.format))
     return 0
 

@@ -2,6 +2,9 @@
 
 - The project root: outside a git repository the working directory is taken as the project, which is
   said, since env.json then records no commit and relative paths resolve from there.
+- The pins: a torch or transformers version a cell would build an environment for must be on the
+  package index, or the cell is errored at once with that reason, not after half a minute of a failing
+  install (cells that use this interpreter or a cached environment ask nothing, so they run offline).
 - The suites: a path a matrix names that is not there would make every cell "pytest exited 4 (usage
   error)" with the cause only in pytest.log.
 - The results folder: it must take files, and it holds one run's cells only. Cell folders of an earlier
@@ -19,7 +22,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from harness.contract import CONTRACT_FILES, ENV_JSON
+from harness.env import EnvironmentBuildError, plan_environment
 from harness.errors import ConfigError
+from harness.matrix import Cell
+from harness.pins import missing_pins
 from harness.project import git_toplevel, resolve
 
 
@@ -39,6 +45,29 @@ def check_project(root: Path, suites: Iterable[tuple[str, tuple[str, ...]]],
         if missing:
             where = f"{root}" if in_git else f"{root} (the working directory: no git repository here)"
             raise ConfigError(f"{origin}: suite: {', '.join(missing)} not found in the project root {where}")
+
+
+def pin_problem(cell: Cell, env_dir: Path) -> str | None:
+    """Why the cell's environment cannot be built (a pin the index lacks), asked only of a cell that would
+    build; None when it would not build or its pins exist."""
+    try:
+        would_build = plan_environment(cell, env_dir)[0] == "build"
+    except EnvironmentBuildError:
+        would_build = True
+    problems = missing_pins([cell]) if would_build else []
+    return "; ".join(problems) or None
+
+
+def checking_pins(prepare: Callable) -> Callable:
+    """`prepare_environment` for run_cell that first checks the cell's pins: a missing one makes the cell
+    errored at once with that reason (the other cells still run), before anything is built."""
+    def prepare_checked(cell: Cell, env_dir: Path, log: Callable[[str], None]):
+        problem = pin_problem(cell, env_dir)
+        if problem:
+            raise EnvironmentBuildError(problem)
+        return prepare(cell, env_dir, log)
+
+    return prepare_checked
 
 
 def prepare_results(results_root: Path, option: str) -> None:

@@ -97,7 +97,8 @@ def command(args) -> int:
         with interruptible(), harness_import_path() as import_path:
             outcomes = [run_cell(cell, host=host, results_root=results_root, env_dir=root,
                                  pytest_args=args.pytest_args, log=progress, project=matrix.root,
-                                 matrix_reference=matrix.reference, import_path=import_path) for cell in cells]
+                                 matrix_reference=matrix.reference, import_path=import_path,
+                                 prepare_environment=preflight.checking_pins(ensure_environment)) for cell in cells]
     except Interrupted as interrupted:
         print(f"harness: {interrupted}; the cell's folder says so", file=sys.stderr, flush=True)
         return 128 + interrupted.signum
@@ -340,7 +341,12 @@ def print_plan(matrix: Matrix, cells: list[Cell], host: Host, results_root: Path
             origin, python, path = plan_environment(cell, root)
         except EnvironmentBuildError as error:
             origin, python, path = f"unusable ({error})", Path(sys.executable), None
-        environment = {"current": "this interpreter", "cached": f"cached {path}", "build": f"build {path}"}
+        building = f"build {path}"
+        if origin == "build":
+            problem = preflight.pin_problem(cell, root)
+            building = (f"cannot build {path}: {problem} (the cell would be errored at once)" if problem
+                        else f"{building} ({env_cache.build_reason(cell, root)})")
+        environment = {"current": "this interpreter", "cached": f"cached {path}", "build": building}
         print(f"{cell.id}")
         print(f"  environment: {environment.get(origin, origin)}")
         print(f"  results:     {results_root / cell.id}")

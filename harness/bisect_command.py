@@ -133,6 +133,8 @@ def _bisect(args, cell, prober, good, bad) -> int:
             )
         raise
     seconds = clock()
+    if result.set_aside_line():
+        _say(result.set_aside_line())
     _say(result.line())
     _say(result.summary(seconds))
     if args.json:

@@ -117,6 +117,7 @@ class CellProber:
             note=note,
             failure=failure,
             nothing_selected=any(o.nothing_selected for o in outcomes),
+            outcomes=dict(outcomes[0].outcomes),
             duration_s=time.monotonic() - started,
             environments_built=int(will_build),
             folders=tuple(folders),

@@ -70,3 +70,18 @@ def test_a_selection_replacing_a_full_run_says_so(tmp_path, capsys, first, said)
     folder = cell_folder(tmp_path / "results")
     message = f"{folder.name}: its full results in {folder} are replaced by this run of pytest -k test_one"
     assert (message in capsys.readouterr().out) is said
+
+
+def test_the_render_hint_names_the_harness_that_ran(tmp_path, monkeypatch):
+    from harness.run import this_command
+
+    script = tmp_path / ".venv" / "bin" / "harness"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    monkeypatch.setattr("sys.argv", [".venv/bin/harness", "run"])
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # the venv is not on PATH: `harness` would not be found
+    assert this_command() == ".venv/bin/harness"
+    monkeypatch.setenv("PATH", f"{script.parent}:/usr/bin:/bin")
+    assert this_command() == "harness"

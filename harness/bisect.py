@@ -217,9 +217,11 @@ def bisect(
     bad: str,
     probe: Callable[[str], Probe],
     emit: Callable[[Probe], None] = lambda probe: None,
+    narrow: Callable[[Sequence[str]], None] | None = None,
 ) -> BisectResult:
     """Binary search over `versions` (oldest first, `good` and `bad` at either end) for where the
-    selection's verdict changes. Raises ConfigError when the ends do not disagree as claimed."""
+    selection's verdict changes. Raises ConfigError when the ends do not disagree as claimed.
+    `narrow(tests)`, once the ends have run, limits the later probes to the tests the search follows."""
     if good == bad:
         raise ConfigError(f"--good and --bad are both {package} {good}")
     if {good, bad} != {versions[0], versions[-1]}:
@@ -281,6 +283,8 @@ def bisect(
         raise SameVerdictError(good_probe, bad_probe)
     if verdict(good_probe) is not Verdict.PASS:
         raise ConfigError(f"--good {good_probe.label} fails and --bad {bad_probe.label} passes; swap them")
+    if narrow is not None and tracked and len(tracked) < len(bad_probe.outcomes):
+        narrow(tracked)  # the other tests cannot move the boundary: later probes run only these
 
     low, high = sorted((good_index, bad_index))
     untestable: set[int] = set()

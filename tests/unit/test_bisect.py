@@ -379,3 +379,39 @@ def test_when_the_bad_end_fails_only_where_the_good_end_does_nothing_is_searched
     with pytest.raises(ConfigError, match=re.escape(f"fails at transformers 5.19.0 too ({KNOWN}): nothing changed")):
         bisect("transformers", RELEASES, good="5.19.0", bad="5.23.0", probe=same_failures)
     assert calls == ["5.19.0", "5.23.0"]
+
+
+def test_once_the_ends_have_run_later_probes_run_only_the_tests_the_search_follows():
+    calls: list[str] = []
+    narrowed: list[tuple[str, ...]] = []
+
+    def narrow(tests):
+        narrowed.append(tuple(tests))
+        assert len(calls) == 2  # after both ends, before the search
+
+    bisect("transformers", RELEASES, good="5.19.0", bad="5.23.0", probe=per_test_probe("5.21.0", calls),
+           narrow=narrow)
+    assert narrowed == [(NEW,)]
+
+
+def test_the_cell_prober_runs_only_the_narrowed_tests(monkeypatch, tmp_path):
+    from harness import probes
+    from harness.matrix import Cell
+
+    ran = []
+
+    def run_cell(cell, **kwargs):
+        ran.append(cell.suite)
+        raise StopIteration  # what it ran is all this test needs
+
+    monkeypatch.setattr(probes.run, "run_cell", run_cell)
+    cell = Cell(gpu="cpu", gpus=2, torch="2.13.0", transformers="5.24.0", matrix="m", labels=(),
+                timeout_minutes=5, reruns=0, suite=("tests/gpu",))
+    prober = probes.CellProber(cell=cell, host=None, results_root=tmp_path, env_dir=tmp_path, pytest_args=[],
+                               project=tmp_path)
+    for narrowed in ((), (f"tests/gpu/test_fsdp2.py::{NEW}",)):
+        if narrowed:
+            prober.narrow(narrowed)
+        with pytest.raises(StopIteration):
+            prober({"transformers": "5.20.0"}, "transformers 5.20.0", built=lambda cell: False)
+    assert ran == [("tests/gpu",), (f"tests/gpu/test_fsdp2.py::{NEW}",)]

@@ -27,6 +27,7 @@ from harness.errors import ConfigError
 from harness.matrix import Cell
 from harness.pins import missing_pins
 from harness.project import git_toplevel, resolve
+from harness.versions import VersionLookupError
 
 
 def warn(message: str) -> None:
@@ -54,7 +55,12 @@ def pin_problem(cell: Cell, env_dir: Path) -> str | None:
         would_build = plan_environment(cell, env_dir)[0] == "build"
     except EnvironmentBuildError:
         would_build = True
-    problems = missing_pins([cell]) if would_build else []
+    if not would_build:
+        return None
+    try:
+        problems = missing_pins([cell])
+    except VersionLookupError:
+        return None  # the index cannot be asked (offline, or an installer cache only): the build decides
     return "; ".join(problems) or None
 
 

@@ -104,3 +104,12 @@ def test_dry_run_says_why_it_would_build(index, tmp_path, capsys):
     out = capsys.readouterr().out
     assert (f"(this interpreter has torch {importlib.metadata.version('torch')} and transformers {TRANSFORMERS}, "
             f"the cell pins 2.12.0 and {TRANSFORMERS}; the cache has none)") in out
+
+
+def test_when_the_index_cannot_be_asked_the_build_decides(index, tmp_path, monkeypatch, capsys):
+    def unreachable(package, pre):
+        raise versions.VersionLookupError(f"{package}: cannot ask the package index: network unreachable")
+
+    monkeypatch.setattr(versions, "ask_pip", unreachable)
+    assert main(["run", "--matrix", matrix(tmp_path, "2.12.0"), "--env-dir", str(tmp_path / "envs"), "--dry-run"]) == 0
+    assert "environment: build " in capsys.readouterr().out

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import importlib.resources
 import re
+import sys
 from pathlib import Path
 
 import yaml
 
 from harness.errors import ConfigError
-from harness.project import project_root, shipped_matrices_dir
+from harness.project import git_toplevel, project_root, shipped_matrices_dir
 
 # OWNER/NAME@REF: where gpu-tests.yml lives, at which commit. Only a full sha: a tag or branch can be moved
 # to other code after the callers were written (zizmor: unpinned-uses).
@@ -76,6 +77,10 @@ def write_starter(root: Path, files: dict[str, str], force: bool) -> list[Path]:
 
 def command(args) -> int:
     root = project_root()
+    if git_toplevel(root) is None:
+        print(f"harness: warning: {root} is not a git repository: the files go here, and harness run takes "
+              "this folder as the project root only when run from it (git init first to make it one)",
+              file=sys.stderr)
     written = write_starter(root, starter_files(args.uses, args.harness), args.force)
     for path in written:
         print(f"wrote {path}")

@@ -285,9 +285,13 @@ def build(cell: Cell, path: Path, log: Callable[[str], None]) -> None:
         shutil.rmtree(path)  # a stale or half-built environment; its marker did not match
     installer = choose_installer()
     log(f"building environment {path.name} with {installer}: {' '.join(requirements(cell)[:2])}")
-    python = new_venv(path, installer, log)
-    # Compile bytecode once here, or every first import of torch in a fresh cache pays for it.
-    install(python, installer, [*index_arguments(installer), *requirements(cell)], log, compile_bytecode=True)
+    try:
+        python = new_venv(path, installer, log)
+        # Compile bytecode once here, or every first import of torch in a fresh cache pays for it.
+        install(python, installer, [*index_arguments(installer), *requirements(cell)], log, compile_bytecode=True)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)  # a failed build is 1 GB that nothing will ever use
+        raise
 
 
 def new_venv(path: Path, installer: str, log: Callable[[str], None]) -> Path:

@@ -8,7 +8,7 @@ import re
 
 import markupsafe
 
-from harness.results import CellResult, Labelled, Number
+from harness.results import CellResult, Labelled, Number, finite
 
 # ---------------------------------------------------------------------------------------------
 # Escaping: nothing a test writes may add markup, break a table or ping a user
@@ -102,6 +102,14 @@ def memory_per_gpu(cell: CellResult) -> str:
     return " / ".join(gib(gpu.peak_used_mib) for gpu in cell.memory) + " GiB"
 
 
+def compact_memory(cell: CellResult) -> str:
+    """`12.3/12.1 GiB` per GPU up to four GPUs; beyond, `40.0-41.0 GiB x8`: the range keeps a table narrow."""
+    peaks = [peak for gpu in cell.memory if (peak := finite(gpu.peak_used_mib)) is not None]
+    if len(cell.memory) <= 4 or not peaks:
+        return memory_per_gpu(cell).replace(" / ", "/")
+    return f"{gib(min(peaks))}-{gib(max(peaks))} GiB x{len(cell.memory)}"
+
+
 def duration(seconds: Number | None) -> str:
     if isinstance(seconds, Labelled):
         return one_line(seconds.label, 24) + "s"
@@ -127,6 +135,15 @@ def significant(value: Number | None) -> str:
     if isinstance(value, Labelled):
         return one_line(value.label, 24)
     return "—" if value is None else f"{value:.3g}"
+
+
+_BREAK_AFTER = re.compile(r"(?<=::)|(?<=[/\[,_-])|(?<=\.)(?!py\b)")
+
+
+def breakable(text: object, max_chars: int = 300) -> list[str]:
+    """A long identifier (test id, parameter name) in pieces, for a template to join with `<wbr>`: a
+    browser then wraps it after `::`, `/`, `[`, `.`, `,` or `-`, never inside a word."""
+    return [piece for piece in _BREAK_AFTER.split(one_line(text, max_chars)) if piece]
 
 
 def pad(text: str, width: int, right: bool = False) -> str:

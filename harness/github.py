@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from harness import nightly_issue
+from harness import nightly_issue, run_links_api
 from harness.actions_io import read_text, write_outputs
 from harness.approval import CommentEvent, authorize
 from harness.contract import COMMENT_MARKER
@@ -91,6 +91,7 @@ COMMANDS = {
     "react": react_command,
     "previous-run": nightly_issue.previous_run_command,
     "nightly-issue": nightly_issue.nightly_issue_command,
+    "run-links": run_links_api.run_links_command,
 }
 
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from harness import github_api
+from harness.contract import COMMENT_LIMIT as BODY_LIMIT  # characters GitHub accepts in an issue or comment body
 from harness.github_api import ApiError, GitHub
-
-BODY_LIMIT = 65_536  # characters GitHub accepts in an issue or comment body
 
 
 def fit_body(body: str, limit: int = BODY_LIMIT) -> str:

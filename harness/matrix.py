@@ -381,6 +381,10 @@ def command(args) -> int:
         from harness.isolation import refuse_persistent_runners
 
         refuse_persistent_runners(cells, load_runners(matrix.root, beside=matrix.path.parent), str(matrix.path))
+    if args.check:
+        from harness.pins import check_pins  # asks the package index: only when told to
+
+        check_pins(cells, str(matrix.path))
     print(format_cells(cells, args.format))
     return 0
 

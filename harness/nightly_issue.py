@@ -18,8 +18,9 @@ NIGHTLY_MARKER = "<!-- harness-nightly -->"
 def previous_run_command(gh: GitHub, args: Any) -> int:
     """The newest finished run of this workflow on the branch, other than this one, that kept results."""
     current = os.environ.get("GITHUB_RUN_ID", "")
+    branch = args.branch or str((gh.get(f"/repos/{gh.repo}") or {}).get("default_branch") or "main")
     runs = gh.get(gh.repo_path(f"actions/workflows/{urllib.parse.quote(args.workflow)}/runs"),
-                  branch=args.branch, status="completed", per_page=20)
+                  branch=branch, status="completed", per_page=20)
     for run in (runs or {}).get("workflow_runs", []):
         if str(run.get("id")) == current or run.get("conclusion") not in ("success", "failure"):
             continue
@@ -30,7 +31,7 @@ def previous_run_command(gh: GitHub, args: Any) -> int:
             print(f"previous run {run['id']} ({run.get('head_sha')}, {run.get('conclusion')})")
             return 0
     write_outputs({"run_id": "", "sha": ""})
-    print(f"no earlier run of {args.workflow} on {args.branch} kept {args.artifact_prefix}* artifacts")
+    print(f"no earlier run of {args.workflow} on {branch} kept {args.artifact_prefix}* artifacts")
     return 0
 
 

@@ -58,6 +58,28 @@ def test_init_writes_the_starter_at_the_repository_root_and_overwrites_nothing(r
     assert 'harness: "harness==0.1.0"' in (repository / ".github/workflows/harness-nightly.yml").read_text()
 
 
+def test_init_outside_a_git_repository_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["init", "--uses", EXAMPLE_USES]) == 0
+    error = capsys.readouterr().err
+    assert error.startswith(f"harness: warning: {tmp_path.resolve()} is not a git repository: ")
+    assert (tmp_path / "matrices" / "cpu.yaml").exists()
+
+
+def test_init_in_a_git_repository_warns_of_nothing(repository, capsys):
+    assert main(["init", "--uses", EXAMPLE_USES]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_the_readme_installs_the_adopting_package_as_the_example_says():
+    """Step 1 installs the repository itself too (-e .), as examples/adopter/README.md does: without it the
+    starter's `install: ["-e ."]` makes the first `harness run` build a second environment."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    step = next(line for line in readme.splitlines() if line.endswith("# 1. install harness and your package"))
+    example = next(line for line in (EXAMPLE / "README.md").read_text().splitlines() if line.startswith("pip install"))
+    assert step.split("#")[0].rstrip().endswith(" -e .") and example.endswith(" -e .")
+
+
 def test_init_refuses_a_malformed_uses_in_one_line(repository, capsys):
     assert main(["init", "--uses", "acme-harness"]) == 2
     err = capsys.readouterr().err.strip()

@@ -53,6 +53,8 @@ class FakeGitHub:
         self.reactions: dict[int, set[str]] = {}
         self.runs: list[dict] = []
         self.artifacts: dict[int, list[dict]] = {}
+        self.jobs: dict[int, list[dict]] = {}  # run id -> its jobs (GET /actions/runs/ID/jobs)
+        self.default_branch = "main"
         self.failures: list[dict] = []  # each answers one matching request instead of (or after) the real one
         self.log: list[tuple[str, str, object]] = []
         self.next_id = 1_000_000
@@ -194,6 +196,8 @@ class Handler(BaseHTTPRequestHandler):
     def route(self, method: str, path: str, query: dict, body) -> tuple[int, object, dict]:
         fake, prefix = self.fake, f"/repos/{REPO}"
         not_found = (404, {"message": "Not Found", "documentation_url": "https://docs.github.com/rest"}, {})
+        if path == prefix and method == "GET":
+            return 200, {"full_name": REPO, "default_branch": fake.default_branch}, {}
         if not path.startswith(prefix + "/"):
             return not_found
         rest = path[len(prefix):]
@@ -267,6 +271,9 @@ class Handler(BaseHTTPRequestHandler):
             runs = [run for run in fake.runs if run["path"].endswith(match[1])
                     and run["head_branch"] == query.get("branch") and run["status"] == query.get("status")]
             return 200, {"total_count": len(runs), "workflow_runs": runs}, {}
+        if match := re.fullmatch(r"/actions/runs/(\d+)/jobs", rest):
+            jobs = fake.jobs.get(int(match[1]), [])
+            return 200, {"total_count": len(jobs), "jobs": jobs}, {}
         if match := re.fullmatch(r"/actions/runs/(\d+)/artifacts", rest):
             artifacts = fake.artifacts.get(int(match[1]), [])
             return 200, {"total_count": len(artifacts), "artifacts": artifacts}, {}
@@ -876,11 +883,38 @@ def test_previous_run_skips_this_run_cancelled_runs_and_expired_results(fake, en
     assert not fake.requests("GET", r"/runs/(900|899)/artifacts")
 
 
+def test_previous_run_defaults_to_the_repositorys_default_branch(fake, env):
+    fake.default_branch = "trunk"
+    fake.runs = [workflow_run(5, "success", branch="main"), workflow_run(4, "success", branch="trunk")]
+    fake.artifacts = {5: [artifact("results-a")], 4: [artifact("results-b")]}
+    assert gh("previous-run", "--workflow", "nightly.yml") == 0
+    assert outputs(env)["run_id"] == "4"
+
+
 def test_no_previous_run_leaves_the_output_empty(fake, env, capsys):
     fake.runs = [workflow_run(5, "success", branch="feature")]
     assert gh("previous-run", "--workflow", "nightly.yml", "--branch", "main") == 0
     assert outputs(env) == {"run_id": "", "sha": ""}
     assert "no earlier run" in capsys.readouterr().out
+
+
+def test_run_links_name_each_cells_job_and_results_artifact(fake, env, monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("GITHUB_RUN_ID", "77")
+    monkeypatch.setenv("GITHUB_SERVER_URL", "https://github.com")
+    run = f"https://github.com/{REPO}/actions/runs/77"
+    fake.jobs = {77: [{"id": 1, "name": "gpu-tests / Plan", "html_url": f"{run}/job/1"},
+                      {"id": 2, "name": "gpu-tests / cpu-2rank-torch2.13.0-tf5.24.0", "html_url": f"{run}/job/2"},
+                      {"id": 3, "name": "elsewhere", "html_url": "https://example.com/job/3"}]}
+    fake.artifacts = {77: [{"id": 9, "name": "results-cpu-2rank-torch2.13.0-tf5.24.0", "expired": False},
+                           {"id": 10, "name": "results-old", "expired": True},
+                           {"id": 11, "name": "rendered-comment", "expired": False}]}
+    out = tmp_path / "links.json"
+    assert gh("run-links", "-o", str(out)) == 0
+    assert json.loads(out.read_text()) == {
+        "jobs": {"Plan": f"{run}/job/1", "cpu-2rank-torch2.13.0-tf5.24.0": f"{run}/job/2"},
+        "artifacts": {"cpu-2rank-torch2.13.0-tf5.24.0": f"{run}/artifacts/9"},
+    }
+    assert "2 jobs and 1 results-* artifacts of run 77" in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------- nightly regression issue

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.report import COMMENT_LIMIT, render, render_nightly
+from harness.contract import COMMENT_LIMIT
+from harness.report import render, render_nightly
 from harness.results import (
     DIGEST_TAG,
     CellStatus,
@@ -391,7 +392,7 @@ def test_a_memory_json_listing_thousands_of_gpus_reads_the_first_64(tmp_path):
 
 
 def test_hostile_messages_add_no_markup_to_the_triage_table():
-    from harness.report import render_template
+    from harness.templates import render_template
     from harness.triage import Red, Triage, with_bisects
 
     red = Red(cell_id=CELL, test_id=f"tests/gpu/test_ep.py::test_bad[{HOSTILE}]", test_name="test_bad",

@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     host.add_argument("--cause-file", metavar="FILE", help="host 0 writes the first lost host here")
     host.add_argument("--pytest-log", metavar="FILE", help="host 0 copies pytest's output here")
     host.add_argument("--cwd", metavar="DIR", help="host 0 runs pytest here")
-    host.add_argument("command", nargs=argparse.REMAINDER, metavar="-- PYTEST_COMMAND")
+    host.add_argument("host_command", nargs=argparse.REMAINDER, metavar="-- PYTEST_COMMAND")
 
     report = commands.add_parser("report", help="render results folders as a PR comment, summary, table or HTML")
     report.add_argument("results", nargs="+", metavar="RESULTS", help="cell folders, or folders holding them")

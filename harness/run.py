@@ -180,7 +180,7 @@ def default_matrix(host: Host) -> Matrix:
 
 
 def unfit_reason(cell: Cell, host: Host) -> str | None:
-    if cell.is_cpu:
+    if cell.is_cpu or cell.engine != "local":  # an engine's hosts are not this machine
         return None  # gloo ranks run anywhere
     if not host.gpus:
         return f"needs {cell.gpus} {cell.gpu} GPUs, this machine has none"
@@ -221,17 +221,26 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
             try:
                 # A built environment lacks harness itself: its ranks plugin comes through import_path.
                 extra_path = import_path if environment.origin != "current" else None
-                exit_code, timed_out = run_pytest(cell, environment.python, folder, gpus, pytest_args, log,
-                                                  project=project, import_path=extra_path)
+                if cell.engine != "local":
+                    exit_code, cause = run_on_engine(cell, environment.python, folder, pytest_args, log,
+                                                     project=project, import_path=extra_path, record=record)
+                else:
+                    exit_code, timed_out = run_pytest(cell, environment.python, folder, gpus, pytest_args, log,
+                                                      project=project, import_path=extra_path)
             finally:
                 if monitor:
                     memory_report = monitor.stop()
             record["exit_code"] = exit_code
-            record["status"], record["error"] = classify(cell, exit_code, timed_out, folder / "junit.xml")
+            if cell.engine != "local":
+                record["status"], record["error"] = ("errored", cause) if cause else \
+                    classify(cell, exit_code, False, folder / "junit.xml")
+            else:
+                record["status"], record["error"] = classify(cell, exit_code, timed_out, folder / "junit.xml")
     except EnvironmentBuildError as error:
         record["error"] = f"environment: {error}"
     except Interrupted as interrupted:
-        record["status"], record["error"] = "errored", str(interrupted)
+        job = f"; {cell.engine} job {record['job_id']} cancelled" if record.get("job_id") else ""
+        record["status"], record["error"] = "errored", f"cancelled: harness {interrupted}{job}"
         raise
     except Exception as error:
         record["error"] = f"harness: {type(error).__name__}: {error}"
@@ -245,6 +254,18 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
         log(f"   {cell.id}: {record['status']}: {record['error']}")
     return CellOutcome(cell=cell, folder=folder, status=record["status"], error=record["error"],
                        duration_s=record["duration_s"])
+
+
+def run_on_engine(cell: Cell, python: Path, folder: Path, pytest_args: list[str], log: Callable[[str], None], *,
+                  project: Path, import_path: Path | None, record: dict) -> tuple[int | None, str]:
+    """A cell across hosts: submitted to its engine, which starts `harness host` on each host and waits."""
+    from harness.engines import slurm
+
+    if cell.engine != "slurm":
+        raise ConfigError(f"{cell.id}: engine {cell.engine!r} cannot run cells yet (render its manifest instead)")
+    return slurm.run_job(cell, folder=folder, pytest_command=pytest_command(cell, python, folder, pytest_args),
+                         environ=pytest_environment(cell, [], import_path), project=project, log=log,
+                         record=record)
 
 
 def pytest_command(cell: Cell, python: Path, folder: Path, pytest_args: list[str]) -> list[str]:
@@ -371,6 +392,7 @@ def start_record(cell: Cell, host: Host, gpus: list, started: float, *, project:
         gpus=[gpu.to_json() for gpu in gpus], driver=host.driver, host=socket.gethostname(),
         runner=os.environ.get("RUNNER_NAME"), git_sha=git_sha(project), git_dirty=git_dirty(project),
         trigger_sha=os.environ.get("GITHUB_SHA") or None, start=iso(started), reproduce=reproduce,
+        engine=cell.engine,
     )
     return record.to_json()
 

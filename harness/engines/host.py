@@ -59,7 +59,7 @@ def command(args) -> int:
 
 def run_leader(args, count: int, address: str, key: str) -> int:
     """Host 0: the cell's pytest command, its output to the terminal (the engine's log) and pytest.log."""
-    command = list(args.command)
+    command = list(args.host_command)
     if command and command[0] == "--":
         command = command[1:]
     if not command:

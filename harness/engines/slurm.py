@@ -189,24 +189,49 @@ def run_job(cell: Cell, *, folder: Path, pytest_command: list[str], environ: dic
 
 
 def job_cause(client: SlurmClient, state: JobState | None, folder: Path, job_id: str) -> str:
-    """Why the job errored, from Slurm and from host 0's hub; "" when it ran to its end (pytest decides)."""
+    """Why the job errored, first cause first; "" when it ran to its end (pytest's exit then decides)."""
     if state is None:
         return f"job {job_id} vanished from Slurm before it ended"
+    seen = host_lost(folder)
     if state.state == "CANCELLED":
         return f"job {job_id} cancelled (scancel, or an administrator)"
     if state.state == "NODE_FAIL":
         down = client.down_hosts(state.hosts)
         named = f"host {', '.join(down)} failed" if down else "a host failed"
-        return f"Slurm NODE_FAIL: {named} (job {job_id})"
-    lost = folder / HOST_LOST_JSON
-    if lost.is_file():
-        try:
-            data = json.loads(lost.read_text()[:4096])
-            return f"host {int(data['host'])} ({str(data['hostname'])[:64]}) lost: {str(data['reason'])[:200]}"
-        except (ValueError, KeyError, TypeError):
-            return f"a host was lost ({HOST_LOST_JSON} unreadable)"
+        return f"Slurm NODE_FAIL: {named} (job {job_id})" + (f"; harness saw {seen}" if seen else "")
+    if seen:
+        return seen
+    failed_task = first_failed_task(folder / "slurm.log", state.hosts)
+    if failed_task:
+        return failed_task
     if state.state in ("TIMEOUT", "DEADLINE", "OUT_OF_MEMORY", "BOOT_FAIL", "PREEMPTED"):
         return f"Slurm ended job {job_id}: {state.state}"
+    return ""
+
+
+def host_lost(folder: Path) -> str:
+    """What host 0's hub wrote when a host went silent or its agent's connection closed (untrusted: bounded)."""
+    lost = folder / HOST_LOST_JSON
+    if not lost.is_file():
+        return ""
+    try:
+        data = json.loads(lost.read_text()[:4096])
+        return f"host {int(data['host'])} ({str(data['hostname'])[:64]}) lost: {str(data['reason'])[:200]}"
+    except (ValueError, KeyError, TypeError, OSError):
+        return f"a host was lost ({HOST_LOST_JSON} unreadable)"
+
+
+SRUN_TASK_ERROR = re.compile(r"srun: error: (\S+): tasks? ([\d,-]+): (.+)")
+
+
+def first_failed_task(log: Path, hosts: tuple[str, ...]) -> str:
+    """srun's first `error: HOST: task N: Killed` (--kill-on-bad-exit then ended the others), unless host 0's
+    own: that one is pytest's exit, which pytest's code explains."""
+    with contextlib.suppress(OSError):
+        for line in log.read_text(errors="replace")[:100_000].splitlines():
+            match = SRUN_TASK_ERROR.search(line)
+            if match and (not hosts or match.group(1) != hosts[0]):
+                return f"host {match.group(2)} ({match.group(1)[:64]}) ended first: {match.group(3).strip()[:200]}"
     return ""
 
 

@@ -257,7 +257,7 @@ class Hub:
         while not self._closed and self.loss is None:
             time.sleep(POLL_S)
             loss = first_lost(list(self.links.values()), time.monotonic())
-            if loss is not None:
+            if loss is not None and not self._closed:  # closing the links ourselves loses no host
                 self.loss = loss
                 write_cause(self.config.cause_file, loss)
 

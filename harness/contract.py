@@ -25,6 +25,7 @@ CONTRACT_FILES = (JUNIT_XML, ENV_JSON, MEMORY_JSON, PYTEST_LOG)  # a folder hold
 # and (when a host went silent or its agent's connection closed) which host that was, as host 0 saw it.
 HOST_LOG = "host{index}.log"
 JOB_SCRIPT = "job.sh"
+JOB_MANIFEST = "jobset.yaml"
 HOST_LOST_JSON = "host-lost.json"
 
 # env.json "status"

@@ -29,7 +29,7 @@ AXES = ("gpu", "gpus", "torch", "transformers")
 OPTIONAL_AXES = {"hosts": 1}
 ENGINES = ("local", "slurm", "jobset")
 SUBMIT_KEYS = {"partition", "account", "time", "sbatch_args", "segment", "container_image", "image",
-               "namespace", "gpu_resource"}
+               "namespace", "gpu_resource", "results_claim"}
 MATRIX_KEYS = {"description", "axes", "exclude", "include", "suite", "timeout_minutes", "reruns",
                "test_timeout_seconds", "install"}
 RUNNER_KEYS = {"labels", "gpus", "nvml_name", "ranks", "engine", "hosts", "submit"}
@@ -68,7 +68,8 @@ class Runner:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Submit:
     """How an engine submits a cell (runners.yaml `submit:`); Slurm: partition, account, time, sbatch_args,
-    segment; pyxis: container_image; JobSet: image, namespace, gpu_resource."""
+    segment; pyxis: container_image; JobSet: image, namespace, gpu_resource, results_claim (a PVC mounted
+    where the results folder is, so host 0 writes junit.xml there as on a shared file system)."""
 
     partition: str | None = None
     account: str | None = None
@@ -79,6 +80,7 @@ class Submit:
     image: str | None = None
     namespace: str | None = None
     gpu_resource: str = "nvidia.com/gpu"
+    results_claim: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -259,10 +259,11 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
 def run_on_engine(cell: Cell, python: Path, folder: Path, pytest_args: list[str], log: Callable[[str], None], *,
                   project: Path, import_path: Path | None, record: dict) -> tuple[int | None, str]:
     """A cell across hosts: submitted to its engine, which starts `harness host` on each host and waits."""
-    from harness.engines import slurm
+    from harness.engines import jobset, slurm
 
-    if cell.engine != "slurm":
-        raise ConfigError(f"{cell.id}: engine {cell.engine!r} cannot run cells yet (render its manifest instead)")
+    if cell.engine == "jobset":  # the image has the project and its environment: python, paths as in it
+        return jobset.run_job(cell, folder=folder, log=log, record=record,
+                              pytest_command=pytest_command(cell, Path("python"), folder, pytest_args))
     return slurm.run_job(cell, folder=folder, pytest_command=pytest_command(cell, python, folder, pytest_args),
                          environ=pytest_environment(cell, [], import_path), project=project, log=log,
                          record=record)

@@ -31,8 +31,9 @@ STOP_GRACE_S = 3.0
 
 
 def command(args) -> int:
-    index = _int_option(args.index, "SLURM_NODEID", "--index")
-    count = _int_option(args.count, "SLURM_NNODES", "--count")
+    # Slurm: SLURM_NODEID; a JobSet's Indexed job: JOB_COMPLETION_INDEX.
+    index = _int_option(args.index, ("SLURM_NODEID", "JOB_COMPLETION_INDEX"), "--index")
+    count = _int_option(args.count, ("SLURM_NNODES",), "--count")
     host0 = args.host0 or _slurm_first_host()
     key = os.environ.get(hosts.KEY_ENV)
     if not key:
@@ -105,13 +106,16 @@ def _copy(source, log) -> None:
         sys.stdout.buffer.flush()
 
 
-def _int_option(value: int | None, variable: str, option: str) -> int:
+def _int_option(value: int | None, variables: tuple[str, ...], option: str) -> int:
     if value is not None:
         return value
-    raw = os.environ.get(variable)
-    if raw is None or not raw.isdigit():
-        raise ConfigError(f"harness host: give {option}, or run under Slurm (${variable} is {raw!r})")
-    return int(raw)
+    for variable in variables:
+        raw = os.environ.get(variable)
+        if raw is not None:
+            if not raw.isdigit():
+                raise ConfigError(f"harness host: ${variable} is {raw[:40]!r}, not a whole number")
+            return int(raw)
+    raise ConfigError(f"harness host: give {option}, or run under an engine that sets ${' or $'.join(variables)}")
 
 
 def _slurm_first_host() -> str:

@@ -36,13 +36,17 @@ def cell(tmp_path: Path, gpu: str, hosts: int, gpus: int):
     return expand(spec, read_runners(path), name="m", source="m.yaml")[0]
 
 
-def validate(tmp_path: Path, manifest: dict) -> subprocess.CompletedProcess:
+def validate(tmp_path: Path, manifests: dict[str, dict]) -> tuple[int, str]:
+    """check-jsonschema over every manifest at once (one start of it: seconds on a busy machine)."""
     checker = shutil.which("check-jsonschema") or str(Path(sys.executable).parent / "check-jsonschema")
     if not Path(checker).exists():
         pytest.skip("check-jsonschema is not installed (the dev extra has it)")
-    path = tmp_path / f"manifest-{os.urandom(4).hex()}.yaml"
-    path.write_text(yaml.safe_dump(manifest))
-    return subprocess.run([checker, "--schemafile", str(SCHEMA), str(path)], capture_output=True, text=True)
+    paths = []
+    for name, manifest in manifests.items():
+        paths.append(tmp_path / f"{name}.yaml")
+        paths[-1].write_text(yaml.safe_dump(manifest))
+    result = subprocess.run([checker, "--schemafile", str(SCHEMA), *map(str, paths)], capture_output=True, text=True)
+    return result.returncode, result.stdout + result.stderr
 
 
 def rendered(tmp_path: Path, gpu: str, hosts: int, gpus: int) -> dict:
@@ -53,33 +57,45 @@ def rendered(tmp_path: Path, gpu: str, hosts: int, gpus: int) -> dict:
     return jobset.render(one, name, command, 1800, results_root=tmp_path / "results")
 
 
-@pytest.mark.parametrize(("gpu", "hosts", "gpus"), [("gb200", 1, 4), ("gb200", 4, 4), ("gb200", 18, 4),
-                                                    ("cpu-k8s", 4, 2)])
-def test_rendered_jobsets_validate(tmp_path, gpu, hosts, gpus):
-    manifest = rendered(tmp_path, gpu, hosts, gpus)
-    result = validate(tmp_path, manifest)
-    assert result.returncode == 0, result.stdout + result.stderr
-    spec = manifest["spec"]
-    job = spec["replicatedJobs"][0]["template"]["spec"]
-    assert job["parallelism"] == job["completions"] == hosts and job["completionMode"] == "Indexed"
-    assert spec["coordinator"] == {"replicatedJob": "hosts", "jobIndex": 0, "podIndex": 0}
-    assert spec["failurePolicy"] == {"maxRestarts": 0} and job["backoffLimit"] == 0
-    container = job["template"]["spec"]["containers"][0]
-    assert f"--host0={manifest['metadata']['name']}-hosts-0-0.{spec['network']['subdomain']}" in container["args"]
-    assert container.get("resources", {}).get("limits") == ({"nvidia.com/gpu": gpus} if gpu == "gb200" else None)
-    text = yaml.safe_dump(manifest)
-    assert "valueFrom" in text and "secretKeyRef" in text  # the key is a Secret's, never in the manifest
+SHAPES = [("gb200", 1, 4), ("gb200", 4, 4), ("gb200", 18, 4), ("cpu-k8s", 4, 2)]
 
 
-@pytest.mark.parametrize(("break_it", "why"), [
-    (lambda m: m["spec"]["replicatedJobs"][0]["template"]["spec"].update(parallelism="two"), "parallelism"),
-    (lambda m: m["spec"]["replicatedJobs"][0]["template"]["spec"].update(backofLimit=0), "backofLimit"),
-])
-def test_broken_manifests_are_refused(tmp_path, break_it, why):
-    manifest = copy.deepcopy(rendered(tmp_path, "gb200", 4, 4))
-    break_it(manifest)
-    result = validate(tmp_path, manifest)
-    assert result.returncode != 0 and why in result.stdout + result.stderr
+def test_rendered_jobsets_validate(tmp_path):
+    manifests = {f"{gpu}-{hosts}x{gpus}": rendered(tmp_path, gpu, hosts, gpus) for gpu, hosts, gpus in SHAPES}
+    code, output = validate(tmp_path, manifests)
+    assert code == 0, output
+    for (gpu, hosts, gpus), manifest in zip(SHAPES, manifests.values(), strict=True):
+        spec = manifest["spec"]
+        job = spec["replicatedJobs"][0]["template"]["spec"]
+        assert job["parallelism"] == job["completions"] == hosts and job["completionMode"] == "Indexed"
+        assert spec["coordinator"] == {"replicatedJob": "hosts", "jobIndex": 0, "podIndex": 0}
+        assert spec["failurePolicy"] == {"maxRestarts": 0} and job["backoffLimit"] == 0
+        container = job["template"]["spec"]["containers"][0]
+        host0 = f"--host0={manifest['metadata']['name']}-hosts-0-0.{spec['network']['subdomain']}"
+        assert host0 in container["args"]
+        limits = container.get("resources", {}).get("limits")
+        assert limits == ({"nvidia.com/gpu": gpus} if gpu == "gb200" else None)
+        text = yaml.safe_dump(manifest)
+        assert "secretKeyRef" in text  # the key is a Secret's, never in the manifest
+
+
+BROKEN = {
+    "parallelism-two": (lambda m: m["spec"]["replicatedJobs"][0]["template"]["spec"].update(parallelism="two"),
+                        "'two' is not of type 'integer'"),
+    "backofLimit": (lambda m: m["spec"]["replicatedJobs"][0]["template"]["spec"].update(backofLimit=0),
+                    "'backofLimit' was unexpected"),
+}
+
+
+def test_broken_manifests_are_refused(tmp_path):
+    manifests = {}
+    for name, (break_it, _) in BROKEN.items():
+        manifests[name] = copy.deepcopy(rendered(tmp_path, "gb200", 4, 4))
+        break_it(manifests[name])
+    code, output = validate(tmp_path, manifests)
+    assert code != 0
+    for name, (_, why) in BROKEN.items():
+        assert f"{name}.yaml" in output and why in output, output
 
 
 def test_a_runner_without_an_image_is_refused(tmp_path):

@@ -185,23 +185,27 @@ def run_job(cell: Cell, *, folder: Path, pytest_command: list[str], environ: dic
         if not cancelled:
             log(f"   {cell.id}: job {job_id} still has steps after {GONE_TIMEOUT_S:g}s")
     state = client.job(job_id) or state
-    return (state.exit_code if state is not None else None), cause or job_cause(client, state, folder, job_id)
+    hosts = tuple(record.get("hosts") or ())  # as seen while it ran: an ended job may list no nodes
+    return (state.exit_code if state is not None else None), cause or job_cause(client, state, folder, job_id, hosts)
 
 
-def job_cause(client: SlurmClient, state: JobState | None, folder: Path, job_id: str) -> str:
+def job_cause(client: SlurmClient, state: JobState | None, folder: Path, job_id: str,
+              hosts: tuple[str, ...] = ()) -> str:
     """Why the job errored, first cause first; "" when it ran to its end (pytest's exit then decides)."""
     if state is None:
         return f"job {job_id} vanished from Slurm before it ended"
     seen = host_lost(folder)
     if state.state == "CANCELLED":
         return f"job {job_id} cancelled (scancel, or an administrator)"
+    hosts = hosts or state.hosts
     if state.state == "NODE_FAIL":
-        down = client.down_hosts(state.hosts)
+        # Slurm ends every host's task at once: which agent's connection closed first says nothing then.
+        down = client.down_hosts(hosts)
         named = f"host {', '.join(down)} failed" if down else "a host failed"
-        return f"Slurm NODE_FAIL: {named} (job {job_id})" + (f"; harness saw {seen}" if seen else "")
+        return f"Slurm NODE_FAIL: {named} (job {job_id})"
     if seen:
         return seen
-    failed_task = first_failed_task(folder / "slurm.log", state.hosts)
+    failed_task = first_failed_task(folder / "slurm.log", hosts)
     if failed_task:
         return failed_task
     if state.state in ("TIMEOUT", "DEADLINE", "OUT_OF_MEMORY", "BOOT_FAIL", "PREEMPTED"):

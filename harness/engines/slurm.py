@@ -165,13 +165,20 @@ def run_job(cell: Cell, *, folder: Path, pytest_command: list[str], environ: dic
     streamer = LogStreamer(folder, log)
     deadline = time.monotonic() + cell.timeout_minutes * 60
     state: JobState | None = None
+    dropped: set[str] = set()
     cause = ""
     try:
         while True:
             state = client.job(job_id) or state
             if state is not None:
-                record["hosts"] = list(state.hosts) or record.get("hosts", [])
-                streamer.poll(state.hosts)
+                seen = record.get("hosts") or []
+                if seen and state.hosts and set(state.hosts) < set(seen):
+                    # A failed node leaves the job's NodeList while the rest complete (and may be back up
+                    # by the time the job ends): this is when Slurm says which one it was.
+                    dropped.update(set(seen) - set(state.hosts))
+                elif state.hosts:
+                    record["hosts"] = list(state.hosts)
+                streamer.poll(tuple(record.get("hosts") or ()))
                 if state.state in FINAL_STATES:
                     break
             if time.monotonic() > deadline:
@@ -186,11 +193,12 @@ def run_job(cell: Cell, *, folder: Path, pytest_command: list[str], environ: dic
             log(f"   {cell.id}: job {job_id} still has steps after {GONE_TIMEOUT_S:g}s")
     state = client.job(job_id) or state
     hosts = tuple(record.get("hosts") or ())  # as seen while it ran: an ended job may list no nodes
-    return (state.exit_code if state is not None else None), cause or job_cause(client, state, folder, job_id, hosts)
+    return (state.exit_code if state is not None else None), \
+        cause or job_cause(client, state, folder, job_id, hosts, dropped=sorted(dropped))
 
 
 def job_cause(client: SlurmClient, state: JobState | None, folder: Path, job_id: str,
-              hosts: tuple[str, ...] = ()) -> str:
+              hosts: tuple[str, ...] = (), dropped: list[str] | None = None) -> str:
     """Why the job errored, first cause first; "" when it ran to its end (pytest's exit then decides)."""
     if state is None:
         return f"job {job_id} vanished from Slurm before it ended"
@@ -200,7 +208,7 @@ def job_cause(client: SlurmClient, state: JobState | None, folder: Path, job_id:
     hosts = hosts or state.hosts
     if state.state == "NODE_FAIL":
         # Slurm ends every host's task at once: which agent's connection closed first says nothing then.
-        down = client.down_hosts(hosts)
+        down = dropped or client.down_hosts(hosts)
         named = f"host {', '.join(down)} failed" if down else "a host failed"
         return f"Slurm NODE_FAIL: {named} (job {job_id})"
     if seen:

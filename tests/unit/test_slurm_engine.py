@@ -111,6 +111,9 @@ def test_the_first_cause_wins(tmp_path):
     assert slurm.job_cause(FakeClient(), job("FAILED"), tmp_path, "7") == "host 2 (h3) lost: no heartbeat for 10.1s"
     assert slurm.job_cause(FakeClient(["h3"]), job("NODE_FAIL"), tmp_path, "7") == \
         "Slurm NODE_FAIL: host h3 failed (job 7)"
+    # The node that left the job's NodeList while it completed is named, even back up by now.
+    assert slurm.job_cause(FakeClient(), job("NODE_FAIL"), tmp_path, "7", dropped=["h3"]) == \
+        "Slurm NODE_FAIL: host h3 failed (job 7)"
     # An ended job may list no nodes: the hosts seen while it ran are asked about.
     ended = slurm.JobState(state="NODE_FAIL", hosts=(), exit_code=None, reason="")
     assert slurm.job_cause(FakeClient(["h3"]), ended, tmp_path, "7", ("h1", "h3")) == \

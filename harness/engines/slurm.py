@@ -165,7 +165,7 @@ def run_job(cell: Cell, *, folder: Path, pytest_command: list[str], environ: dic
     streamer = LogStreamer(folder, log)
     deadline = time.monotonic() + cell.timeout_minutes * 60
     state: JobState | None = None
-    dropped: set[str] = set()
+    dropped: list[str] = []
     cause = ""
     try:
         while True:
@@ -173,9 +173,9 @@ def run_job(cell: Cell, *, folder: Path, pytest_command: list[str], environ: dic
             if state is not None:
                 seen = record.get("hosts") or []
                 if seen and state.hosts and set(state.hosts) < set(seen):
-                    # A failed node leaves the job's NodeList while the rest complete (and may be back up
-                    # by the time the job ends): this is when Slurm says which one it was.
-                    dropped.update(set(seen) - set(state.hosts))
+                    # A failed node leaves the job's NodeList first, then the others as they complete (and
+                    # it may be back up by the time the job ends): the first to leave is the one.
+                    dropped = dropped or sorted(set(seen) - set(state.hosts))
                 elif state.hosts:
                     record["hosts"] = list(state.hosts)
                 streamer.poll(tuple(record.get("hosts") or ()))
@@ -194,7 +194,7 @@ def run_job(cell: Cell, *, folder: Path, pytest_command: list[str], environ: dic
     state = client.job(job_id) or state
     hosts = tuple(record.get("hosts") or ())  # as seen while it ran: an ended job may list no nodes
     return (state.exit_code if state is not None else None), \
-        cause or job_cause(client, state, folder, job_id, hosts, dropped=sorted(dropped))
+        cause or job_cause(client, state, folder, job_id, hosts, dropped=dropped)
 
 
 def job_cause(client: SlurmClient, state: JobState | None, folder: Path, job_id: str,
@@ -208,7 +208,7 @@ def job_cause(client: SlurmClient, state: JobState | None, folder: Path, job_id:
     hosts = hosts or state.hosts
     if state.state == "NODE_FAIL":
         # Slurm ends every host's task at once: which agent's connection closed first says nothing then.
-        down = dropped or client.down_hosts(hosts)
+        down = node_failures(folder / "slurm.log") or dropped or client.down_hosts(hosts)
         named = f"host {', '.join(down)} failed" if down else "a host failed"
         return f"Slurm NODE_FAIL: {named} (job {job_id})"
     if seen:
@@ -231,6 +231,17 @@ def host_lost(folder: Path) -> str:
         return f"host {int(data['host'])} ({str(data['hostname'])[:64]}) lost: {str(data['reason'])[:200]}"
     except (ValueError, KeyError, TypeError, OSError):
         return f"a host was lost ({HOST_LOST_JSON} unreadable)"
+
+
+SRUN_NODE_FAILURE = re.compile(r"srun: error: Node failure on (\S+)")
+
+
+def node_failures(log: Path) -> list[str]:
+    """The nodes srun says failed (`srun: error: Node failure on h3`), in its order."""
+    with contextlib.suppress(OSError):
+        return list(dict.fromkeys(match.group(1)[:64] for match in
+                                  SRUN_NODE_FAILURE.finditer(log.read_text(errors="replace")[:100_000])))
+    return []
 
 
 SRUN_TASK_ERROR = re.compile(r"srun: error: (\S+): tasks? ([\d,-]+): (.+)")

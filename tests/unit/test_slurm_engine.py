@@ -111,6 +111,11 @@ def test_the_first_cause_wins(tmp_path):
     assert slurm.job_cause(FakeClient(), job("FAILED"), tmp_path, "7") == "host 2 (h3) lost: no heartbeat for 10.1s"
     assert slurm.job_cause(FakeClient(["h3"]), job("NODE_FAIL"), tmp_path, "7") == \
         "Slurm NODE_FAIL: host h3 failed (job 7)"
+    # srun's own word first: the other hosts' tasks were terminated because of it.
+    (tmp_path / "slurm.log").write_text("srun: error: Node failure on h3\nsrun: error: h2: task 1: Terminated\n")
+    assert slurm.job_cause(FakeClient(["h2"]), job("NODE_FAIL"), tmp_path, "7", dropped=["h2"]) == \
+        "Slurm NODE_FAIL: host h3 failed (job 7)"
+    (tmp_path / "slurm.log").unlink()
     # The node that left the job's NodeList while it completed is named, even back up by now.
     assert slurm.job_cause(FakeClient(), job("NODE_FAIL"), tmp_path, "7", dropped=["h3"]) == \
         "Slurm NODE_FAIL: host h3 failed (job 7)"

@@ -198,3 +198,48 @@ def test_only_the_portable_environment_crosses_hosts():
 
 def test_submit_options_are_frozen_and_hashable():
     assert hash(Submit(partition="ci", sbatch_args=("--exclusive",)))
+
+
+# ---------------------------------------------------------------- a rank's own host
+
+
+def launch(world_size: int, ranks_per_host: int = 0):
+    from harness.ranks.protocol import Launch
+
+    return Launch(world_size=world_size, port=29500, workdir="/tmp", collective_timeout_s=60, device="cpu",
+                  launcher_pid=1, master_addr="10.0.0.1" if ranks_per_host else "127.0.0.1",
+                  ranks_per_host=ranks_per_host)
+
+
+@pytest.mark.parametrize(("world", "per_host", "rank", "expected"), [
+    (8, 2, 5, {"RANK": "5", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "lo": False}),
+    (4, 0, 3, {"RANK": "3", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1", "lo": True}),
+])
+def test_a_rank_takes_its_local_rank_and_its_hosts_share_of_threads(monkeypatch, world, per_host, rank, expected):
+    import os
+    import socket
+
+    from harness.ranks import rank as rank_module
+
+    for name in ("GLOO_SOCKET_IFNAME", "OMP_NUM_THREADS", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(socket, "if_nameindex", lambda: [(1, "lo"), (2, "eth0")])
+    before = dict(os.environ)
+    try:
+        rank_module.set_environment(launch(world, per_host), rank)
+        seen = {name: os.environ[name] for name in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")}
+        assert seen == {name: value for name, value in expected.items() if name != "lo"}
+        assert (os.environ.get("GLOO_SOCKET_IFNAME") == "lo") is expected["lo"]  # lo breaks gloo across hosts
+        assert os.environ["OMP_NUM_THREADS"] == str(16 // int(expected["LOCAL_WORLD_SIZE"]))
+        assert rank_module.local_rank(launch(world, per_host), rank) == int(expected["LOCAL_RANK"])
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
+
+
+def test_a_world_takes_the_first_hosts():
+    hub = SimpleNamespace(config=SimpleNamespace(ranks_per_host=2), master_addr="10.0.0.1")
+    assert hosts.Placement(hub, 8).remote_ranks() == {1: [2, 3], 2: [4, 5], 3: [6, 7]}
+    assert hosts.Placement(hub, 2).remote_ranks() == {}
+    assert hosts.Placement(hub, 3).remote_ranks() == {1: [2]}

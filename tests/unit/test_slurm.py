@@ -97,18 +97,20 @@ def finish(process: subprocess.Popen, folder: Path) -> dict:
 
 
 def test_world_8_over_4_hosts_passes_with_every_host_named(cluster, tmp_path):
+    """Ranks on every host see their own host; a rank hung on host h3 comes back with its stack."""
     started = time.monotonic()
-    process, folder = start_cell(cluster, tmp_path, "-k", "ranks_land")
+    process, folder = start_cell(cluster, tmp_path, "-k", "ranks_land or hung_ranks_stack")
     env = finish(process, folder)
     log = (tmp_path / "harness.log").read_text()
     assert process.returncode == 0, log[-3000:]
     assert env["status"] == "passed" and env["engine"] == "slurm"
     assert env["hosts"] == [f"h{i}" for i in range(1, HOSTS + 1)] and env["job_id"].isdigit()
     junit = (folder / "junit.xml").read_text()
-    assert junit.count("<testcase") == 3 and 'failures="0"' in junit and 'errors="0"' in junit
+    assert junit.count("<testcase") == 4 and 'failures="0"' in junit and 'errors="0"' in junit
     assert all(f"[h{i}] " in log for i in range(1, HOSTS + 1))  # every host's output, with its name
     assert "--no-requeue" in log and "--kill-on-bad-exit=1" in (folder / "job.sh").read_text()
-    print(f"world 2/4/8 over {HOSTS} Slurm hosts: 3 passed in {time.monotonic() - started:.1f}s")
+    print(f"world 2/4/8 over {HOSTS} Slurm hosts and a hung rank on h3: 4 passed in "
+          f"{time.monotonic() - started:.1f}s")
     assert_nothing_left(cluster)
 
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.ranks import RankTimeoutError
+
 pytestmark = pytest.mark.skipif(int(os.environ.get("HARNESS_HOSTS", "1")) <= 1, reason="runs inside a Slurm cell")
 
 
@@ -33,6 +35,26 @@ def wait_for_the_test(marker_folder, seconds):
     time.sleep(seconds)
     dist.all_reduce(torch.ones(1))
     return dist.get_rank()
+
+
+def hang_on_rank_5():
+    import torch.distributed as dist
+
+    if dist.get_rank() == 5:
+        hang_here_on_purpose()
+    return socket.gethostname()
+
+
+def hang_here_on_purpose():
+    time.sleep(3600)
+
+
+@pytest.mark.timeout(45)  # the launch gives up at 15 s (the plugin's margin), with every hung rank's stack
+def test_a_hung_ranks_stack_comes_back_from_its_host(ranks):
+    with pytest.raises(RankTimeoutError) as error:
+        ranks.run(8, hang_on_rank_5)
+    assert error.value.hung_ranks == [5]
+    assert "hang_here_on_purpose" in error.value.stacks[5], error.value.stacks[5]
 
 
 @pytest.mark.parametrize("world_size", [2, 4, 8])

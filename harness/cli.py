@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     host.add_argument("--cause-file", metavar="FILE", help="host 0 writes the first lost host here")
     host.add_argument("--pytest-log", metavar="FILE", help="host 0 copies pytest's output here")
     host.add_argument("--cwd", metavar="DIR", help="host 0 runs pytest here")
+    host.add_argument("--memory-file", metavar="FILE",
+                      help="sample this host's GPUs (NVML) into this memory.json ({index}: the host's index)")
     host.add_argument("host_command", nargs=argparse.REMAINDER, metavar="-- PYTEST_COMMAND")
 
     report = commands.add_parser("report", help="render results folders as a PR comment, summary, table or HTML")

@@ -27,6 +27,7 @@ HOST_LOG = "host{index}.log"
 JOB_SCRIPT = "job.sh"
 JOB_MANIFEST = "jobset.yaml"
 HOST_LOST_JSON = "host-lost.json"
+HOST_MEMORY_JSON = "memory.host{index}.json"  # host I's own memory.json; harness merges them into memory.json
 
 # env.json "status"
 STATUSES = ("passed", "failed", "errored")
@@ -101,6 +102,7 @@ class MemoryGpuRecord:
     peak_used_mib: float | None
     interval_s: float
     sample_count: int
+    host: str | None = None  # the host the GPU is on, in a cell across hosts
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -28,6 +28,7 @@ from pathlib import Path
 import harness
 from harness import __version__, memory
 from harness.contract import ENV_JSON, EnvRecord
+from harness.engines import hostmemory
 from harness.env import EnvironmentBuildError, ensure_environment, env_root, plan_environment, probe_versions
 from harness.errors import ConfigError, HostMismatchError
 from harness.matrix import DEFAULT_MATRIX, Cell, Matrix, load_matrix, load_runners, select
@@ -201,7 +202,8 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
         shutil.rmtree(folder)  # results of an earlier run of this cell would mix with these
     folder.mkdir(parents=True)
     started = time.time()
-    gpus = list(host.gpus[: cell.gpus]) if not cell.is_cpu else []
+    # An engine's hosts are not this machine: each samples its own GPUs, merged when the job ends.
+    gpus = list(host.gpus[: cell.gpus]) if not cell.is_cpu and cell.engine == "local" else []
     record = start_record(cell, host, gpus, started, project=project,
                           reproduce=reproduce_command(cell, matrix_reference, pytest_args))
     log(f"== {cell.id}: results in {folder}")
@@ -224,6 +226,8 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
                 if cell.engine != "local":
                     exit_code, cause = run_on_engine(cell, environment.python, folder, pytest_args, log,
                                                      project=project, import_path=extra_path, record=record)
+                    if not cell.is_cpu:
+                        memory_report = hostmemory.merge(folder, record.get("hosts") or [])
                 else:
                     exit_code, timed_out = run_pytest(cell, environment.python, folder, gpus, pytest_args, log,
                                                       project=project, import_path=extra_path)

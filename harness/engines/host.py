@@ -22,6 +22,8 @@ import uuid
 from pathlib import Path
 
 from harness.errors import ConfigError
+from harness.gpus import NvmlUnavailable, resolve_gpus
+from harness.memory import MemoryMonitor, write_memory_json
 from harness.ranks import hosts
 from harness.ranks.lifecycle import CELL_TOKEN_ENV, kill_cell_processes
 
@@ -45,6 +47,7 @@ def command(args) -> int:
     os.environ["TMPDIR"] = temporary
     name = socket.gethostname()
     print(f"harness host {index}/{count} on {name}: host 0 is {host0} ({address})", flush=True)
+    monitor = _monitor_gpus() if args.memory_file else None
     try:
         if index == 0:
             return run_leader(args, count, address, key)
@@ -52,6 +55,8 @@ def command(args) -> int:
         print(f"harness host {index} on {name}: stopped: {reason}", flush=True)
         return 0
     finally:
+        if monitor is not None:
+            write_memory_json(args.memory_file.replace("{index}", str(index)), monitor.stop())
         left = kill_cell_processes(token)
         shutil.rmtree(temporary, ignore_errors=True)
         if left:
@@ -89,6 +94,15 @@ def run_leader(args, count: int, address: str, key: str) -> int:
         if log:
             log.close()
     return code if code >= 0 else 128 - code
+
+
+def _monitor_gpus() -> MemoryMonitor:
+    """Sample this host's GPUs (those its engine gave it) while the cell runs here."""
+    try:
+        gpus = resolve_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    except NvmlUnavailable:
+        gpus = []
+    return MemoryMonitor(gpus).start()
 
 
 def _agent(index: int, hub: tuple[str, int], key: bytes) -> str:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from harness.contract import HOST_LOG, HOST_LOST_JSON, JOB_MANIFEST, JUNIT_XML, PYTEST_LOG
+from harness.contract import HOST_LOG, HOST_LOST_JSON, HOST_MEMORY_JSON, JOB_MANIFEST, JUNIT_XML, PYTEST_LOG
 from harness.errors import ConfigError
 from harness.matrix import Cell
 from harness.ranks.hosts import KEY_ENV
@@ -108,6 +108,8 @@ def host_command(cell: Cell, pytest_command: list[str], name: str, hub_port: int
                f"--cause-file={folder / HOST_LOST_JSON}", f"--pytest-log={folder / PYTEST_LOG}"]
     if cell.is_cpu:
         command.append("--cpu-ranks")
+    else:
+        command.append(f"--memory-file={folder / HOST_MEMORY_JSON}")  # {index}: each host's own
     return [*command, "--", *pytest_command]
 
 

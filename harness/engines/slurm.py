@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.contract import HOST_LOG, HOST_LOST_JSON, JOB_SCRIPT, PYTEST_LOG
+from harness.contract import HOST_LOG, HOST_LOST_JSON, HOST_MEMORY_JSON, JOB_SCRIPT, PYTEST_LOG
 from harness.errors import ConfigError
 from harness.matrix import Cell
 from harness.ranks.hosts import KEY_ENV
@@ -80,6 +80,8 @@ def host_command(cell: Cell, pytest_command: list[str], folder: Path, project: P
                f"--cause-file={folder / HOST_LOST_JSON}", f"--pytest-log={folder / PYTEST_LOG}", f"--cwd={project}"]
     if cell.is_cpu:
         command.append("--cpu-ranks")
+    else:  # each host samples its own GPUs; harness merges them (hostmemory)
+        command.append(f"--memory-file={folder / HOST_MEMORY_JSON}")  # {index}: each host's own
     return [*command, "--", *pytest_command]
 
 

@@ -243,3 +243,29 @@ def test_a_world_takes_the_first_hosts():
     assert hosts.Placement(hub, 8).remote_ranks() == {1: [2, 3], 2: [4, 5], 3: [6, 7]}
     assert hosts.Placement(hub, 2).remote_ranks() == {}
     assert hosts.Placement(hub, 3).remote_ranks() == {1: [2]}
+
+
+# ---------------------------------------------------------------- GPU memory of every host
+
+
+def test_every_hosts_gpus_merge_into_memory_json(tmp_path):
+    from harness.engines import hostmemory
+
+    def gpu(index, uuid, peak):
+        return {"index": index, "name": "NVIDIA GB200", "uuid": uuid, "total_mib": 189471.0,
+                "used_before_mib": 600.0, "peak_used_mib": peak, "interval_s": 0.05, "sample_count": 40}
+
+    (tmp_path / "memory.host0.json").write_text(json.dumps(
+        {"available": True, "interval_s": 0.05, "sample_count": 40, "gpus": [gpu(0, "GPU-a", 900.0)]}))
+    (tmp_path / "memory.host1.json").write_text(json.dumps(
+        {"available": True, "interval_s": 0.05, "sample_count": 38,
+         "gpus": [gpu(0, "GPU-b", float("nan")), {"uuid": 7}, "junk"]}).replace("NaN", "1e999"))
+    (tmp_path / "memory.host2.json").write_text(json.dumps({"available": False, "reason": "NVML: driver not loaded"}))
+    report = hostmemory.merge(tmp_path, ["h1", "h2", "h3", "h4"])
+    assert report.available and report.sample_count == 38
+    assert [(entry.host, entry.gpu.uuid, entry.peak_used_mib) for entry in report.gpus] == \
+        [("h1", "GPU-a", 900.0), ("h2", "GPU-b", None)]  # a non-finite number is no number
+    assert report.reason == "not reported by h3: NVML: driver not loaded, h4"
+    written = report.to_json()["gpus"]
+    assert [entry["host"] for entry in written] == ["h1", "h2"]
+    assert not hostmemory.merge(tmp_path / "none", ["h1"]).available

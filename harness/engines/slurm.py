@@ -21,7 +21,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import random
 import re
 import shlex
 import subprocess
@@ -33,14 +32,14 @@ from pathlib import Path
 from harness.contract import HOST_LOG, HOST_LOST_JSON, HOST_MEMORY_JSON, JOB_SCRIPT, PYTEST_LOG
 from harness.errors import ConfigError
 from harness.matrix import Cell
-from harness.ranks.hosts import KEY_ENV
+from harness.ranks.hosts import KEY_ENV, port_outside_ephemeral_range
 
 POLL_S = 0.5
 # After the job ends, how long its steps may take to be gone on every host (Slurm's KillWait is 30 s).
 GONE_TIMEOUT_S = 120.0
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY", "PREEMPTED",
                 "BOOT_FAIL", "DEADLINE"}
-HUB_PORTS = (20000, 40000)
+
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -150,7 +149,7 @@ def run_job(cell: Cell, *, folder: Path, pytest_command: list[str], environ: dic
             log: Callable[[str], None], record: dict, client: SlurmClient | None = None) -> tuple[int | None, str]:
     """Submit, stream, wait; fills record's job_id and hosts. (pytest's exit code or None, the error or "")."""
     client = client or SlurmClient()
-    port = random.randint(*HUB_PORTS)
+    port = port_outside_ephemeral_range()  # checked free here; the same range is quiet on the hosts
     script = folder / JOB_SCRIPT
     script.write_text(batch_script(cell, host_command(cell, pytest_command, folder, project, port), folder))
     script.chmod(0o755)

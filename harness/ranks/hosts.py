@@ -27,6 +27,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import queue
+import random
 import socket
 import threading
 import time
@@ -260,6 +261,26 @@ class Hub:
             if loss is not None and not self._closed:  # closing the links ourselves loses no host
                 self.loss = loss
                 write_cause(self.config.cause_file, loss)
+
+
+def port_outside_ephemeral_range(address: str = "0.0.0.0", attempts: int = 200) -> int:
+    """A free TCP port below the kernel's ephemeral range. Across hosts the ranks' own connections to the
+    launcher are TCP and take ephemeral ports, which could land on a port chosen for rank 0's store in the
+    moment between choosing it and binding it (seen: `failed to listen ... port: 40301`)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    candidates = range(max(1024, low // 2), low)
+    for _ in range(attempts):
+        port = random.choice(candidates)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((address, port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port below {low} on {address} after {attempts} tries")
 
 
 def first_lost(links: list[AgentLink], now: float) -> HostLostError | None:

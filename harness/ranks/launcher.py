@@ -25,9 +25,10 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from harness.ranks import lifecycle
+from harness.ranks.hosts import Placement, port_outside_ephemeral_range
 from harness.ranks.protocol import (
     BOOTSTRAP_TIMEOUT_S,
     DEVICES,
@@ -47,9 +48,6 @@ from harness.ranks.protocol import (
     timeout_error,
 )
 from harness.ranks.rank import spawned_rank_main, stack_path
-
-if TYPE_CHECKING:
-    from harness.ranks.hosts import Placement
 
 POLL_S = 0.1
 # A rank answers a Ping once it has put back what its last call changed (a garbage collection, an emptied
@@ -110,7 +108,8 @@ class RankSet:
             self._server.bind(self._address)
         else:
             # Ranks on other hosts dial in over TCP; the same HMAC challenge guards it.
-            self.launch = Launch(world_size=world_size, port=free_port("0.0.0.0"), workdir=str(self.workdir),
+            self.launch = Launch(world_size=world_size, port=port_outside_ephemeral_range(),
+                                 workdir=str(self.workdir),
                                  collective_timeout_s=collective_timeout_s, device=device,
                                  launcher_pid=os.getpid(), master_addr=placement.master_addr,
                                  ranks_per_host=placement.ranks_per_host)

@@ -269,3 +269,9 @@ def test_every_hosts_gpus_merge_into_memory_json(tmp_path):
     written = report.to_json()["gpus"]
     assert [entry["host"] for entry in written] == ["h1", "h2"]
     assert not hostmemory.merge(tmp_path / "none", ["h1"]).available
+
+
+def test_ports_for_stores_and_hubs_avoid_the_ephemeral_range():
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {hosts.port_outside_ephemeral_range("127.0.0.1") for _ in range(20)}
+    assert all(1024 <= port < low for port in ports) and len(ports) > 1

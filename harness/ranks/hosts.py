@@ -46,7 +46,6 @@ from harness.ranks.protocol import (
     KillRanks,
     Preload,
     RankSpec,
-    RankTimeoutError,
     Refused,
     StackRequest,
     Stacks,
@@ -76,13 +75,17 @@ class HostsConfig:
     def from_environment(cls, environ: dict[str, str] | None = None) -> HostsConfig | None:
         """The cell's hosts, or None for a cell on one host (every variable unset)."""
         environ = os.environ if environ is None else environ
-        if int(environ.get(HOSTS_ENV, "1") or "1") <= 1:
-            return None
-        address, _, port = environ[HUB_ENV].rpartition(":")
-        cause = environ.get(CAUSE_ENV)
-        return cls(hosts=int(environ[HOSTS_ENV]), ranks_per_host=int(environ[HOST_RANKS_ENV]),
-                   hub_address=(address, int(port)), key=bytes.fromhex(environ[KEY_ENV]),
-                   cause_file=Path(cause) if cause else None)
+        try:
+            if int(environ.get(HOSTS_ENV, "1") or "1") <= 1:
+                return None
+            address, _, port = environ[HUB_ENV].rpartition(":")
+            cause = environ.get(CAUSE_ENV)
+            return cls(hosts=int(environ[HOSTS_ENV]), ranks_per_host=int(environ[HOST_RANKS_ENV]),
+                       hub_address=(address, int(port)), key=bytes.fromhex(environ[KEY_ENV]),
+                       cause_file=Path(cause) if cause else None)
+        except (KeyError, ValueError) as error:
+            raise ValueError(f"a cell across hosts needs ${HOSTS_ENV}, ${HOST_RANKS_ENV}, ${HUB_ENV} (address:port) "
+                             f"and ${KEY_ENV} (hex), as harness host sets them: {error!r}") from None
 
 
 class AgentLink:
@@ -169,9 +172,9 @@ class Hub:
                 self.raise_if_lost()
                 if time.monotonic() > deadline:
                     missing = [host for host in range(1, hosts) if host not in self.links]
-                    raise RankTimeoutError(deadline, [], {0: f"(hosts {missing} never dialled the hub at "
-                                                              f"{self.config.hub_address[0]}:"
-                                                              f"{self.config.hub_address[1]})"})
+                    address = f"{self.config.hub_address[0]}:{self.config.hub_address[1]}"
+                    raise HostLostError(missing[0], "?", f"never dialled host 0's hub at {address} "
+                                                         f"(hosts {missing} missing)")
                 self._arrived.wait(POLL_S)
 
     def fork(self, host: int, specs: list[RankSpec], modules: list[str], sys_path: list[str],

@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from harness.ranks.hosts import HostsConfig
 from harness.ranks.pool import PoolLauncher
 from harness.ranks.protocol import DEFAULT_TIMEOUT_S, HostLostError, RankResult
 from harness.ranks.spawn import run_distributed
@@ -60,6 +61,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     mode = pool_mode(config)
+    if mode != "fork" and HostsConfig.from_environment() is not None:
+        raise pytest.UsageError("a cell across hosts places its ranks through the forked rank pool; "
+                                f"{POOL_ENV}=0, --no-ranks-pool and {POOL_ENV}=spawn cannot reach other hosts")
     if mode is None or LAUNCHER_KEY in config.stash:  # off, or another plugin chose the launcher
         return
     launcher = PoolLauncher(fork=mode == "fork")

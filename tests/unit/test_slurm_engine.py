@@ -19,6 +19,8 @@ from harness.ranks import hosts
 from harness.ranks.hostenv import for_host, portable
 from harness.ranks.protocol import AgentHello, Heartbeat
 
+pytest_plugins = ["pytester"]
+
 RUNNERS = {"cpu": {"labels": ["ubuntu-latest"], "gpus": 0, "ranks": 4},
            "cpu-slurm": {"labels": ["slurm-login"], "gpus": 0, "ranks": 2, "engine": "slurm", "hosts": 4,
                          "submit": {"partition": "ci", "sbatch_args": ["--exclusive"]}},
@@ -275,3 +277,17 @@ def test_ports_for_stores_and_hubs_avoid_the_ephemeral_range():
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     ports = {hosts.port_outside_ephemeral_range("127.0.0.1") for _ in range(20)}
     assert all(1024 <= port < low for port in ports) and len(ports) > 1
+
+
+def test_a_cell_across_hosts_refuses_ranks_the_pool_cannot_place(pytester, monkeypatch):
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    for name, value in {"HARNESS_HOSTS": "4", "HARNESS_HOST_RANKS": "2", "HARNESS_HUB": "10.0.0.1:20001",
+                        "HARNESS_HOSTS_KEY": "ab" * 32, "HARNESS_RANKS_POOL": "0"}.items():
+        monkeypatch.setenv(name, value)
+    result = pytester.runpytest_subprocess("-p", "harness.ranks.plugin")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*a cell across hosts places its ranks through the forked rank pool*"])
+    monkeypatch.setenv("HARNESS_HUB", "no-port-here")
+    monkeypatch.delenv("HARNESS_RANKS_POOL")
+    with pytest.raises(ValueError, match=r"needs \$HARNESS_HOSTS"):
+        hosts.HostsConfig.from_environment()

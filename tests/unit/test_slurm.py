@@ -87,7 +87,9 @@ def assert_nothing_left(cluster: SlurmCluster) -> None:
     deadline = time.monotonic() + 60
     while any(leftovers(cluster).values()) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert leftovers(cluster) == {host: [] for host in range(1, HOSTS + 1)}
+    left = leftovers(cluster)
+    print(f"  processes on h1..h{HOSTS} afterwards, Slurm's daemons aside: {left}")
+    assert left == {host: [] for host in range(1, HOSTS + 1)}
     assert cluster.login("squeue", "-h").stdout.strip() == ""
 
 

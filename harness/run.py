@@ -243,8 +243,9 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
     except EnvironmentBuildError as error:
         record["error"] = f"environment: {error}"
     except Interrupted as interrupted:
-        job = f"; {cell.engine} job {record['job_id']} cancelled" if record.get("job_id") else ""
-        record["status"], record["error"] = "errored", f"cancelled: harness {interrupted}{job}"
+        record["status"], record["error"] = "errored", str(interrupted)
+        if record.get("job_id"):  # an engine's job: harness cancelled it on the way out
+            record["error"] = f"cancelled: harness {interrupted}; {cell.engine} job {record['job_id']} cancelled"
         raise
     except Exception as error:
         record["error"] = f"harness: {type(error).__name__}: {error}"

@@ -105,7 +105,10 @@ class MemoryGpuRecord:
     host: str | None = None  # the host the GPU is on, in a cell across hosts
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        record = dataclasses.asdict(self)
+        if record["host"] is None:  # a cell on one host writes memory.json as before hosts existed
+            del record["host"]
+        return record
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -123,7 +123,7 @@ class MemoryRecord:
     gpus: list[MemoryGpuRecord] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "gpus": [gpu.to_json() for gpu in self.gpus]}
 
 
 MEMORY_GPU_FIELDS = tuple(entry.name for entry in dataclasses.fields(MemoryGpuRecord))

@@ -102,13 +102,10 @@ class MemoryGpuRecord:
     peak_used_mib: float | None
     interval_s: float
     sample_count: int
-    host: str | None = None  # the host the GPU is on, in a cell across hosts
+    host: str | None = None  # the host the GPU is on in a cell across hosts (None: the cell's one host)
 
     def to_json(self) -> dict[str, Any]:
-        record = dataclasses.asdict(self)
-        if record["host"] is None:  # a cell on one host writes memory.json as before hosts existed
-            del record["host"]
-        return record
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,7 +120,7 @@ class MemoryRecord:
     gpus: list[MemoryGpuRecord] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "gpus": [gpu.to_json() for gpu in self.gpus]}
+        return dataclasses.asdict(self)
 
 
 MEMORY_GPU_FIELDS = tuple(entry.name for entry in dataclasses.fields(MemoryGpuRecord))

@@ -89,9 +89,9 @@ class Agent:
                     while self.connection.poll(POLL_S):  # everything that arrived, before judging silence
                         self._handle(self.connection.recv())
                         last_heard = time.monotonic()
-                except (EOFError, OSError):
+                    self._report_exits()
+                except (EOFError, OSError):  # a send or a receive: host 0 is gone either way
                     return "host 0 closed the connection"
-                self._report_exits()
                 if time.monotonic() - last_heard > HOST_LOST_AFTER_S:
                     return f"host 0 silent for {time.monotonic() - last_heard:.1f}s"
         finally:

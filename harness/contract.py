@@ -34,6 +34,8 @@ ROUTING_MARGIN = "min_routing_margin"
 LOGITS_DIFFERENCE = "max_logits_difference"
 LOGITS_ATOL = "logits_atol"
 PEAK_ALLOCATED_PREFIX = "peak_allocated_mib."  # + the rank
+# The rank pool's note on a test whose calls left a rank unlike a fresh one: "pool replaced after TEST: why".
+POOL_REPLACED = "rank_pool_replaced"
 CASE_METRICS = (GRAD_ERROR, GRAD_BOUND, GRAD_ERROR_PARAM, ROUTING_MARGIN, LOGITS_DIFFERENCE, LOGITS_ATOL)
 
 # What the suite records once per run (record_testsuite_property).

@@ -3,6 +3,7 @@ a fresh pool after a crash or a hang, the spawn fallback, and the pytest plugin 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -90,6 +91,61 @@ def use_the_kept_mesh():
 
 def forget_the_kept_mesh():
     vars(torch.distributed.tensor).pop("_harness_kept_mesh", None)
+
+
+SETTINGS = {"scale": 1}  # a suite module's container, which a careless test mutates in place
+
+
+def pollute_a_suite_dict():
+    SETTINGS["scale"] = 2
+
+
+def patch_torch_then_fail():
+    torch.nn.functional.relu = torch.neg
+    raise AssertionError("the patched test failed, in order, on every rank")
+
+
+def default_device_meta():
+    torch.set_default_device("meta")
+
+
+def flush_denormals():
+    torch.set_flush_denormal(True)
+
+
+def cpu_autocast_on():
+    torch.set_autocast_enabled("cpu", True)
+
+
+def close_stdout():
+    sys.stdout.close()
+
+
+def close_fds_one_and_two():
+    os.close(1)
+    os.close(2)
+
+
+def leave_a_thread():
+    threading.Thread(target=time.sleep, args=(3600,), name="left-behind", daemon=True).start()
+
+
+def import_a_module_first():
+    import wave  # noqa: F401 - imported by no rank before
+
+
+def fresh_view():
+    """What a victim test sees of the state the polluters above change."""
+    import io
+
+    print("a victim prints", flush=True)
+    os.write(1, b"")
+    return {"scale": SETTINGS["scale"], "relu": torch.nn.functional.relu(torch.tensor([-1.0, 2.0])).tolist(),
+            "device": str(torch.empty(1).device), "denormal": torch.tensor([1e-40]).mul(1.0).item() != 0.0,
+            "matmul_dtype": str((torch.ones(2, 2) @ torch.ones(2, 2)).dtype),
+            "stdout": isinstance(sys.stdout, io.TextIOBase) and not sys.stdout.closed,
+            "fds": [os.fstat(fd).st_ino for fd in (1, 2)],
+            "threads": sorted(thread.name for thread in threading.enumerate())}
 
 
 def raise_on_rank_one():
@@ -183,6 +239,34 @@ def test_what_a_call_leaves_behind_does_not_reach_the_next(launcher, tmp_path):
     assert after == fresh  # the same ranks (pids included), seeing what a fresh pool sees
     assert after[0]["leftover"] is None and after[0]["dtype"] == "torch.float32"
     assert freed.read_text() == "freed"  # the 64 MiB tensor was collected, not only forgotten
+
+
+@pytest.mark.parametrize(("polluter", "retired_because"), [
+    (pollute_a_suite_dict, None),
+    (patch_torch_then_fail, None),
+    (default_device_meta, None),
+    (flush_denormals, None),
+    (cpu_autocast_on, None),
+    (close_fds_one_and_two, None),
+    (close_stdout, "sys.stdout closed"),
+    (leave_a_thread, "threads left running: left-behind"),
+    (import_a_module_first, "modules imported first during a call: wave"),
+])
+def test_a_victim_after_a_polluter_sees_what_a_fresh_pool_shows(launcher, polluter, retired_because):
+    """Each polluter leaves process-global state behind; the next call must see a fresh rank's. What can be put
+    back exactly is (the same ranks serve on); what cannot retires the set, and says why."""
+    launcher.settle()
+    fresh = [result.value for result in launcher(2, fresh_view, timeout=60, device="cpu")]
+    before = pids(launcher)
+    with contextlib.suppress(RankFailedError):
+        launcher(2, polluter, timeout=60, device="cpu")
+    retirements = launcher.settle()
+    assert [result.value for result in launcher(2, fresh_view, timeout=60, device="cpu")] == fresh
+    if retired_because is None:
+        assert retirements == [] and pids(launcher) == before
+    else:
+        assert len(retirements) == 1 and retired_because in retirements[0], retirements
+        assert set(pids(launcher)).isdisjoint(before)
 
 
 def test_a_dtensor_op_of_a_later_call_gets_that_calls_mesh_not_one_whose_groups_are_gone(launcher):

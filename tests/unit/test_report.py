@@ -295,14 +295,27 @@ def big_set(cells: int, tests: int, message_chars: int = 400) -> ResultSet:
     ))
 
 
-def test_a_huge_comment_is_shortened_says_what_was_cut_and_keeps_its_digest():
+def test_a_huge_comment_is_shortened_says_what_was_cut_and_keeps_its_digest(monkeypatch):
     results = big_set(40, 300)
+    whole = render(results, "pr-comment")
+    assert "Shortened" not in whole  # it fits at the first step: nothing was cut
+    monkeypatch.setattr(report, "COMMENT_LIMIT", len(whole) - 1)
     text = render(results, "pr-comment")
-    assert len(text.encode("utf-16-le")) // 2 <= COMMENT_LIMIT
+    assert len(text.encode("utf-16-le")) // 2 <= len(whole) - 1
     assert text.startswith(COMMENT_MARKER + "\n")
     assert "✂️ Shortened to fit GitHub's 65,536-character comment limit" in text
     assert re.search(r"…and [\d,]+ more failures not shown", text)
     assert decode_digest(text).cells.keys() == digest(results).cells.keys()
+
+
+def test_a_comment_that_fits_has_no_cut_note_even_when_its_tables_show_their_worst_rows_only():
+    """The first step's limits (25 metric rows, 30 failures) are the comment's ordinary length: a comment that
+    fits at that step was not shortened, whatever those limits left out."""
+    results = big_set(1, 40, message_chars=10)
+    text = render(results, "pr-comment")
+    assert len(text) < COMMENT_LIMIT // 4 and "further from their bound" in text
+    assert "✂️" not in text and "Shortened" not in text
+    assert "Shortened" not in render(results, "summary")
 
 
 def test_past_the_last_step_the_text_is_cut_but_the_digest_survives(monkeypatch):

@@ -317,7 +317,7 @@ def test_a_comment_cut_past_the_last_rung_closes_its_fence_and_details():
 
     body = "<details><summary>s</summary>\n\n````text\n" + "line\n" * 40_000 + "````\n\n</details>\n"
     text = report._fit(
-        lambda limits: body + "<!-- harness-digest v1 AAAA -->\n",
+        lambda limits, shortened: body + "<!-- harness-digest v1 AAAA -->\n",
         report.COMMENT_LADDER,
         report._github_length,
         10_000,

@@ -279,7 +279,25 @@ def test_memory_column_shows_each_gpu_and_unknowns():
     assert "| 12.3 / 12.1 / ? GiB |" in text
 
 
+def test_a_metric_over_its_bound_in_a_passing_test_is_labelled_expected_never_a_failure():
+    """A deliberate-bug test passes because its check fails: its metric is over the bound by design."""
+    planted = make_test(0, name="test_ep_nvfp4_scale_over_local_shard_fails_the_gradient_check[2]",
+                        max_rel_grad_error=1.0, grad_error_bound=1e-4, max_logits_difference=2.0, logits_atol=1e-3)
+    regressed = make_test(1, Outcome.FAILED, message="gradients differ", max_rel_grad_error=0.05,
+                          grad_error_bound=0.03)
+    results = ResultSet((cell("a", planted, regressed),))
+    rows = {row.split(" | ")[0]: row for row in table_rows(render(results, "pr-comment")) if "test_" in row}
+    planted_row = next(row for key, row in rows.items() if "nvfp4" in key)
+    regressed_row = next(row for key, row in rows.items() if "test_case_1" in key)
+    assert "❌" not in planted_row and "| expected -999900% |" in planted_row and "| expected 2.00e+00 |" in planted_row
+    assert "| ❌ -67% |" in regressed_row
+    page = render(results, "html")
+    assert 'class="n expected">expected -999900%' in page and 'class="n over">-67%' in page
+    assert 'class="expected"' in page and page.count('class="over"') == 1  # the plot's dots: amber, one red
+
+
 # ---------------------------------------------------------------------------------------------
+# Size limits# ---------------------------------------------------------------------------------------------
 # Size limits
 
 

@@ -21,6 +21,11 @@ MEMORY_JSON = "memory.json"
 PYTEST_LOG = "pytest.log"
 INSTALL_LOG = "install.log"
 CONTRACT_FILES = (JUNIT_XML, ENV_JSON, MEMORY_JSON, PYTEST_LOG)  # a folder holding any of them is a cell
+# The id of the test that is running, written when it starts and removed when it ends (harness.ranks.plugin):
+# left in the folder, it names the test a timeout, a crash or an interrupt stopped. Its path reaches pytest
+# through RUNNING_TEST_ENV.
+RUNNING_TEST = "running-test.txt"
+RUNNING_TEST_ENV = "HARNESS_RUNNING_TEST_FILE"
 
 # env.json "status"
 STATUSES = ("passed", "failed", "errored")

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import harness
 from harness import __version__, memory
-from harness.contract import ENV_JSON, EnvRecord
+from harness.contract import ENV_JSON, RUNNING_TEST, RUNNING_TEST_ENV, EnvRecord
 from harness.env import EnvironmentBuildError, ensure_environment, env_root, plan_environment, probe_versions
 from harness.errors import ConfigError, HostMismatchError
 from harness.matrix import DEFAULT_MATRIX, Cell, Matrix, load_matrix, load_runners, select
@@ -286,7 +286,8 @@ def run_pytest(cell: Cell, python: Path, folder: Path, gpus: list, pytest_args: 
     log("   " + shlex.join(command))
     token = uuid.uuid4().hex
     temporary = tempfile.mkdtemp(prefix="harness-cell-")
-    environ = {**pytest_environment(cell, gpus, import_path), CELL_TOKEN_ENV: token, "TMPDIR": temporary}
+    environ = {**pytest_environment(cell, gpus, import_path), CELL_TOKEN_ENV: token, "TMPDIR": temporary,
+               RUNNING_TEST_ENV: str(folder / RUNNING_TEST)}
     try:
         with (folder / "pytest.log").open("wb") as pytest_log:
             process = subprocess.Popen(command, cwd=project, env=environ,

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from harness.contract import POOL_REPLACED
+from harness.contract import POOL_REPLACED, RUNNING_TEST_ENV
 from harness.ranks.pool import PoolLauncher
 from harness.ranks.protocol import DEFAULT_TIMEOUT_S, RankResult
 from harness.ranks.spawn import run_distributed
@@ -82,6 +82,21 @@ def pytest_report_header(config: pytest.Config) -> str:
     if launcher is None:
         return "rank pool: off (ranks spawned for every call)"
     return f"rank pool: on (ranks {'forked from a zygote' if launcher.fork else 'spawned'})"
+
+
+def pytest_runtest_logstart(nodeid: str, location) -> None:
+    """Under `harness run`: the running test's id in the cell's folder, so a cell stopped mid-test names it."""
+    path = os.environ.get(RUNNING_TEST_ENV)
+    if path:
+        with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as running:
+            running.write(nodeid + "\n")
+
+
+def pytest_runtest_logfinish(nodeid: str, location) -> None:
+    path = os.environ.get(RUNNING_TEST_ENV)
+    if path:
+        with contextlib.suppress(OSError):
+            os.remove(path)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -749,3 +749,18 @@ def test_no_ranks_pool_is_a_known_option_of_the_suite():
                                 "-q", "-p", "no:cacheprovider"], cwd=Path(__file__).parents[2],
                                capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
+
+
+def test_the_running_tests_id_is_in_the_running_test_file_only_while_it_runs(pytester, monkeypatch):
+    """harness run points HARNESS_RUNNING_TEST_FILE into the cell's folder: a cell stopped mid-test names it."""
+    running = pytester.path / "running-test.txt"
+    monkeypatch.setenv("HARNESS_RUNNING_TEST_FILE", str(running))
+    pytester.makepyfile(test_running="""
+        import os
+
+        def test_sees_its_own_id():
+            with open(os.environ["HARNESS_RUNNING_TEST_FILE"]) as running:
+                assert running.read() == "test_running.py::test_sees_its_own_id\\n"
+    """)
+    pytester.runpytest().assert_outcomes(passed=1)
+    assert not running.exists()

@@ -14,11 +14,13 @@ What is compared (`FreshState.settle`):
   the caller's, and a fresh rank imports them as they are)
 
 Put back exactly: settings that have a setter, fds (from copies taken when fresh), the `sys` streams when
-the original object is still open, the working directory, torch's and transformers' rebound or added
-bindings when the fresh value was a function, class or module (a monkeypatch), and the suite's bindings
-and containers. Retired: a closed stream, a thread left running, a new or vanished module, a torch-function
-mode left on the stack, and any other changed binding of torch or transformers (their own state: a counter
-or cache we cannot know is safe to rewind). Needs torch in the rank only.
+the original object is still open, the working directory, torch's and transformers' bindings (a patched
+function, a flag, a cache rebound; added names other than submodules removed: lazy modules compute them
+again) and the suite's
+bindings and containers. Not put back, and not compared: BOOKKEEPING, counters whose rewinding could reuse
+a live object's name. Retired: a closed stream, a thread left running, a new or vanished module, a
+torch-function mode left on the stack, a setting that will not take its fresh value.
+Needs torch in the rank only.
 """
 
 from __future__ import annotations
@@ -42,9 +44,9 @@ BOOKKEEPING = {
     # Numbers the next process group's name; a name does not change what a group computes, and rewinding it
     # could give a new group the name of one a live mesh still holds.
     "torch.distributed.distributed_c10d._group_count",
+    # Numbers each meta-tensor describer; an id only tells describers apart.
+    "torch._subclasses.meta_utils.DESCRIBER_NEXT_ID",
 }
-# Rebinding one of these in a library's namespace is a patch; putting the fresh object back is exact.
-_PATCHABLE = (types.FunctionType, types.BuiltinFunctionType, types.ModuleType, type, types.MethodType)
 
 
 def _library_module(name: str) -> bool:
@@ -212,7 +214,7 @@ class FreshState:
         return words
 
     def _library_bindings(self) -> list[str]:
-        """torch's and transformers' bindings: patches put back, added names removed, anything else named."""
+        """torch's and transformers' bindings put back (added names removed); what would not take, named."""
         changed = []
         for module_name, fresh in self.bindings.items():
             module = sys.modules.get(module_name)
@@ -223,14 +225,15 @@ class FreshState:
                                                     BOOKKEEPING for k, v in fresh.items()):
                 continue
             for added in [key for key in namespace if key not in fresh]:
-                del namespace[added]  # a fresh rank has no such name: lazy modules compute it again
+                # A submodule bound on its package stays: importing it again would not bind it again.
+                if not isinstance(namespace[added], types.ModuleType):
+                    del namespace[added]  # a fresh rank has no such name: lazy modules compute it again
             for key, value in fresh.items():
                 now = namespace.get(key, _MISSING)
                 if now is value or f"{module_name}.{key}" in BOOKKEEPING:
                     continue
-                if isinstance(value, _PATCHABLE) or now is _MISSING:
-                    namespace[key] = value
-                else:
+                namespace[key] = value
+                if namespace.get(key, _MISSING) is not value:  # a namespace that refuses the fresh value
                     changed.append(f"{module_name}.{key}")
         if not changed:
             return []

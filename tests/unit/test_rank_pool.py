@@ -79,18 +79,21 @@ def op_on_a_new_mesh():
 
 
 def keep_a_mesh_in_a_library():
-    """Like a cache the pool does not know of: a mesh kept by an installed module, not by the suite."""
+    """Like a cache the pool does not know of: a mesh kept by an installed package's class, not by the suite
+    (a module-level binding would be put back after the call, as a fresh rank has none)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    torch.distributed.tensor._harness_kept_mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "tp"))
+    torch.distributed.tensor.DTensor._harness_kept_mesh = init_device_mesh("cpu", (2, 1),
+                                                                           mesh_dim_names=("dp", "tp"))
 
 
 def use_the_kept_mesh():
-    return torch.distributed.tensor._harness_kept_mesh.get_group("tp").size()
+    return torch.distributed.tensor.DTensor._harness_kept_mesh.get_group("tp").size()
 
 
 def forget_the_kept_mesh():
-    vars(torch.distributed.tensor).pop("_harness_kept_mesh", None)
+    vars(torch.distributed.tensor.DTensor).get("_harness_kept_mesh") and \
+        delattr(torch.distributed.tensor.DTensor, "_harness_kept_mesh")
 
 
 SETTINGS = {"scale": 1}  # a suite module's container, which a careless test mutates in place

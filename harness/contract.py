@@ -30,6 +30,20 @@ RUNNING_TEST_ENV = "HARNESS_RUNNING_TEST_FILE"
 # env.json "status"
 STATUSES = ("passed", "failed", "errored")
 
+# env.json "error_kind": why a cell errored, as data (bisect and triage read it; "error" is its words for people).
+ERROR_ENVIRONMENT = "environment"  # the cell's packages could not be installed
+ERROR_BUSY_GPUS = "busy_gpus"  # its GPUs were in use before it began
+ERROR_TIMEOUT = "timeout"  # ran past the cell's timeout and was killed: a hang, or too slow
+ERROR_SIGNAL = "signal"  # pytest itself died of a signal (a crash, the OOM killer)
+ERROR_INTERRUPTED = "interrupted"  # harness or pytest was interrupted (SIGTERM, Ctrl-C, a cancelled job)
+ERROR_COLLECTION = "collection"  # the suite could not be collected
+ERROR_NO_TESTS = "no_tests"  # nothing was collected
+ERROR_NO_JUNIT = "no_junit"  # pytest ended without writing junit.xml
+ERROR_PYTEST = "pytest"  # pytest's internal or usage error, or an exit code it does not document
+ERROR_HARNESS = "harness"  # harness itself failed
+ERROR_KINDS = (ERROR_ENVIRONMENT, ERROR_BUSY_GPUS, ERROR_TIMEOUT, ERROR_SIGNAL, ERROR_INTERRUPTED, ERROR_COLLECTION,
+               ERROR_NO_TESTS, ERROR_NO_JUNIT, ERROR_PYTEST, ERROR_HARNESS)
+
 # What the suite records per test case (record_property, through `ranks.record`). A failing check
 # records its metrics before it raises, so a red case still shows its numbers.
 GRAD_ERROR = "max_rel_grad_error"
@@ -65,7 +79,8 @@ class EnvRecord:
     schema: int = SCHEMA
     cell: dict[str, Any] = field(default_factory=dict)  # Cell.to_json(): id, gpu, gpus, torch, transformers, matrix
     status: str = "errored"  # one of STATUSES
-    error: str | None = None  # why errored
+    error: str | None = None  # why errored, in words
+    error_kind: str | None = None  # why errored, one of ERROR_KINDS: what bisect and triage read
     exit_code: int | None = None  # pytest's
     versions: dict[str, str | None] = field(default_factory=dict)  # python, torch, transformers, accelerate, cuda
     gpus: list[dict[str, Any]] = field(default_factory=list)  # GpuIdentity.to_json() of the cell's GPUs

@@ -27,6 +27,7 @@ from xml.parsers import expat
 from harness.contract import (
     CONTRACT_FILES,
     ENV_JSON,
+    ERROR_KINDS,
     JUNIT_XML,
     MEMORY_JSON,
     PYTEST_LOG,
@@ -191,6 +192,7 @@ def _read_cell(folder: Path) -> CellResult:
         info=info,
         status=status,
         reason=reason,
+        error_kind=env_fields.choice("error_kind", ERROR_KINDS) if status is CellStatus.ERRORED else None,
         tests=tests,
         suite=SuiteInfo.of(junit.suite_properties),
         memory=memory,

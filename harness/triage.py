@@ -25,6 +25,7 @@ from pathlib import Path
 
 from harness import contract
 from harness.results import CellResult, CellStatus, Outcome, ResultSet, TestResult, natural_key
+from harness.results.compare import night_before
 
 
 class Triage(str, enum.Enum):
@@ -193,21 +194,6 @@ def classify_cell(cell: CellResult) -> tuple[Triage, str]:
 
 def versions_of(cell: CellResult) -> dict[str, str]:
     return {"torch": cell.info.torch or "", "transformers": cell.info.transformers or ""}
-
-
-def night_before(cell: CellResult, baseline: ResultSet) -> CellResult | None:
-    """Last night's cell of the same runner shape: the same id, else (versions floated) the same GPU
-    type and count with the same torch, else the same transformers."""
-    same_shape = [b for b in baseline.cells if (b.info.gpu, b.info.gpus) == (cell.info.gpu, cell.info.gpus)]
-    for matches in (
-        (lambda b: b.id == cell.id),
-        (lambda b: b.info.torch == cell.info.torch),
-        (lambda b: b.info.transformers == cell.info.transformers),
-    ):
-        found = sorted((b for b in same_shape if matches(b)), key=lambda b: natural_key(b.id))
-        if found:
-            return found[-1]
-    return None
 
 
 def triage(tonight: ResultSet, baseline: ResultSet | None) -> list[Red]:

@@ -203,6 +203,7 @@ class RankState:
     def call(self, payload: bytes) -> Done:
         torch = self.torch
         fn, args = pickle.loads(payload)
+        self.fresh.accept_imports()
         self.suite = SuiteSnapshot(_suite_modules(fn))
         if self.use_cuda:
             torch.cuda.reset_peak_memory_stats()

@@ -169,6 +169,15 @@ class FreshState:
         self.modules = set(sys.modules)
         self.bindings = _library_bindings()
 
+    def accept_imports(self) -> None:
+        """What unpickling a call imported (its function's module, and the threads that module starts) is part of
+        the fresh state: a fresh rank imports it the same way, from the same state, before the call runs."""
+        self.threads.update(_threads())
+        new = set(sys.modules) - self.modules
+        self.modules |= new
+        self.bindings.update({name: dict(vars(sys.modules[name])) for name in new
+                              if _library_module(name) and isinstance(sys.modules[name], types.ModuleType)})
+
     def settle(self) -> list[str]:
         """Put back what the last call changed where that is exact; what could not be, in words (empty: this
         rank is as a fresh one)."""

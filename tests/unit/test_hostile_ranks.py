@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing.connection
 import os
 import socket
+import subprocess
 import sys
 import threading
 import uuid
@@ -61,29 +62,37 @@ def _answer(sock: socket.socket, key: bytes) -> None:
         connection.close()
 
 
+# The other user's interpreter: one outside root's home (a venv or pyenv there is not theirs to run).
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux") or os.getuid() != 0, reason="needs root to be another user")
+@pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason=f"needs {SYSTEM_PYTHON} for the other user")
 def test_a_peer_of_another_user_is_dropped_before_any_handshake():
-    address = f"\0harness-test-{uuid.uuid4().hex}"
+    name = f"harness-test-{uuid.uuid4().hex}"
+    address = "\0" + name  # abstract: no file whose permissions could stop the other user
+    # Another user that connects and then stays silent. A fresh interpreter (subprocess's user= sets the uid
+    # between fork and exec): forking this process, which may hold torch's threads by now, can hang the child.
+    peer = (
+        "import socket, sys, time\n"
+        "client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+        "client.connect(chr(0) + sys.argv[1])\n"
+        "time.sleep(3600)\n"
+    )
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
         server.bind(address)
         server.listen(1)
-        child = os.fork()
-        if child == 0:  # another user, connecting and then silent for as long as it lives
-            try:
-                os.setuid(65534)
-                client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                client.connect(address)
-                client.recv(1)
-            finally:
-                os._exit(0)
-        sock, _ = server.accept()
+        child = subprocess.Popen([SYSTEM_PYTHON, "-c", peer, name], user=65534, cwd="/")
         try:
+            server.settimeout(120)  # the peer's start: a failure to connect fails here, not at pytest's timeout
+            sock, _ = server.accept()
+            sock.settimeout(None)
             assert launcher.peer_uid(sock) == 65534
             # An hour's timeout: only the uid check can end this before pytest's own timeout.
             assert handshake(sock, KEY, timeout_s=3600) is None
         finally:
-            os.kill(child, 9)
-            os.waitpid(child, 0)
+            child.kill()
+            child.wait()
 
 
 def test_a_silent_connection_does_not_stall_the_ranks_start():

@@ -38,9 +38,11 @@ class LayerRouting:
 
     @property
     def top_weight_range(self) -> tuple[float, float]:
-        """Smallest and largest routing weight of a token's first expert, as the router returned it."""
-        top = self.weights.float().amax(dim=-1)
-        return top.min().item(), top.max().item()
+        """Smallest and largest share of a token's first expert in its chosen experts' routing weights, as the
+        router returned them (a share, so that a family's routed scaling factor does not move it)."""
+        weights = self.weights.float().abs()
+        share = weights.amax(dim=-1) / weights.sum(dim=-1).clamp_min(torch.finfo(torch.float32).tiny)
+        return share.min().item(), share.max().item()
 
     def rows(self, tokens: slice) -> LayerRouting:
         weights = None if self.weights is None else self.weights[tokens]

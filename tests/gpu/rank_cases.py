@@ -116,8 +116,8 @@ def _run_checks(checkpoint: str, case: Case, metrics: dict) -> None:
     rows = batch_rows(layout, rank, world_size)
     if "logits" in case.checks:
         with torch.no_grad():
-            sharded_logits = full(sharded(batch[rows]).logits)
-            whole_logits = whole(batch).logits[rows]
+            sharded_logits = model_logits(sharded, batch[rows])
+            whole_logits = model_logits(whole, batch)[rows]
         bound = tolerances.logits_tolerance(case.dtype)
         metrics["max_logits_difference"] = checks.largest_difference(sharded_logits, whole_logits)
         metrics.update({f"logits_{name}": value for name, value in bound.items()})  # the bound, beside it
@@ -245,6 +245,17 @@ def _largest_difference(actual: torch.Tensor, expected: torch.Tensor) -> str:
 # ---------------------------------------------------------------- training step
 
 
+def model_logits(model, batch: torch.Tensor) -> torch.Tensor:
+    """The model's logits, whole; a base model without an LM head (a VL model's text part) has its last hidden
+    states scored by tiny_models.readout, a fixed matrix that is no parameter (so no sharding touches it)."""
+    output = model(batch, use_cache=False)  # no generation here: hybrids would build Mamba caches
+    logits = getattr(output, "logits", None)
+    if logits is not None:
+        return full(logits)
+    hidden = full(output.last_hidden_state)
+    return hidden @ tiny_models.readout(hidden.dtype, hidden.device).T
+
+
 def next_token_loss(logits: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), batch[:, 1:].flatten())
 
@@ -273,13 +284,13 @@ def compare_training_step(
     sharded.train()
 
     rows = batch_rows(layout, rank, world_size)
-    whole_logits = whole(batch).logits
+    whole_logits = model_logits(whole, batch)
     # The reference loss is averaged the way the ranks' losses are: over the ranks' shares of the batch.
     shares = (
         [batch_rows(layout, other, world_size) for other in range(world_size)] if layout.splits_batch else [slice(None)]
     )
     whole_loss = sum(next_token_loss(whole_logits[share], batch[share]) for share in shares) / len(shares)
-    sharded_loss = next_token_loss(full(sharded(batch[rows]).logits), batch[rows])
+    sharded_loss = next_token_loss(model_logits(sharded, batch[rows]), batch[rows])
 
     if "quantized" in case.checks:
         check_quantized_weights(sharded_quantizer, whole_quantizer, family, layout, rank, world_size)
@@ -366,7 +377,7 @@ def check_quantized_weights(
 def plant_bug(model, family: families.Family, bug: str) -> None:
     """A defect on this rank only, after loading (the deliberate-bug tests plant it on the last rank)."""
     first_moe, last_moe = (
-        getattr(model.model.layers[layer], family.moe_block) for layer in (family.moe_layers[0], family.moe_layers[-1])
+        model.get_submodule(family.block_path(layer)) for layer in (family.moe_layers[0], family.moe_layers[-1])
     )
     experts = getattr(first_moe, family.experts)
     with torch.no_grad():
@@ -376,8 +387,12 @@ def plant_bug(model, family: families.Family, bug: str) -> None:
             stack[min(1, stack.shape[0] - 1)] += 0.1 * families.INITIALIZER_RANGE
         elif bug == "perturb_router":
             # the last MoE layer's router scores the first two experts the other way round on this rank
-            weight = local(getattr(last_moe, family.router).weight)
-            weight[[0, 1]] = weight[[1, 0]]
+            _, weight, transposed = families.router_weight(getattr(last_moe, family.router))
+            weight = local(weight)
+            if transposed:
+                weight[:, [0, 1]] = weight[:, [1, 0]]
+            else:
+                weight[[0, 1]] = weight[[1, 0]]
         elif bug == "perturb_expert_bias":
             # GPT-OSS: the second local expert's gate/up bias of the first MoE layer shifted by 0.1
             bias = local(experts.gate_up_proj_bias)

@@ -17,15 +17,21 @@ from routing import RoutingRecorder
 from tf_adapter import load_whole, transformers_version
 
 pytest_plugins = ["pytester"]
+TOP1_SHARE = tolerances.TOP_WEIGHT_RANGE  # one chosen expert: no share to check (its weight alone is the gate)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("checkpoint", sorted(families.MOE_FAMILIES), indirect=True)
+@pytest.mark.parametrize(
+    "checkpoint",
+    [pytest.param(name, marks=pytest.mark.deep) for name in families.deep_moe()]
+    + [pytest.param(name, marks=pytest.mark.wide) for name in families.wide_moe()],
+    indirect=True,
+)
 def test_router_decides_clearly_on_the_test_batch(checkpoint, record_property, dtype):
     """Token t goes to experts t % 8 and secondary_expert(t) in every MoE layer, by the margins the suite
     relies on, as each family's own router decides it (bias, sigmoid, groups and correction bias included)."""
     family = families.family(checkpoint.family)
-    if transformers_version() < Version(family.ep_floor):
+    if family.ep_floor and transformers_version() < Version(family.ep_floor):
         # only EP cases rely on the routing code, and older releases' routers return other things
         pytest.skip(f"needs transformers>={family.ep_floor} for expert parallelism of {family.model_type}")
     model = load_whole(checkpoint.path, getattr(torch, dtype), torch.device("cpu"))
@@ -34,12 +40,13 @@ def test_router_decides_clearly_on_the_test_batch(checkpoint, record_property, d
     with torch.no_grad():
         model(batch)
     tokens = batch.flatten().tolist()
-    expected = torch.tensor([sorted((tiny_models.primary_expert(t), tiny_models.secondary_expert(t))) for t in tokens])
+    chosen = (tiny_models.primary_expert, tiny_models.secondary_expert)[: family.top_k]
+    expected = torch.tensor([sorted(expert(t) for expert in chosen) for t in tokens])
     assert len(recorder.layers) == len(family.moe_layers)
     for layer, routing in enumerate(recorder.layers):
         assert torch.equal(routing.experts.sort(dim=-1).values, expected), f"layer {layer} routes off the code"
         assert routing.margin > tolerances.ROUTING_MARGIN_MIN, f"layer {layer}: margin {routing.margin:.3f}"
-        low, high = routing.top_weight_range
+        low, high = routing.top_weight_range if family.top_k > 1 else TOP1_SHARE
         assert tolerances.TOP_WEIGHT_RANGE[0] <= low <= high <= tolerances.TOP_WEIGHT_RANGE[1], (
             f"layer {layer}: top routing weight in [{low:.3f}, {high:.3f}]"
         )
@@ -48,10 +55,10 @@ def test_router_decides_clearly_on_the_test_batch(checkpoint, record_property, d
 
 
 def test_registry_ep_floors_match_the_installed_release(ep_coverage):
-    """A family's EP cases run exactly when the installed release declares an EP plan for it."""
+    """A mechanics family's EP cases run exactly when the installed release declares an EP plan for it."""
     declared = set(ep_coverage["ep_families_declared"].split(","))
     installed = transformers_version()
-    for family in families.MOE_FAMILIES.values():
+    for family in map(families.family, families.deep_moe()):
         has_floor = installed >= Version(family.ep_floor)
         assert has_floor == (family.model_type in declared), (
             f"{family.model_type}: ep_floor {family.ep_floor} but transformers {installed} "
@@ -59,8 +66,10 @@ def test_registry_ep_floors_match_the_installed_release(ep_coverage):
         )
 
 
-def test_ep_coverage_counts_the_suite_families_the_release_declares():
-    assert ep_coverage.covered_ep_families(["gpt_oss", "olmoe", "qwen3_moe", "qwen3"]) == ["gpt_oss", "qwen3_moe"]
+def test_ep_coverage_counts_every_declared_family_but_the_listed_ones(monkeypatch):
+    monkeypatch.setattr(families, "NOT_COVERED", {"b_moe": "cannot be built: a reason"})
+    assert ep_coverage.covered_ep_families(["a_moe", "b_moe", "c_moe"]) == ["a_moe", "c_moe"]
+    assert ep_coverage.not_covered_ep_families(["a_moe", "b_moe"]) == {"b_moe": "cannot be built: a reason"}
 
 
 def test_routing_check_fails_when_no_layer_was_recorded():

@@ -187,10 +187,44 @@ ROLES: Mapping[str, tuple[str, ...]] = MappingProxyType(
 )
 
 # Config values beyond the generic shrink, by family: a validator's constraint, or a mechanic switched on.
-OVERRIDES: Mapping[str, dict] = MappingProxyType({})
+OVERRIDES: Mapping[str, dict] = MappingProxyType(
+    {
+        # defaults leave these None (the modeling code reads them unconditionally)
+        "deepseek_ocr2_text": {"mlp_layer_types": ["dense", "sparse", "sparse"]},
+        "hunyuan_v1_moe": {"head_dim": 8},
+        "lfm2_moe": {"layer_types": ["full_attention", "conv", "full_attention"]},
+        "ernie4_5_vl_moe_text": "its 3-D rope pre-rotation indexes past the rotary frequencies at the suite's head "
+        "size (head_dim 8), and an mrope_section override is not taken by the config",
+        "qwen3_omni_moe_talker_text": {"shared_expert_intermediate_size": 32},
+        "qwen4_exp_text": {
+            "indexer_n_heads": 4,
+            "indexer_kv_heads": 1,
+            "indexer_head_dim": 8,
+            "indexer_budget": 16,
+            "indexer_compress_ratio": 4,
+        },
+        # validators: Mamba heads x head size = expand x hidden; mrope sections sum to half the rotary dims
+        "granitemoehybrid": {"mamba_d_head": 16},
+        "glm4v_moe_text": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                               "partial_rotary_factor": 0.5, "mrope_section": [1, 0, 0]}},
+        "hy_v4_vl_text": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                              "mrope_section": [0, 1, 1]}},
+    }
+)
 
 # Declared families the suite cannot build or run, with the reason.
-NOT_COVERED: Mapping[str, str] = MappingProxyType({})
+NOT_COVERED: Mapping[str, str] = MappingProxyType(
+    {
+        "dots3_note_vision_encoder": "a vision encoder: it embeds pixel patches, not token ids, so no token "
+        "can carry the routing code",
+        "ernie4_5_vl_moe_text": "its 3-D rope pre-rotation indexes past the rotary frequencies at the suite's head "
+        "size (head_dim 8), and an mrope_section override is not taken by the config",
+        "qwen3_omni_moe_talker_text": "the talker has no token embedding (it takes the thinker's hidden states as "
+        "inputs_embeds); the suite feeds token ids",
+        "zaya": "its router is an MLP over a router_hidden_size projection and routes one expert per token; the "
+        "routing code needs an [experts, hidden] router weight and top-2",
+    }
+)
 
 
 # ---------------------------------------------------------------- the generic shrink
@@ -320,7 +354,7 @@ def tiny_config_kwargs(model_type: str) -> dict:
             size = 32 if any(part in key for part in ("moe", "shared", "expert")) else 128
             if isinstance(value, list):
                 tiny[key] = [size] * len(value)
-            elif value is not None:
+            elif value is not None or key.startswith("moe"):  # an MoE size left None: the MoE block switched on
                 tiny[key] = size
         elif key in ("layer_types", "mlp_layer_types") and isinstance(value, list):
             tiny[key] = _one_of_each(value, NUM_LAYERS)
@@ -423,12 +457,14 @@ def _read_layout(model, model_type: str, block: str, experts: str) -> tuple[str,
 def router_weight(module):
     """(name, parameter, transposed) of the [experts, hidden] (or [hidden, experts]) weight a router scores
     tokens with, searched in the module and its children; None when it holds none."""
+    # a router may also score shared experts (one more row each): the routed experts' rows come first
+    routed_rows = range(NUM_EXPERTS, NUM_EXPERTS + 3)
     for name, param in module.named_parameters():
         if param.dim() != 2:
             continue
-        if tuple(param.shape) == (NUM_EXPERTS, HIDDEN_SIZE):
+        if param.shape[0] in routed_rows and param.shape[1] == HIDDEN_SIZE:
             return name, param, False
-        if tuple(param.shape) == (HIDDEN_SIZE, NUM_EXPERTS):
+        if param.shape[0] == HIDDEN_SIZE and param.shape[1] in routed_rows:
             return name, param, True
     return None
 

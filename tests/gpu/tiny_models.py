@@ -99,11 +99,11 @@ def write_routing_code(model, family: families.Family) -> None:
         router = model.get_submodule(f"{family.block_path(layer)}.{family.router}")
         _, weight, transposed = families.router_weight(router)
         code = ROUTER_GAIN * torch.eye(families.NUM_EXPERTS)
-        weight.zero_()
+        weight.zero_()  # rows past the routed experts (shared experts a router also scores) stay zero
         if transposed:
-            weight[CODE_CHANNELS, :] = code
+            weight[CODE_CHANNELS, : families.NUM_EXPERTS] = code
         else:
-            weight[:, CODE_CHANNELS] = code
+            weight[: families.NUM_EXPERTS, CODE_CHANNELS] = code
         # the router's own extras keep their part in the decision, far below the margin
         for name, extra in [*router.named_parameters(), *router.named_buffers()]:
             if "bias" in name and extra is not weight and extra.dim() == 1 and extra.shape[0] == families.NUM_EXPERTS:

@@ -203,6 +203,9 @@ OVERRIDES: Mapping[str, dict] = MappingProxyType(
             "indexer_budget": 16,
             "indexer_compress_ratio": 4,
         },
+        # its third layer's residual stream leaks into the code channels (a centered norm): two layers, both MoE
+        "muse_spark_text": {"num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_attention"],
+                            "mlp_layer_types": ["sparse", "sparse"]},
         # validators: Mamba heads x head size = expand x hidden; mrope sections sum to half the rotary dims
         "granitemoehybrid": {"mamba_d_head": 16},
         "glm4v_moe_text": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
@@ -516,6 +519,15 @@ def dense() -> list[str]:
 def wide_moe() -> list[str]:
     """Declared EP families beyond the mechanics ones, each run wide and shallow (not-covered ones left out)."""
     return [name for name in declared_ep_families() if name not in MECHANICS and name not in NOT_COVERED]
+
+
+@functools.cache
+def wide_implementation(model_type: str) -> str | None:
+    """The experts implementation a wide case runs: WIDE_EXPERTS_IMPLEMENTATION, or None (the model's own
+    forward) for a model class that does not let one be set."""
+    model = model_class(tiny_config(model_type))
+    can_set = getattr(model, "_can_set_experts_implementation", None)
+    return WIDE_EXPERTS_IMPLEMENTATION if can_set is None or can_set() else None
 
 
 def role(name: str) -> list[str]:

@@ -187,11 +187,11 @@ def check_load(sharded, whole, family: families.Family, layout: tf_adapter.Layou
             problems += _expert_share_problems(name, local(param).detach(), expected, rank, world_size)
             continue
         if layout.fsdp_sharded and isinstance(param, DTensor):
-            chunks = expected.chunk(world_size, dim=0)
-            expected_chunk = chunks[rank] if rank < len(chunks) else expected[:0]
+            expected_chunk = dtensor_share(expected, param)
             if not torch.equal(local(param).detach(), expected_chunk):
                 problems.append(
-                    f"rank {rank}'s FSDP shard of {name} is not rows {rank}/{world_size} of the whole model's"
+                    f"rank {rank}'s FSDP shard of {name} is not its share of the whole model's "
+                    f"({_placement_words(param)})"
                 )
         gathered = full(param.detach())
         if gathered.shape != expected.shape or not torch.equal(gathered, expected):
@@ -202,6 +202,26 @@ def check_load(sharded, whole, family: families.Family, layout: tf_adapter.Layou
     problems += _buffer_problems(sharded, whole, rank)
     if problems:
         raise AssertionError("load: " + "; ".join(problems))
+
+
+def dtensor_share(whole: torch.Tensor, sharded: DTensor) -> torch.Tensor:
+    """The part of `whole` that `sharded`'s placements give this rank: torch.chunk along each sharded dimension,
+    over that mesh dimension's size, at this rank's coordinate (a parameter FSDP shards over a smaller mesh than
+    the world, as one inside an expert-parallel module, has its own)."""
+    from torch.distributed.tensor import Shard
+
+    share = whole
+    coordinate = sharded.device_mesh.get_coordinate()
+    for mesh_dim, placement in enumerate(sharded.placements):
+        if isinstance(placement, Shard):
+            chunks = share.chunk(sharded.device_mesh.size(mesh_dim), dim=placement.dim)
+            index = coordinate[mesh_dim]
+            share = chunks[index] if index < len(chunks) else share.narrow(placement.dim, 0, 0)
+    return share
+
+
+def _placement_words(param: DTensor) -> str:
+    return f"placements {tuple(param.placements)} over mesh {tuple(param.device_mesh.shape)}"
 
 
 def _buffer_problems(sharded, whole, rank: int) -> list[str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import families
 import pytest
-from families import NUM_EXPERTS, WIDE_EXPERTS_IMPLEMENTATION
+from families import NUM_EXPERTS
 from rank_cases import DTYPES, WORLD_SIZES
 from tf_adapter import PORTABLE_EXPERTS_IMPLEMENTATIONS
 
@@ -16,7 +16,8 @@ from harness.ranks import RankFailedError
 DEEP = families.deep_moe()
 # One parameter set per wide family: its own marks, so `-m deep` / `-m wide` choose the depth.
 WIDE = [
-    pytest.param(name, WIDE_EXPERTS_IMPLEMENTATION, 2, "float32", marks=pytest.mark.wide) for name in families.wide_moe()
+    pytest.param(name, families.wide_implementation(name), 2, "float32", marks=pytest.mark.wide)
+    for name in families.wide_moe()
 ]
 
 
@@ -30,7 +31,10 @@ def _deep_and_wide(test):
         for dtype in DTYPES
     ]
     return pytest.mark.parametrize(
-        ("checkpoint", "experts_implementation", "world_size", "dtype"), deep + WIDE, indirect=["checkpoint"]
+        ("checkpoint", "experts_implementation", "world_size", "dtype"),
+        deep + WIDE,
+        indirect=["checkpoint"],
+        ids=lambda value: "default" if value is None else None,  # a model that lets no implementation be set
     )(test)
 
 

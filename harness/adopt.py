@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import importlib.resources
 import re
+import sys
 from pathlib import Path
 
 import yaml
 
 from harness.errors import ConfigError
-from harness.project import project_root, shipped_matrices_dir
+from harness.project import git_toplevel, project_root, shipped_matrices_dir
 
-# OWNER/NAME@REF: where gpu-tests.yml lives, at which commit or tag.
+# OWNER/NAME@REF: where gpu-tests.yml lives, at which commit. Only a full sha: a tag or branch can be moved
+# to other code after the callers were written (zizmor: unpinned-uses).
 USES_PATTERN = re.compile(r"(?P<repository>[\w.-]+/[\w.-]+)@(?P<ref>[\w./-]+)")
+FULL_SHA = re.compile(r"[0-9a-f]{40}")
 RUNNERS_HEADER = (
     "# Written by `harness init`: a copy of the GPU types harness ships. Entries here add to or override\n"
     "# them (same name wins); list only what this repository's runners differ in, if you like.\n"
@@ -29,7 +32,12 @@ def starter_files(uses: str, harness_requirement: str | None) -> dict[str, str]:
     """Relative path -> text of every file `harness init` writes."""
     match = USES_PATTERN.fullmatch(uses)
     if not match:
-        raise ConfigError(f"--uses {uses!r}: expected OWNER/NAME@REF, the harness repository and a commit or tag")
+        raise ConfigError(f"--uses {uses!r}: expected OWNER/NAME@SHA, the harness repository and a full commit sha")
+    if not FULL_SHA.fullmatch(match["ref"]):
+        raise ConfigError(
+            f"--uses {uses}: {match['ref']!r} is not a full commit sha, and a tag or branch can be moved to other "
+            f"code; give the 40-character sha it names (git ls-remote https://github.com/{match['repository']} "
+            f"{match['ref']})")
     requirement = harness_requirement or f"git+https://github.com/{match['repository']}@{match['ref']}"
     default_cell = yaml.safe_load((shipped_matrices_dir() / "cpu.yaml").read_text())["axes"]
     values = {
@@ -69,6 +77,10 @@ def write_starter(root: Path, files: dict[str, str], force: bool) -> list[Path]:
 
 def command(args) -> int:
     root = project_root()
+    if git_toplevel(root) is None:
+        print(f"harness: warning: {root} is not a git repository: the files go here, and harness run takes "
+              "this folder as the project root only when run from it (git init first to make it one)",
+              file=sys.stderr)
     written = write_starter(root, starter_files(args.uses, args.harness), args.force)
     for path in written:
         print(f"wrote {path}")

@@ -9,6 +9,11 @@ later bisects and runs) and leaves its own results folder.
 A version's verdict: pass (every selected test that ran passed), fail (any failed), untestable (all
 skipped, or it cannot be installed: skipped over, and said), flaky (outcomes differ across runs:
 the search stops rather than guess).
+
+Verdicts are per test once the ends have run: the good end runs first, and the tests failing there
+too are set aside and named (with `--runxfail`, a known upstream bug fails at both ends); a selection
+that fails entirely at the good end stops after that one probe. The search then follows the tests
+that fail at the bad end and not at the good one, so without `-k` it bisects exactly those.
 """
 
 from __future__ import annotations
@@ -30,11 +35,17 @@ class SameVerdictError(ConfigError):
     """Good and bad agree, so there is nothing to search; in the nightly, a bad end that passes again
     means the red did not reproduce."""
 
-    def __init__(self, good: Probe, bad: Probe) -> None:
+    def __init__(self, good: Probe, bad: Probe | None) -> None:
         note = f" ({good.note})" if good.note else ""
-        super().__init__(
-            f"good and bad give the same verdict: {good.label} and {bad.label} both {good.verdict.value}{note}"
-        )
+        if bad is None:  # found at the good end alone: the bad end was never run
+            failing = ", ".join(failing_tests(good)[:10])
+            message = (f"the good end fails: every selected test that ran fails at {good.label}"
+                       f"{f' ({failing})' if failing else ''}{note}; deselect them, pick another --good, "
+                       "or swap --good and --bad if they are the wrong way round")
+        else:
+            message = (f"good and bad give the same verdict: {good.label} and {bad.label} both "
+                       f"{good.verdict.value}{note}")
+        super().__init__(message)
         self.verdict = good.verdict
 
 
@@ -65,6 +76,7 @@ class Probe:
     note: str | None = None  # the failing test and its first line, or why untestable / flaky
     failure: tuple[str, str] | None = None
     nothing_selected: bool = False
+    outcomes: Mapping[str, str] = dataclasses.field(default_factory=dict)  # test -> passed | failed | skipped
     duration_s: float = 0.0
     environments_built: int = 0
     folders: tuple[str, ...] = ()
@@ -102,6 +114,7 @@ class BisectResult:
     message: str | None = None
     stopped: str | None = None  # why no boundary: flaky, or untestable versions hide it
     culprit_note: str | None = None  # with both packages different: which swap said which upstream
+    set_aside: tuple[str, ...] = ()  # tests failing at both ends: not what changed, left out of the search
 
     @property
     def found(self) -> bool:
@@ -122,6 +135,13 @@ class BisectResult:
             text += f" · {self.message}"
         return text
 
+    def set_aside_line(self) -> str | None:
+        if not self.set_aside:
+            return None
+        shown = ", ".join(self.set_aside[:10]) + (f" and {len(self.set_aside) - 10} more" if len(self.set_aside) > 10
+                                                  else "")
+        return f"set aside, failing at both ends: {shown}"
+
     def summary(self, seconds: float) -> str:
         built = sum(probe.environments_built for probe in self.probes)
         return f"{len(self.probes)} probes, {built} environment{'' if built == 1 else 's'} built, {seconds:.1f}s"
@@ -138,6 +158,7 @@ class BisectResult:
             "message": self.message,
             "stopped": self.stopped,
             "culprit": self.culprit_note,
+            "set_aside": list(self.set_aside),
             "line": self.line(),
             "exit_code": self.exit_code,
             "duration_s": round(seconds, 3),
@@ -196,9 +217,11 @@ def bisect(
     bad: str,
     probe: Callable[[str], Probe],
     emit: Callable[[Probe], None] = lambda probe: None,
+    narrow: Callable[[Sequence[str]], None] | None = None,
 ) -> BisectResult:
     """Binary search over `versions` (oldest first, `good` and `bad` at either end) for where the
-    selection's verdict changes. Raises ConfigError when the ends do not disagree as claimed."""
+    selection's verdict changes. Raises ConfigError when the ends do not disagree as claimed.
+    `narrow(tests)`, once the ends have run, limits the later probes to the tests the search follows."""
     if good == bad:
         raise ConfigError(f"--good and --bad are both {package} {good}")
     if {good, bad} != {versions[0], versions[-1]}:
@@ -217,9 +240,10 @@ def bisect(
     def stop(why: str) -> BisectResult:
         return BisectResult(package=package, kind=kind, versions=tuple(versions), probes=tuple(probes), stopped=why)
 
-    # The ends first: each must give its claimed verdict. An untestable end (below a floor, not
-    # installable) is skipped over inward until a version can say.
+    # The ends first, the good one first: each must give its claimed verdict. An untestable end (below a
+    # floor, not installable) is skipped over inward until a version can say.
     ends = {}
+    set_aside: tuple[str, ...] = ()
     for name, version in (("good", good), ("bad", bad)):
         start = versions.index(version)
         index, step = start, 1 if start == 0 else -1
@@ -241,11 +265,26 @@ def bisect(
                     "can run the selection (all untestable)"
                 )
         ends[name] = index, result
+        if name == "good" and result.verdict is Verdict.FAIL:
+            set_aside = failing_tests(result)
+            ran = [test for test, outcome in result.outcomes.items() if outcome != "skipped"]
+            if not set_aside or set(set_aside) >= set(ran):
+                raise SameVerdictError(result, None)  # one probe: the selection fails at the good end as a whole
     (good_index, good_probe), (bad_index, bad_probe) = ends["good"], ends["bad"]
-    if good_probe.verdict is bad_probe.verdict:
+    tracked = tuple(test for test in failing_tests(bad_probe) if test not in set_aside)
+    if set_aside and not tracked:
+        raise ConfigError(f"every test failing at {bad_probe.label} fails at {good_probe.label} too "
+                          f"({', '.join(set_aside[:10])}): nothing changed between them")
+
+    def verdict(probe: Probe) -> Verdict:
+        return verdict_for(probe, tracked) if set_aside else probe.verdict
+
+    if verdict(good_probe) is verdict(bad_probe):
         raise SameVerdictError(good_probe, bad_probe)
-    if good_probe.verdict is not Verdict.PASS:
+    if verdict(good_probe) is not Verdict.PASS:
         raise ConfigError(f"--good {good_probe.label} fails and --bad {bad_probe.label} passes; swap them")
+    if narrow is not None and tracked and len(tracked) < len(bad_probe.outcomes):
+        narrow(tracked)  # the other tests cannot move the boundary: later probes run only these
 
     low, high = sorted((good_index, bad_index))
     untestable: set[int] = set()
@@ -258,19 +297,21 @@ def bisect(
         result = run(index)
         if result.verdict is Verdict.FLAKY:
             return stop(f"{result.label} is flaky ({result.note}); stopped rather than guess")
-        if result.verdict is Verdict.UNTESTABLE:
+        if verdict(result) is Verdict.UNTESTABLE:
             untestable.add(index)
-        elif result.verdict is seen[low].verdict:
+        elif verdict(result) is verdict(seen[low]):
             low = index
         else:
             high = index
     if high - low > 1:
         hidden = ", ".join(versions[i] for i in range(low + 1, high))
-        return stop(
+        return dataclasses.replace(stop(
             f"the change lies between {package} {versions[low]} and {versions[high]}, and {hidden} cannot be tested"
-        )
+        ), set_aside=set_aside)
     failing = seen[high] if kind == "regression" else seen[low]
     test, message = failing.failure or (None, None)
+    if set_aside and test is not None and test in set_aside:  # the first failure is one set aside: name a tracked one
+        test, message = next(t for t in failing_tests(failing) if t in tracked), None
     return BisectResult(
         package=package,
         kind=kind,
@@ -280,7 +321,22 @@ def bisect(
         last=versions[low],
         test=test,
         message=message,
+        set_aside=set_aside,
     )
+
+
+def failing_tests(probe: Probe) -> tuple[str, ...]:
+    return tuple(sorted(test for test, outcome in probe.outcomes.items() if outcome == "failed"))
+
+
+def verdict_for(probe: Probe, tracked: Sequence[str]) -> Verdict:
+    """A probe's verdict over the tracked tests only (those failing at the bad end, not at the good one)."""
+    if probe.verdict in (Verdict.FLAKY, Verdict.UNTESTABLE) or not probe.outcomes:
+        return probe.verdict  # no per-test answer: a crash, an install failure
+    outcomes = [probe.outcomes.get(test) for test in tracked]
+    if "failed" in outcomes:
+        return Verdict.FAIL
+    return Verdict.PASS if "passed" in outcomes else Verdict.UNTESTABLE
 
 
 def write_json(path: str | Path, outcome: BisectResult, seconds: float, extra: Mapping[str, object]) -> None:

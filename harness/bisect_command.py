@@ -133,6 +133,8 @@ def _bisect(args, cell, prober, good, bad) -> int:
             )
         raise
     seconds = clock()
+    if result.set_aside_line():
+        _say(result.set_aside_line())
     _say(result.line())
     _say(result.summary(seconds))
     if args.json:
@@ -214,6 +216,7 @@ def bisect_releases(
         good=good[package],
         bad=bad[package],
         probe=lambda version: probe({**base, package: version}, (package,)),
+        narrow=getattr(prober, "narrow", None),
     )
     earlier = tuple(p for p in cache.values() if p not in result.probes)
     return dataclasses.replace(result, probes=earlier + result.probes, culprit_note=culprit_note)

@@ -35,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="ids: one cell id a line; json: the cells; github: {'include': [...]}")
     matrix.add_argument("--cell", action="append", metavar="GLOB",
                         help="keep only cells whose id matches (fnmatch, braces); repeatable")
+    matrix.add_argument("--pull-request", action="store_true",
+                        help="the plan runs a pull request's code: refuse cells on runners not declared ephemeral")
+    matrix.add_argument("--check", action="store_true",
+                        help="also check that every pinned torch and transformers version is on the package index")
 
     run = commands.add_parser("run", help="run the suite for each selected cell that fits this machine")
     run.add_argument("--matrix", metavar="NAME_OR_PATH",
@@ -56,10 +60,17 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("results", nargs="+", metavar="RESULTS", help="cell folders, or folders holding them")
     report.add_argument("--baseline", metavar="RESULTS_OR_DIGEST",
                         help="previous results folder, or a file holding a previous comment's digest")
-    report.add_argument("--format", choices=FORMATS_REPORT, default="terminal")
+    report.add_argument("--format", choices=FORMATS_REPORT,
+                        help="default: from -o's extension (.html, .txt), else terminal")
     report.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
     report.add_argument("--sha", help="commit the results belong to (shown in the verdict line)")
     report.add_argument("--matrix", dest="matrix_name", help="matrix name shown in the verdict line")
+    report.add_argument("--classify-against", metavar="RESULTS",
+                        help="main's last nightly results: each red is new, already red there, flaky, a known "
+                             "upstream bug or infrastructure (nightly triage's rules)")
+    report.add_argument("--links", metavar="FILE",
+                        help="`harness gh run-links` output: each cell's job and artifact (the run's own link "
+                             "comes from GITHUB_SERVER_URL, GITHUB_REPOSITORY and GITHUB_RUN_ID)")
 
     init = commands.add_parser("init", help="write a starter matrices/ and the workflow callers into this repository")
     init.add_argument("--uses", required=True, metavar="OWNER/NAME@REF",
@@ -86,6 +97,19 @@ def build_parser() -> argparse.ArgumentParser:
                         help="cache of per-cell environments (default $HARNESS_ENV_DIR or ~/.cache/harness/envs)")
     bisect.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="-- PYTEST_ARGS",
                         help="which tests, after --: -k EXPR or test ids")
+
+    env = commands.add_parser("env", help="list or clean the cached per-cell environments")
+    env_commands = _Subcommands(env.add_subparsers(dest="env_command", required=True, metavar="ENV_COMMAND"), debug)
+    in_cache = argparse.ArgumentParser(add_help=False)
+    in_cache.add_argument("--env-dir", metavar="DIR",
+                          help="the cache (default $HARNESS_ENV_DIR or ~/.cache/harness/envs)")
+    env_commands.add_parser("list", parents=[in_cache], help="each environment: size, versions, last use")
+    clean = env_commands.add_parser("clean", parents=[in_cache],
+                                    help="remove failed builds, and environments unused for --unused-days")
+    clean.add_argument("--unused-days", type=float, default=30.0, metavar="N",
+                       help="also remove environments no cell used for N days (default 30)")
+    clean.add_argument("--all", action="store_true", help="remove every environment")
+    clean.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
 
     triage = commands.add_parser("triage", help="classify tonight's new reds and plan bisects of the real ones")
     triage.add_argument("--results", required=True, metavar="DIR", help="tonight's cell folders")
@@ -131,8 +155,13 @@ def build_parser() -> argparse.ArgumentParser:
     previous_run = gh_commands.add_parser("previous-run", parents=[on_repo],
                                           help="find the last finished run of a workflow that kept results")
     previous_run.add_argument("--workflow", required=True, metavar="FILE", help="e.g. nightly.yml")
-    previous_run.add_argument("--branch", required=True)
+    previous_run.add_argument("--branch", help="default: the repository's default branch")
     previous_run.add_argument("--artifact-prefix", default="results-", metavar="PREFIX")
+
+    run_links = gh_commands.add_parser("run-links", parents=[on_repo],
+                                       help="write this run's cell jobs and artifacts as links for `report --links`")
+    run_links.add_argument("-o", "--output", required=True, metavar="FILE")
+    run_links.add_argument("--artifact-prefix", default="results-", metavar="PREFIX")
 
     nightly = gh_commands.add_parser("nightly-issue", parents=[on_repo],
                                      help="open, update or close the nightly regression issue")
@@ -175,6 +204,10 @@ def dispatch(args: argparse.Namespace) -> int:
         from harness import bisect_command
 
         return bisect_command.command(args)
+    if args.command == "env":
+        from harness import env_cache
+
+        return env_cache.command(args)
     if args.command == "triage":
         from harness import triage
 

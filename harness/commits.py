@@ -3,7 +3,8 @@
 Each commit is exported (`git archive`, so the checkout is never touched) and built from source into
 its own environment: a small virtual environment holding only that build, layered over the cell's
 cached environment (a .pth file adds the cell environment's site-packages after its own), so a probe
-costs one build of the package, not a new torch. Environments are cached by commit.
+costs one build of the package, not a new torch. Environments are cached by commit, and like the cell's,
+one is used again only while every file in it is the file its build wrote (env.manifest_difference).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import io
 import json
 import shutil
 import subprocess
-import sys
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -78,10 +78,12 @@ def commit_environment(repo: str | Path, sha: str, package: str) -> tuple[Callab
         return {"base": str(base.python), "package": package, "commit": sha}
 
     def ready(path: Path, marker: dict) -> bool:
+        """Built for this commit over this base, and every file still the one its build wrote."""
         try:
-            return json.loads((path / MARKER).read_text()) == marker and (path / "bin" / "python").exists()
+            recorded = json.loads((path / MARKER).read_text())
         except (OSError, ValueError):
             return False
+        return recorded == marker and (path / "bin" / "python").exists() and env.manifest_difference(path) is None
 
     def prepare(cell: Cell, root: Path, log: Callable[[str], None]) -> env.Environment:
         base = env.ensure_environment(cell, root, log)
@@ -89,11 +91,12 @@ def commit_environment(repo: str | Path, sha: str, package: str) -> tuple[Callab
         marker = marker_for(base)
         origin = "cached"
         if not ready(path, marker):
-            with env._build_lock(path, log):
+            with env.build_lock(path, log):
                 if not ready(path, marker):
                     log(f"building environment {path.name} from {package} {sha[:12]} over {base.python}")
                     build(repo, sha, base, path, source, log)
                     (path / MARKER).write_text(json.dumps(marker))
+                    env.write_manifest(path)  # what later uses check before they run anything in it
                     origin = "built"
         python = path / "bin" / "python"
         return env.Environment(python=python, origin=origin, path=path, versions=env.probe_versions(python))
@@ -121,26 +124,14 @@ def build(
         # git archive of our own checkout; the data filter where this Python has it (3.10.12+, 3.11.4+).
         tar.extractall(source, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
     installer = env.choose_installer()
-    uv = env._uv()
-    if installer == "uv" and uv:
-        env._run_logged([uv, "venv", "--quiet", "--python", sys.executable, str(path)], log)
-    else:
-        env._run_logged([sys.executable, "-m", "venv", str(path)], log)
+    python = env.new_venv(path, installer, log)
     purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
-    own = Path(
-        subprocess.run(
-            [str(path / "bin" / "python"), "-c", purelib], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    )
+    own = Path(subprocess.run([str(python), "-c", purelib], capture_output=True, text=True, check=True).stdout.strip())
     under = subprocess.run([str(base.python), "-c", purelib], capture_output=True, text=True, check=True).stdout
     # addsitedir (not a bare path) so the cell environment's own .pth files still apply.
     (own / "_harness_cell_environment.pth").write_text(f"import site; site.addsitedir({under.strip()!r})\n")
     # --no-deps: everything else comes from the cell's environment; no isolation: build with its setuptools.
-    if installer == "uv" and uv:
-        install = [uv, "pip", "install", "--python", str(path / "bin" / "python")]
-    else:
-        install = [str(path / "bin" / "python"), "-m", "pip", "install", "--progress-bar", "off"]
-    env._run_logged([*install, "--no-deps", "--no-build-isolation", str(source)], log)
+    env.install(python, installer, ["--no-deps", "--no-build-isolation", str(source)], log)
 
 
 def bisect_commits(

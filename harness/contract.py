@@ -45,6 +45,7 @@ SUITE_PROPERTIES = (EP_FAMILIES_DECLARED, EP_FAMILIES_COVERED, EP_FAMILIES_NOT_C
 
 # The PR comment starts with this line, so the next run finds and edits it (harness gh, no jinja2 needed).
 COMMENT_MARKER = "<!-- harness-report -->"
+COMMENT_LIMIT = 65_536  # characters GitHub accepts in a comment or issue body: every renderer and poster fits to it
 
 # A known upstream bug is a strict xfail whose reason starts with this; its XPASS says the other.
 KNOWN_BUG_PREFIX = "known upstream bug: "

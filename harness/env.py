@@ -6,10 +6,7 @@ built once under the cache folder and reused while its marker matches. uv is the
 fast path, pip the fallback. Where packages come from is configuration:
 
   HARNESS_INSTALLER        uv | pip (default: uv when it is on PATH)
-  HARNESS_INDEX_URL        replaces the default index (e.g. a CUDA torch index or a mirror)
-  HARNESS_EXTRA_INDEX_URL  more indexes, space-separated
-  HARNESS_FIND_LINKS       folders or pages of wheels, space-separated (default: $PIP_FIND_LINKS)
-  HARNESS_INSTALLER_ARGS   anything else for the installer (shell-quoted)
+  HARNESS_INDEX_URL, HARNESS_EXTRA_INDEX_URL, HARNESS_FIND_LINKS, HARNESS_INSTALLER_ARGS: see harness.index
   HARNESS_ENV_DIR          the cache folder (default ~/.cache/harness/envs)
 
 Trust: a cached environment is used only while every file in it is the file its build wrote. The build
@@ -34,6 +31,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from harness.index import index_arguments
 from harness.matrix import Cell
 
 # Besides the pinned torch and transformers, what the suite imports in its own environment.
@@ -194,7 +192,7 @@ def ensure_environment(cell: Cell, root: Path, log: Callable[[str], None]) -> En
                 origin = "build"
         if origin == "build":
             # Runners on one host share the cache: one run builds, the others wait, then find it cached.
-            held.enter_context(_build_lock(path, log))
+            held.enter_context(build_lock(path, log))
             origin, python, path = plan_environment(cell, root)
             if origin == "cached" and manifest_difference(path):
                 origin = "build"
@@ -267,7 +265,7 @@ def _checked(cell: Cell, origin: str, python: Path, path: Path | None) -> Enviro
 
 
 @contextlib.contextmanager
-def _build_lock(path: Path, log: Callable[[str], None]) -> Iterator[None]:
+def build_lock(path: Path, log: Callable[[str], None]) -> Iterator[None]:
     """Hold `<env>.lock` exclusively; the kernel lets go if this process dies."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "a") as lock:
@@ -285,20 +283,38 @@ def _build_lock(path: Path, log: Callable[[str], None]) -> Iterator[None]:
 def build(cell: Cell, path: Path, log: Callable[[str], None]) -> None:
     if path.exists():
         shutil.rmtree(path)  # a stale or half-built environment; its marker did not match
-    path.parent.mkdir(parents=True, exist_ok=True)
     installer = choose_installer()
-    python = path / "bin" / "python"
-    if installer == "uv":
-        create = [_uv(), "venv", "--quiet", "--python", sys.executable, str(path)]
-        # Compile bytecode once here, or every first import of torch in a fresh cache pays for it.
-        install = [_uv(), "pip", "install", "--compile-bytecode", "--python", str(python)]
-    else:
-        create = [sys.executable, "-m", "venv", str(path)]
-        install = [str(python), "-m", "pip", "install", "--progress-bar", "off"]
-    install += index_arguments(installer) + requirements(cell)
     log(f"building environment {path.name} with {installer}: {' '.join(requirements(cell)[:2])}")
-    for step in (create, install):
-        _run_logged(step, log)
+    try:
+        python = new_venv(path, installer, log)
+        # Compile bytecode once here, or every first import of torch in a fresh cache pays for it.
+        install(python, installer, [*index_arguments(installer), *requirements(cell)], log, compile_bytecode=True)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)  # a failed build is 1 GB that nothing will ever use
+        raise
+
+
+def new_venv(path: Path, installer: str, log: Callable[[str], None]) -> Path:
+    """An empty virtual environment at `path` for this interpreter; its python."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if installer == "uv":
+        run_logged([_uv_or_fail(), "venv", "--quiet", "--python", sys.executable, str(path)], log)
+    else:
+        run_logged([sys.executable, "-m", "venv", str(path)], log)
+    return path / "bin" / "python"
+
+
+def install(python: Path, installer: str, arguments: list[str], log: Callable[[str], None], *,
+            compile_bytecode: bool = False) -> None:
+    """Install into the environment of `python`. uv copies files out of its cache (--link-mode=copy): a hard
+    link would make the installed file and the cache's one the same file, so editing one in place (a run's
+    code can) would edit what every later install from that cache gets."""
+    if installer == "uv":
+        command = [_uv_or_fail(), "pip", "install", "--link-mode=copy", "--python", str(python)]
+        command += ["--compile-bytecode"] if compile_bytecode else []
+    else:
+        command = [str(python), "-m", "pip", "install", "--progress-bar", "off"]
+    run_logged(command + arguments, log)
 
 
 def choose_installer() -> str:
@@ -308,25 +324,6 @@ def choose_installer() -> str:
     if chosen:
         return chosen
     return "uv" if _uv() else "pip"
-
-
-def index_arguments(installer: str, *, installer_args: bool = True) -> list[str]:
-    """Where packages come from, as the installer's options; `installer_args` adds HARNESS_INSTALLER_ARGS
-    (left out where another command asks the same index, e.g. `pip index versions`)."""
-    arguments = []
-    if os.environ.get("HARNESS_INDEX_URL"):
-        arguments += ["--index-url", os.environ["HARNESS_INDEX_URL"]]
-    for url in os.environ.get("HARNESS_EXTRA_INDEX_URL", "").split():
-        arguments += ["--extra-index-url", url]
-    # pip already reads PIP_FIND_LINKS; uv does not, so hand it over explicitly.
-    find_links = os.environ.get("HARNESS_FIND_LINKS") or (
-        os.environ.get("PIP_FIND_LINKS", "") if installer == "uv" else "")
-    for location in find_links.split():
-        arguments += ["--find-links", location]
-    if installer == "uv" and len(arguments) > 2:
-        # A CUDA torch index and PyPI both carry torch; take the best match, not the first index.
-        arguments += ["--index-strategy", "unsafe-best-match"]
-    return arguments + (shlex.split(os.environ.get("HARNESS_INSTALLER_ARGS", "")) if installer_args else [])
 
 
 def _marker_matches(path: Path, cell: Cell) -> bool:
@@ -342,7 +339,14 @@ def _uv() -> str | None:
     return str(beside) if beside.exists() else shutil.which("uv")
 
 
-def _run_logged(command: list[str], log: Callable[[str], None]) -> None:
+def _uv_or_fail() -> str:
+    found = _uv()
+    if found is None:
+        raise EnvironmentBuildError("HARNESS_INSTALLER=uv, but no uv beside this python nor on PATH")
+    return found
+
+
+def run_logged(command: list[str], log: Callable[[str], None]) -> None:
     lines: list[str] = []
     try:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -8,7 +8,7 @@ import re
 
 import markupsafe
 
-from harness.results import CellResult, Labelled, Number
+from harness.results import CellResult, Labelled, Number, finite
 
 # ---------------------------------------------------------------------------------------------
 # Escaping: nothing a test writes may add markup, break a table or ping a user
@@ -17,6 +17,10 @@ from harness.results import CellResult, Labelled, Number
 _CONTROL = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]<>|~&!#])")
 _ZERO_WIDTH_SPACE = "&#8203;"  # after '@', so `@team` in a message is text, not a mention
+# GitHub turns bare `scheme://host`, `www.host` and `user@host` into links (GFM autolinks). A zero-width
+# space after the scheme's ':' and inside `www.` leaves the text as it reads and matches no autolink rule.
+_AUTOLINK_SCHEME = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*):(?=//)")
+_AUTOLINK_WWW = re.compile(r"(?i)\b(www)(?=\.)")
 
 
 def clean_block(text: str | None, max_lines: int | None = None) -> str:
@@ -35,7 +39,14 @@ def one_line(text: object, max_chars: int = 300) -> str:
 def markdown_text(text: object, max_chars: int = 300) -> str:
     """Inline Markdown (table cells, list items): every character that could start markup is escaped."""
     escaped = _MARKDOWN_SPECIAL.sub(r"\\\1", one_line(text, max_chars))
-    return escaped.replace("@", "@" + _ZERO_WIDTH_SPACE) or "—"
+    return _no_autolinks(escaped) or "—"
+
+
+def _no_autolinks(escaped: str) -> str:
+    """Text already escaped for Markdown or HTML, with nothing GitHub would link or mention."""
+    escaped = _AUTOLINK_SCHEME.sub(r"\1:" + _ZERO_WIDTH_SPACE, escaped)
+    escaped = _AUTOLINK_WWW.sub(r"\1" + _ZERO_WIDTH_SPACE, escaped)
+    return escaped.replace("@", "@" + _ZERO_WIDTH_SPACE)
 
 
 def code_span(text: object, max_chars: int = 300, *, table: bool = False) -> str:
@@ -54,8 +65,7 @@ def code_span(text: object, max_chars: int = 300, *, table: bool = False) -> str
 def html_text(text: object, max_chars: int = 300) -> str:
     """Text inside raw HTML in Markdown (a <summary>): escaped, one line, no mentions. GitHub does not
     read Markdown there; '[' is encoded all the same, so no renderer can see a link in it."""
-    escaped = str(markupsafe.escape(one_line(text, max_chars))).replace("[", "&#91;")
-    return escaped.replace("@", "@" + _ZERO_WIDTH_SPACE)
+    return _no_autolinks(str(markupsafe.escape(one_line(text, max_chars))).replace("[", "&#91;"))
 
 
 def fence_for(text: str | None) -> str:
@@ -92,6 +102,14 @@ def memory_per_gpu(cell: CellResult) -> str:
     return " / ".join(gib(gpu.peak_used_mib) for gpu in cell.memory) + " GiB"
 
 
+def compact_memory(cell: CellResult) -> str:
+    """`12.3/12.1 GiB` per GPU up to four GPUs; beyond, `40.0-41.0 GiB x8`: the range keeps a table narrow."""
+    peaks = [peak for gpu in cell.memory if (peak := finite(gpu.peak_used_mib)) is not None]
+    if len(cell.memory) <= 4 or not peaks:
+        return memory_per_gpu(cell).replace(" / ", "/")
+    return f"{gib(min(peaks))}-{gib(max(peaks))} GiB x{len(cell.memory)}"
+
+
 def duration(seconds: Number | None) -> str:
     if isinstance(seconds, Labelled):
         return one_line(seconds.label, 24) + "s"
@@ -117,6 +135,15 @@ def significant(value: Number | None) -> str:
     if isinstance(value, Labelled):
         return one_line(value.label, 24)
     return "—" if value is None else f"{value:.3g}"
+
+
+_BREAK_AFTER = re.compile(r"(?<=::)|(?<=[/\[,_-])|(?<=\.)(?!py\b)")
+
+
+def breakable(text: object, max_chars: int = 300) -> list[str]:
+    """A long identifier (test id, parameter name) in pieces, for a template to join with `<wbr>`: a
+    browser then wraps it after `::`, `/`, `[`, `.`, `,` or `-`, never inside a word."""
+    return [piece for piece in _BREAK_AFTER.split(one_line(text, max_chars)) if piece]
 
 
 def pad(text: str, width: int, right: bool = False) -> str:

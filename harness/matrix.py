@@ -22,19 +22,22 @@ from typing import Any
 import yaml
 
 from harness.errors import ConfigError
+from harness.index import FLOATING
 from harness.project import project_root, shipped_matrices_dir
 
 AXES = ("gpu", "gpus", "torch", "transformers")
 MATRIX_KEYS = {"description", "axes", "exclude", "include", "suite", "timeout_minutes", "reruns",
                "test_timeout_seconds", "install"}
-RUNNER_KEYS = {"labels", "gpus", "nvml_name", "ranks"}
+RUNNER_KEYS = {"labels", "gpus", "nvml_name", "ranks", "ephemeral"}
 CPU = "cpu"
 DEFAULT_MATRIX = "cpu"
 # A job's timeout is the cell's pytest budget plus this much for checkout and building its environment.
 JOB_SETUP_MINUTES = 20
+# Matrices come from pull requests too: bounded before anything is expanded or written to GITHUB_OUTPUT.
+MAX_CELLS = 256  # GitHub runs at most 256 jobs from one strategy.matrix
+MAX_PRODUCT = 4096  # the axes' product before excludes trim it: 16 times what may be left
+MAX_YAML_BYTES = 256 * 1024
 # PEP 440 release versions as pip pins them: 2.11.0, 5.0.0rc1, 2.14.0.dev20261101, 2.11.0+cu130.
-# A version that floats: the newest release on the index, or the one N releases before it.
-FLOATING = re.compile(r"latest(?:-([0-9]+))?")
 VERSION_PATTERN = re.compile(r"\d+(\.\d+){1,3}((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?(\+[a-z0-9.]+)?")
 
 
@@ -47,6 +50,8 @@ class Runner:
     gpus: int
     nvml_name: str | None = None
     ranks: int = 0
+    # A fresh machine or container for every job, nothing kept: only then may a pull request's cell run there.
+    ephemeral: bool = False
 
     @property
     def is_cpu(self) -> bool:
@@ -168,9 +173,28 @@ def resolve_matrix_path(name_or_path: str, root: Path | None = None) -> Path:
                       f"known: {', '.join(known) or 'none'}")
 
 
+class _NoAliasLoader(yaml.SafeLoader):
+    """safe_load without aliases: an anchor referenced a few times per level expands exponentially
+    (a kilobyte of YAML becomes gigabytes), and no matrix needs one."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, f"alias *{event.anchor} refused: matrices take no "
+                                              "YAML aliases; write the value out", event.start_mark)
+        return super().compose_node(parent, index)
+
+
 def read_yaml(path: Path) -> Any:
     try:
-        return yaml.safe_load(path.read_text())
+        if not path.is_file():
+            raise ConfigError(f"{path}: not a regular file")
+        size = path.stat().st_size
+        if size > MAX_YAML_BYTES:
+            raise ConfigError(f"{path}: {size:,} bytes; a matrix or runners file may have at most {MAX_YAML_BYTES:,}")
+        return yaml.load(path.read_bytes().decode("utf-8"), Loader=_NoAliasLoader)
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{path}: not UTF-8 (byte {error.start})") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
@@ -188,7 +212,7 @@ def load_runners(root: Path | None = None, beside: Path | None = None) -> dict[s
         folders.append(beside)
     runners: dict[str, Runner] = {}
     for folder in folders:
-        if (folder / "runners.yaml").is_file():
+        if os.path.lexists(folder / "runners.yaml"):
             runners.update(read_runners(folder / "runners.yaml"))
     return runners
 
@@ -212,8 +236,11 @@ def read_runners(path: Path) -> dict[str, Runner]:
         ranks = _non_negative_int(entry.get("ranks", 0), f"{where}.ranks")
         if gpus == 0 and ranks == 0:
             raise ConfigError(f"{where}: a runner with gpus: 0 needs ranks (CPU ranks it can run)")
+        ephemeral = entry.get("ephemeral", False)
+        if not isinstance(ephemeral, bool):
+            raise ConfigError(f"{where}.ephemeral: expected true or false, got {ephemeral!r}")
         runners[name] = Runner(name=name, labels=tuple(labels), gpus=gpus,
-                               nvml_name=entry.get("nvml_name"), ranks=ranks)
+                               nvml_name=entry.get("nvml_name"), ranks=ranks, ephemeral=ephemeral)
     return runners
 
 
@@ -270,11 +297,20 @@ def expand(spec: Any, runners: Mapping[str, Runner], *, name: str, source: str,
         if missing:
             raise ConfigError(f"{source}: include[{i}]: missing {', '.join(missing)}")
 
+    size = math.prod(len(values[axis]) for axis in AXES)
+    if size > MAX_PRODUCT:
+        raise ConfigError(f"{source}: axes: their product has {size:,} cells; at most {MAX_PRODUCT:,} "
+                          f"(and at most {MAX_CELLS} after exclude and include)")
+    if len(includes) > MAX_CELLS:
+        raise ConfigError(f"{source}: include: {len(includes):,} entries; a matrix has at most {MAX_CELLS} cells")
     product = [dict(zip(AXES, combo, strict=True)) for combo in itertools.product(*(values[a] for a in AXES))]
     kept = [c for c in product if not any(_matches(c, e) for e in excludes)]
     combos = kept + [c for c in includes if c not in kept]
     if not combos:
         raise ConfigError(f"{source}: the matrix is empty: every cell of axes is excluded")
+    if len(combos) > MAX_CELLS:
+        raise ConfigError(f"{source}: {len(combos):,} cells; GitHub runs at most {MAX_CELLS} jobs per matrix: "
+                          "exclude cells or split the matrix")
 
     suite = spec.get("suite", ["tests/gpu"])
     if not isinstance(suite, list) or not suite or not all(isinstance(s, str) for s in suite):
@@ -341,6 +377,14 @@ def command(args) -> int:
     cells = select(matrix.cells, args.cell)
     if not cells:
         raise ConfigError(f"{matrix.path}: no cell matches --cell {' '.join(args.cell)}")
+    if args.pull_request:
+        from harness.isolation import refuse_persistent_runners
+
+        refuse_persistent_runners(cells, load_runners(matrix.root, beside=matrix.path.parent), str(matrix.path))
+    if args.check:
+        from harness.pins import check_pins  # asks the package index: only when told to
+
+        check_pins(cells, str(matrix.path))
     print(format_cells(cells, args.format))
     return 0
 

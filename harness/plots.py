@@ -12,7 +12,7 @@ from harness.filters import gib, one_line, scientific
 from harness.results import CellResult, finite
 
 if TYPE_CHECKING:
-    from harness.report import CaseMetrics, Report
+    from harness.report_model import CaseMetrics, Report
 
 
 # ---------------------------------------------------------------------------------------------

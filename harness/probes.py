@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from harness import run
@@ -74,6 +74,10 @@ class CellProber:
     runs: int = 1
     log: Callable[[str], None] = print
     prepare: PrepareEnvironment = ensure_environment
+    only: tuple[str, ...] = ()  # once the search knows which tests it follows: their node ids
+
+    def narrow(self, tests: Sequence[str]) -> None:
+        self.only = tuple(tests)
 
     def __call__(
         self,
@@ -88,6 +92,8 @@ class CellProber:
         if pins is None:
             pins = {k: v for k, v in versions.items() if k in ("torch", "transformers")}
         cell = dataclasses.replace(self.cell, reruns=0, **pins)
+        if self.only:  # test ids replace the suite (pytest would run the whole suite beside them)
+            cell = dataclasses.replace(cell, suite=self.only)
         will_build = (built or self._will_build)(cell)
         outcomes, folders = [], []
         for index in range(1, self.runs + 1):
@@ -117,6 +123,7 @@ class CellProber:
             note=note,
             failure=failure,
             nothing_selected=any(o.nothing_selected for o in outcomes),
+            outcomes=dict(outcomes[0].outcomes),
             duration_s=time.monotonic() - started,
             environments_built=int(will_build),
             folders=tuple(folders),

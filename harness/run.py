@@ -26,12 +26,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import harness
-from harness import __version__, memory
+from harness import __version__, env_cache, memory, preflight
 from harness.contract import ENV_JSON, EnvRecord
 from harness.env import EnvironmentBuildError, ensure_environment, env_root, plan_environment, probe_versions
 from harness.errors import ConfigError, HostMismatchError
 from harness.matrix import DEFAULT_MATRIX, Cell, Matrix, load_matrix, load_runners, select
 from harness.project import git, project_root, resolve, shipped_matrices_dir
+from harness.ranks import lifecycle
 from harness.ranks.lifecycle import CELL_TOKEN_ENV, kill_cell_processes
 
 # Memory other processes may hold on a cell's GPUs before the cell refuses to start.
@@ -87,18 +88,18 @@ def command(args) -> int:
                                 f"{summarize_refusals(refused)}; pick others with --cell, or pass --force")
     results_root = results_folder(args.results, matrix.root)
     root = env_root(args.env_dir)
+    preflight.check_project(matrix.root, [(str(matrix.path), cell.suite) for cell in cells])
     if args.dry_run:
         print_plan(matrix, cells, host, results_root, root, args.pytest_args, refused)
         return 0
-    try:
-        results_root.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ConfigError(f"--results {args.results}: cannot create {results_root}: {error.strerror}") from None
+    preflight.prepare_results(results_root, f"--results {args.results}")
+    preflight.clear_earlier_run(results_root, [cell.id for cell in cells], args.pytest_args)
     try:
         with interruptible(), harness_import_path() as import_path:
             outcomes = [run_cell(cell, host=host, results_root=results_root, env_dir=root,
                                  pytest_args=args.pytest_args, log=progress, project=matrix.root,
-                                 matrix_reference=matrix.reference, import_path=import_path) for cell in cells]
+                                 matrix_reference=matrix.reference, import_path=import_path,
+                                 prepare_environment=preflight.checking_pins(ensure_environment)) for cell in cells]
     except Interrupted as interrupted:
         print(f"harness: {interrupted}; the cell's folder says so", file=sys.stderr, flush=True)
         return 128 + interrupted.signum
@@ -209,6 +210,7 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
     try:
         with (folder / "install.log").open("w") as install_log:
             environment = prepare_environment(cell, env_dir, tee(install_log, log))
+        env_cache.mark_used(environment.path)
         record["versions"].update({k: environment.versions.get(k) for k in
                                    ("python", "torch", "transformers", "accelerate", "cuda")})
         busy = memory.preflight(gpus, BUSY_THRESHOLD_MIB) if gpus else []
@@ -287,6 +289,9 @@ def run_pytest(cell: Cell, python: Path, folder: Path, gpus: list, pytest_args: 
     token = uuid.uuid4().hex
     temporary = tempfile.mkdtemp(prefix="harness-cell-")
     environ = {**pytest_environment(cell, gpus, import_path), CELL_TOKEN_ENV: token, "TMPDIR": temporary}
+    # Orphans of the cell come to this process while it runs, so one that dropped the token still ends with it.
+    before = lifecycle.descendants(os.getpid())
+    adopting = lifecycle.adopt_orphans(True)
     try:
         with (folder / "pytest.log").open("wb") as pytest_log:
             process = subprocess.Popen(command, cwd=project, env=environ,
@@ -306,8 +311,12 @@ def run_pytest(cell: Cell, python: Path, folder: Path, gpus: list, pytest_args: 
                 raise
             finally:
                 _kill_leftovers(process, token)
+                if adopting:
+                    lifecycle.kill_new_descendants(before)
                 reader.join(timeout=10)
     finally:
+        if adopting:
+            lifecycle.adopt_orphans(False)
         shutil.rmtree(temporary, ignore_errors=True)
     return process.returncode, timed_out
 
@@ -340,7 +349,12 @@ def print_plan(matrix: Matrix, cells: list[Cell], host: Host, results_root: Path
             origin, python, path = plan_environment(cell, root)
         except EnvironmentBuildError as error:
             origin, python, path = f"unusable ({error})", Path(sys.executable), None
-        environment = {"current": "this interpreter", "cached": f"cached {path}", "build": f"build {path}"}
+        building = f"build {path}"
+        if origin == "build":
+            problem = preflight.pin_problem(cell, root)
+            building = (f"cannot build {path}: {problem} (the cell would be errored at once)" if problem
+                        else f"{building} ({env_cache.build_reason(cell, root)})")
+        environment = {"current": "this interpreter", "cached": f"cached {path}", "build": building}
         print(f"{cell.id}")
         print(f"  environment: {environment.get(origin, origin)}")
         print(f"  results:     {results_root / cell.id}")
@@ -353,13 +367,24 @@ def print_plan(matrix: Matrix, cells: list[Cell], host: Host, results_root: Path
 def print_table(folders: list[Path]) -> None:
     from harness.report import render
     from harness.results import load_results
+    from harness.terminal import wants_color
 
-    print(render(load_results([str(folder) for folder in folders]), "terminal"))
+    print(render(load_results([str(folder) for folder in folders]), "terminal", color=wants_color(sys.stdout)))
 
 
 def print_where(results_root: Path) -> None:
     print(f"results: {results_root}")
-    print(f"render:  harness report {shlex.quote(str(results_root))} --format html -o harness-report.html")
+    print(f"render:  {shlex.quote(this_command())} report {shlex.quote(str(results_root))} -o harness-report.html")
+
+
+def this_command() -> str:
+    """How the user ran harness: `harness` where PATH finds this very script, else the path they typed
+    (`.venv/bin/harness`), so the hint runs as printed."""
+    typed = sys.argv[0] if sys.argv and sys.argv[0] else "harness"
+    found = shutil.which("harness")
+    if Path(typed).name == "harness" and found and Path(found).resolve() == Path(typed).resolve():
+        return "harness"
+    return typed if Path(typed).name == "harness" else "harness"
 
 
 def start_record(cell: Cell, host: Host, gpus: list, started: float, *, project: Path, reproduce: str) -> dict:

@@ -222,7 +222,8 @@ def bisect_plan(reds: Iterable[Red], labels: Mapping[str, Sequence[str]], gpu_of
             },
         )
         job["tests"].append(red.test_id)
-    return [{**job, "tests": " ".join(job["tests"])} for job in jobs.values()]
+    # A JSON list, never words: a test id may hold spaces (`test[a b]`), and the job reads it NUL-separated.
+    return [{**job, "tests": json.dumps(job["tests"])} for job in jobs.values()]
 
 
 def with_bisects(reds: Sequence[Red], bisects: Mapping[str, Mapping]) -> list[dict]:
@@ -255,8 +256,8 @@ def load_bisects(folder: str | Path | None) -> dict[str, dict]:
 
 def command(args) -> int:
     from harness.matrix import load_runners
-    from harness.report import render_template
     from harness.results import load_results
+    from harness.templates import render_template
 
     tonight = load_results([args.results])
     baseline = load_results([args.baseline]) if args.baseline and Path(args.baseline).is_dir() else None

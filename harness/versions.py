@@ -17,22 +17,11 @@ from collections.abc import Callable, Sequence
 
 from packaging.version import InvalidVersion, Version
 
-from harness.env import index_arguments
 from harness.errors import ConfigError
-from harness.matrix import FLOATING
+from harness.index import FLOATING, INDEX_VARIABLES, index_arguments
 
 # pip prints the releases it found newest first on this line.
 AVAILABLE = re.compile(r"^Available versions:\s*(.*)$", re.M)
-# Variables that change what the index answers; part of the cache key so tests and runs never mix.
-INDEX_VARIABLES = (
-    "HARNESS_INDEX_URL",
-    "HARNESS_EXTRA_INDEX_URL",
-    "HARNESS_FIND_LINKS",
-    "PIP_INDEX_URL",
-    "PIP_EXTRA_INDEX_URL",
-    "PIP_FIND_LINKS",
-    "PIP_NO_INDEX",
-)
 
 
 class VersionLookupError(ConfigError):

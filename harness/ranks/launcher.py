@@ -19,6 +19,7 @@ import pickle
 import shutil
 import signal
 import socket
+import struct
 import sys
 import tempfile
 import time
@@ -49,6 +50,8 @@ from harness.ranks.protocol import (
 from harness.ranks.rank import spawned_rank_main, stack_path
 
 POLL_S = 0.1
+# A rank answers the launcher's challenge at once; a peer silent this long is not one of our ranks.
+HANDSHAKE_TIMEOUT_S = 10.0
 # A rank answers a Ping once it has put back what its last call changed (a garbage collection, an emptied
 # CUDA cache); one that takes longer than this is not used again.
 IDLE_CHECK_TIMEOUT_S = 60.0
@@ -74,6 +77,40 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def handshake(sock: socket.socket, authkey: bytes, timeout_s: float) -> multiprocessing.connection.Connection | None:
+    """The connection of one of our ranks, or None (the socket closed) for anything else: a peer of another
+    user, one that fails the HMAC challenge, or one that sends nothing for `timeout_s` (it would otherwise
+    hold the accept loop, and the pool's start, for as long as it liked)."""
+    if peer_uid(sock) not in (None, os.getuid()):
+        sock.close()
+        return None
+    sock.setblocking(True)
+    # Kernel timeouts, not socket.settimeout: they hold for the plain reads and writes of Connection too.
+    seconds, fraction = divmod(timeout_s, 1.0)
+    limit = struct.pack("ll", int(seconds), int(fraction * 1_000_000))
+    for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+        sock.setsockopt(socket.SOL_SOCKET, option, limit)
+    connection = multiprocessing.connection.Connection(sock.detach())
+    try:
+        multiprocessing.connection.deliver_challenge(connection, authkey)
+        multiprocessing.connection.answer_challenge(connection, authkey)
+    except (multiprocessing.AuthenticationError, EOFError, OSError):
+        connection.close()
+        return None
+    with socket.socket(fileno=os.dup(connection.fileno())) as same:  # a rank's calls may wait as long as they need
+        for option in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+            same.setsockopt(socket.SOL_SOCKET, option, struct.pack("ll", 0, 0))
+    return connection
+
+
+def peer_uid(sock: socket.socket) -> int | None:
+    """The uid of the process at the other end of a Unix socket (Linux SO_PEERCRED; None elsewhere)."""
+    if not hasattr(socket, "SO_PEERCRED"):
+        return None
+    credentials = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", credentials)[1]
 
 
 def to_results(replies: list[Done]) -> list[RankResult]:
@@ -130,14 +167,10 @@ class RankSet:
         while waiting:
             with contextlib.suppress(TimeoutError, socket.timeout):
                 sock, _ = self._server.accept()
-                sock.setblocking(True)
-                connection = multiprocessing.connection.Connection(sock.detach())
-                try:
-                    multiprocessing.connection.deliver_challenge(connection, self._authkey)
-                    multiprocessing.connection.answer_challenge(connection, self._authkey)
-                except (multiprocessing.AuthenticationError, EOFError, OSError):
-                    connection.close()  # not one of our ranks
-                    continue
+                left_s = max(deadline - time.monotonic(), POLL_S)
+                connection = handshake(sock, self._authkey, min(HANDSHAKE_TIMEOUT_S, left_s))
+                if connection is None:
+                    continue  # not one of our ranks
                 hello = pickle.loads(connection.recv_bytes())
                 assert isinstance(hello, Hello), hello
                 self._connections[hello.rank] = connection

@@ -2,7 +2,9 @@
 
 Every file in a cell folder may be missing, empty, malformed, huge or hostile: what cannot be read becomes
 a `Problem` value on its cell (and, for junit.xml or an unreadable folder, an *errored* cell), never an
-exception. Numbers are normalized (`model.number`), texts capped. Only bad input from the user (a path
+exception. Only regular files are opened (a FIFO would block the reader, a symbolic link point anywhere),
+each read up to its size cap. Numbers are normalized (`model.number`), texts capped and made valid UTF-8
+(a lone-surrogate escape in JSON, a folder name that is not UTF-8). Only bad input from the user (a path
 that does not exist, a folder that holds no cells) raises `ConfigError`.
 
 junit.xml is parsed by the standard library's expat, chosen here and not by whatever else is installed
@@ -11,15 +13,19 @@ junit.xml is parsed by the standard library's expat, chosen here and not by what
 
 from __future__ import annotations
 
+import errno
 import gc
 import json
+import os
 import re
 import shlex
+import stat
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import BinaryIO
 from xml.parsers import expat
 
 from harness.contract import CONTRACT_FILES, ENV_JSON, JUNIT_XML, MEMORY_JSON, PYTEST_LOG, SCHEMA, STATUSES
@@ -49,6 +55,9 @@ ID_CHARS = 1_000  # cell and test ids
 LOG_TAIL_LINES = 30
 LOG_TAIL_BYTES = 64 * 1024
 JSON_BYTES = 4 * 1024 * 1024  # an env.json or memory.json beyond this is not one harness wrote
+# A junit.xml beyond this is not one a suite of thousands of tests writes; parsing 100 MB costs minutes
+# and over a GB of memory, so it is refused unread.
+JUNIT_BYTES = 32 * 1024 * 1024
 MAX_GPUS = 64  # per cell; a runner has at most 8, MIG slices included a few dozen
 
 # pytest's messages that say where a test broke but not why; the traceback's `E` line says why.
@@ -152,7 +161,7 @@ def read_cell(folder: Path) -> CellResult:
             info=info,
             status=CellStatus.ERRORED,
             reason=_text(why),
-            folder=str(folder),
+            folder=_text(str(folder), len(str(folder))),
             reproduce=_reproduce(None, info),
         )
 
@@ -195,7 +204,7 @@ def _read_cell(folder: Path) -> CellResult:
         reproduce=_reproduce(env_fields.text("reproduce"), info),
         log_tail=_read_log_tail(folder / PYTEST_LOG, problems) if status is CellStatus.ERRORED else None,
         problems=tuple(problems),
-        folder=str(folder),
+        folder=_text(str(folder), len(str(folder))),
     )
 
 
@@ -221,7 +230,7 @@ def _cell_status(
 
 def _cell_info(cell: Mapping[str, object], folder_name: str, problems: list[Problem]) -> CellInfo:
     fields = _Fields("env.json: cell", cell, problems)
-    cell_id = capped(fields.text("id") or folder_name, ID_CHARS)
+    cell_id = capped(fields.text("id") or _text(folder_name, ID_CHARS), ID_CHARS)
     # Without env.json the id still says what the cell was.
     parsed = _CELL_ID.match(cell_id)
     from_id = parsed.groupdict() if parsed else {}
@@ -251,7 +260,49 @@ def _reproduce(recorded: str | None, info: CellInfo) -> str:
 
 
 def _text(value: str | None, limit: int = TEXT_CHARS) -> str | None:
-    return value if value is None or len(value) <= limit else value[: limit - 1] + "…"
+    """Capped, and valid UTF-8: a lone surrogate (from a JSON escape, or a name that is not UTF-8) becomes
+    "?", as it would stop any rendering from being written."""
+    if value is None:
+        return None
+    value = value if len(value) <= limit else value[: limit - 1] + "…"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        value = value.encode("utf-8", "replace").decode("utf-8")
+    return value
+
+
+class _NotRegular(OSError):
+    """A contract file that is a FIFO, socket, device, folder or symbolic link: never opened for reading."""
+
+
+def _read_regular(path: Path, limit: int) -> bytes:
+    """At most `limit + 1` bytes of a regular file (one more than the cap, so the caller sees it was larger)."""
+    with _open_regular(path) as stream:
+        return stream.read(limit + 1)
+
+
+def _open_regular(path: Path) -> BinaryIO:
+    """A regular file opened for reading, checked on the open descriptor (no window to swap it). O_NONBLOCK:
+    opening a FIFO returns at once instead of waiting for a writer; O_NOFOLLOW: no symbolic link."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise _NotRegular("a symbolic link; not followed") from None
+        raise
+    stream = os.fdopen(descriptor, "rb")
+    mode = os.fstat(descriptor).st_mode
+    if not stat.S_ISREG(mode):
+        stream.close()
+        raise _NotRegular(f"not a regular file ({_file_kind(mode)}); not read")
+    return stream
+
+
+def _file_kind(mode: int) -> str:
+    kinds = {stat.S_ISFIFO: "a FIFO", stat.S_ISSOCK: "a socket", stat.S_ISDIR: "a folder",
+             stat.S_ISCHR: "a device", stat.S_ISBLK: "a device"}
+    return next((name for test, name in kinds.items() if test(mode)), "not a file")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,10 +311,12 @@ def _text(value: str | None, limit: int = TEXT_CHARS) -> str | None:
 
 def _read_json(path: Path, problems: list[Problem]) -> Mapping[str, object]:
     try:
-        with path.open("rb") as stream:
-            data = stream.read(JSON_BYTES + 1)
+        data = _read_regular(path, JSON_BYTES)
     except FileNotFoundError:
         problems.append(Problem(path.name, "missing"))
+        return {}
+    except _NotRegular as error:
+        problems.append(Problem(path.name, str(error)))
         return {}
     except OSError as error:
         problems.append(Problem(path.name, f"unreadable: {error.strerror or error}"))
@@ -291,11 +344,14 @@ def _read_json(path: Path, problems: list[Problem]) -> Mapping[str, object]:
 
 def _read_log_tail(path: Path, problems: list[Problem]) -> str | None:
     try:
-        with path.open("rb") as log:
+        with _open_regular(path) as log:
             log.seek(max(0, log.seek(0, 2) - LOG_TAIL_BYTES))
             data = log.read()
     except FileNotFoundError:
         problems.append(Problem(path.name, "missing"))
+        return None
+    except _NotRegular as error:
+        problems.append(Problem(path.name, str(error)))
         return None
     except OSError as error:
         problems.append(Problem(path.name, f"unreadable: {error.strerror or error}"))
@@ -442,11 +498,15 @@ def parse_xml(data: bytes) -> ET.Element:
 def _read_junit(path: Path) -> _Junit:
     """Tests of one junit.xml; a file that cannot be read gives no tests and the Problem."""
     try:
-        data = path.read_bytes()
+        data = _read_regular(path, JUNIT_BYTES)
     except FileNotFoundError:
         return _Junit(problem=Problem(JUNIT_XML, "missing: pytest never wrote it (crash, kill or timeout)"))
+    except _NotRegular as error:
+        return _Junit(problem=Problem(JUNIT_XML, str(error)))
     except OSError as error:
         return _Junit(problem=Problem(JUNIT_XML, f"unreadable: {error.strerror or error}"))
+    if len(data) > JUNIT_BYTES:
+        return _Junit(problem=Problem(JUNIT_XML, f"larger than {JUNIT_BYTES:,} bytes; not read"))
     if not data.strip():
         return _Junit(problem=Problem(JUNIT_XML, "empty"))
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -130,10 +131,12 @@ def test_a_flaky_end_stops_before_searching():
             {v: Verdict.PASS for v in RELEASES},
             "good and bad give the same verdict: transformers 5.19.0 and transformers 5.23.0 both pass",
         ),
-        ({v: Verdict.FAIL for v in RELEASES}, "both fail"),
+        # The good end runs first: failing there as a whole, the selection costs one probe.
+        ({v: Verdict.FAIL for v in RELEASES}, "the good end fails: every selected test that ran fails at "
+                                              "transformers 5.19.0"),
         (
             {**{v: Verdict.FAIL for v in RELEASES}, "5.23.0": Verdict.PASS},
-            "--good transformers 5.19.0 fails and --bad transformers 5.23.0 passes; swap them",
+            "or swap --good and --bad if they are the wrong way round",
         ),
         ({v: Verdict.UNTESTABLE for v in RELEASES}, "no version from it towards the other end can run the selection"),
     ],
@@ -316,3 +319,99 @@ def test_parse_side_refuses_other_packages(text):
 )
 def test_test_ids_become_the_suite(arguments, ids, rest):
     assert split_test_ids(arguments) == (ids, rest)
+
+
+# --------------------------------------------------------------------------- per-test verdicts
+
+KNOWN = "test_ep_logits[gpt_oss-eager-2-float32]"  # a known upstream bug: fails at both ends with --runxfail
+NEW = "test_fsdp_ep_moe[2-float32]"  # the regression
+GREEN = "test_ep_gradients[qwen3_moe-eager-2-float32]"
+
+
+def per_test_probe(first_bad: str, calls: list[str], known_everywhere: bool = True):
+    """Three tests: KNOWN fails everywhere, NEW from `first_bad` on, GREEN never; whole-selection
+    verdicts would call every version a failure."""
+
+    def probe(version: str) -> Probe:
+        calls.append(version)
+        outcomes = {KNOWN: "failed" if known_everywhere else "passed", GREEN: "passed",
+                    NEW: "failed" if RELEASES.index(version) >= RELEASES.index(first_bad) else "passed"}
+        failing = sorted(test for test, outcome in outcomes.items() if outcome == "failed")
+        return Probe(versions={"transformers": version}, label=f"transformers {version}",
+                     verdict=Verdict.FAIL if failing else Verdict.PASS, outcomes=outcomes,
+                     failure=(failing[0], "first line") if failing else None)
+
+    return probe
+
+
+def test_a_test_failing_at_both_ends_is_set_aside_and_the_others_bisected():
+    calls: list[str] = []
+    result = bisect("transformers", RELEASES, good="5.19.0", bad="5.23.0", probe=per_test_probe("5.21.0", calls))
+    assert (result.first, result.last, result.test) == ("5.21.0", "5.20.2", NEW)
+    assert result.set_aside == (KNOWN,)
+    assert result.set_aside_line() == f"set aside, failing at both ends: {KNOWN}"
+    assert calls[0] == "5.19.0"  # the good end first
+    assert result.to_json(1.0)["set_aside"] == [KNOWN]
+
+
+def test_a_selection_that_fails_whole_at_the_good_end_costs_one_probe():
+    calls: list[str] = []
+
+    def all_failing(version: str) -> Probe:
+        calls.append(version)
+        return Probe(versions={"transformers": version}, label=f"transformers {version}", verdict=Verdict.FAIL,
+                     outcomes={KNOWN: "failed", "test_skipped": "skipped"}, failure=(KNOWN, "first line"))
+
+    expected = f"every selected test that ran fails at transformers 5.19.0 ({KNOWN})"
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        bisect("transformers", RELEASES, good="5.19.0", bad="5.23.0", probe=all_failing)
+    assert calls == ["5.19.0"]
+
+
+def test_when_the_bad_end_fails_only_where_the_good_end_does_nothing_is_searched():
+    calls: list[str] = []
+
+    def same_failures(version: str) -> Probe:
+        calls.append(version)
+        return Probe(versions={"transformers": version}, label=f"transformers {version}", verdict=Verdict.FAIL,
+                     outcomes={KNOWN: "failed", GREEN: "passed"}, failure=(KNOWN, "first line"))
+
+    with pytest.raises(ConfigError, match=re.escape(f"fails at transformers 5.19.0 too ({KNOWN}): nothing changed")):
+        bisect("transformers", RELEASES, good="5.19.0", bad="5.23.0", probe=same_failures)
+    assert calls == ["5.19.0", "5.23.0"]
+
+
+def test_once_the_ends_have_run_later_probes_run_only_the_tests_the_search_follows():
+    calls: list[str] = []
+    narrowed: list[tuple[str, ...]] = []
+
+    def narrow(tests):
+        narrowed.append(tuple(tests))
+        assert len(calls) == 2  # after both ends, before the search
+
+    bisect("transformers", RELEASES, good="5.19.0", bad="5.23.0", probe=per_test_probe("5.21.0", calls),
+           narrow=narrow)
+    assert narrowed == [(NEW,)]
+
+
+def test_the_cell_prober_runs_only_the_narrowed_tests(monkeypatch, tmp_path):
+    from harness import probes
+    from harness.matrix import Cell
+
+    ran = []
+
+    def run_cell(cell, **kwargs):
+        ran.append(cell.suite)
+        raise StopIteration  # what it ran is all this test needs
+
+    monkeypatch.setattr(probes.run, "run_cell", run_cell)
+    cell = Cell(gpu="cpu", gpus=2, torch="2.13.0", transformers="5.24.0", matrix="m", labels=(),
+                timeout_minutes=5, reruns=0, suite=("tests/gpu",))
+    prober = probes.CellProber(cell=cell, host=None, results_root=tmp_path, env_dir=tmp_path, pytest_args=[],
+                               project=tmp_path)
+    for narrowed in ((), (f"tests/gpu/test_fsdp2.py::{NEW}",)):
+        if narrowed:
+            prober.narrow(narrowed)
+        with pytest.raises(StopIteration):
+            prober({"transformers": "5.20.0"}, "transformers 5.20.0", built=lambda cell: False)
+    assert ran == [("tests/gpu",), (f"tests/gpu/test_fsdp2.py::{NEW}",)]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli, github, report
+from harness import actions_io, cli, github_api, github_comments, report
 from harness.errors import GitHubError
 from harness.results import Digest, load_baseline, load_results, nightly_regressions
 
@@ -53,6 +53,8 @@ class FakeGitHub:
         self.reactions: dict[int, set[str]] = {}
         self.runs: list[dict] = []
         self.artifacts: dict[int, list[dict]] = {}
+        self.jobs: dict[int, list[dict]] = {}  # run id -> its jobs (GET /actions/runs/ID/jobs)
+        self.default_branch = "main"
         self.failures: list[dict] = []  # each answers one matching request instead of (or after) the real one
         self.log: list[tuple[str, str, object]] = []
         self.next_id = 1_000_000
@@ -194,6 +196,8 @@ class Handler(BaseHTTPRequestHandler):
     def route(self, method: str, path: str, query: dict, body) -> tuple[int, object, dict]:
         fake, prefix = self.fake, f"/repos/{REPO}"
         not_found = (404, {"message": "Not Found", "documentation_url": "https://docs.github.com/rest"}, {})
+        if path == prefix and method == "GET":
+            return 200, {"full_name": REPO, "default_branch": fake.default_branch}, {}
         if not path.startswith(prefix + "/"):
             return not_found
         rest = path[len(prefix):]
@@ -267,6 +271,9 @@ class Handler(BaseHTTPRequestHandler):
             runs = [run for run in fake.runs if run["path"].endswith(match[1])
                     and run["head_branch"] == query.get("branch") and run["status"] == query.get("status")]
             return 200, {"total_count": len(runs), "workflow_runs": runs}, {}
+        if match := re.fullmatch(r"/actions/runs/(\d+)/jobs", rest):
+            jobs = fake.jobs.get(int(match[1]), [])
+            return 200, {"total_count": len(jobs), "jobs": jobs}, {}
         if match := re.fullmatch(r"/actions/runs/(\d+)/artifacts", rest):
             artifacts = fake.artifacts.get(int(match[1]), [])
             return 200, {"total_count": len(artifacts), "artifacts": artifacts}, {}
@@ -300,7 +307,7 @@ def fake():
 @pytest.fixture
 def sleeps(monkeypatch):
     waited: list[float] = []
-    monkeypatch.setattr(github, "sleep", waited.append)
+    monkeypatch.setattr(github_api, "sleep", waited.append)
     return waited
 
 
@@ -388,7 +395,7 @@ def test_trusted_user_with_the_head_sha_is_accepted(fake, env, tmp_path, capsys,
     assert not fake.requests("POST") and not fake.requests("PATCH")  # deciding posts nothing
 
 
-@pytest.mark.parametrize("given", [HEAD[:7], HEAD[:12], HEAD[:12].upper()])
+@pytest.mark.parametrize("given", [HEAD[:12], HEAD[:12].upper(), HEAD[:20]])
 def test_short_sha_prefix_of_the_head_is_accepted_and_expanded(fake, env, tmp_path, given):
     fake.add_pull(7)
     fake.permissions["maintainer"] = ("write", "write")
@@ -400,7 +407,7 @@ def test_member_shown_as_contributor_is_trusted_for_the_api_permission(fake, env
     # Write access through a team: the comment says CONTRIBUTOR, the API says write.
     fake.add_pull(7)
     fake.permissions["teammate"] = ("write", "write")
-    event = comment_event(tmp_path, f"/ok to test {HEAD[:10]}", "teammate", association="CONTRIBUTOR")
+    event = comment_event(tmp_path, f"/ok to test {HEAD[:12]}", "teammate", association="CONTRIBUTOR")
     assert authorize(event, tmp_path) == 0
     assert fake.requests("GET", r"/collaborators/teammate/permission$")
 
@@ -408,13 +415,36 @@ def test_member_shown_as_contributor_is_trusted_for_the_api_permission(fake, env
 def test_windows_line_endings_and_more_text_after_the_first_line(fake, env, tmp_path):
     fake.add_pull(7)
     fake.permissions["maintainer"] = ("admin", "admin")
-    event = comment_event(tmp_path, f"  /ok to test {HEAD[:8]}  \r\nLooks good to me.\r\n")
+    event = comment_event(tmp_path, f"  /ok to test {HEAD[:12]}  \r\nLooks good to me.\r\n")
     assert authorize(event, tmp_path) == 0
 
 
 # --------------------------------------------------------------------------- authorize: short shas
 
-TWIN = HEAD[:7] + "f" * 33  # a commit an attacker made to share the head's 7-character prefix
+TWIN = HEAD[:12] + "f" * 28  # a commit an attacker made to share the head's 12-character prefix
+
+
+@pytest.mark.parametrize("length", [7, 11])
+def test_a_short_sha_under_12_characters_is_refused_with_the_full_head(fake, env, tmp_path, length):
+    """A 7-character twin is about 2**28 SHA-1 tries: the prefix alone never counts."""
+    fake.add_pull(7, head=HEAD)
+    fake.permissions["maintainer"] = ("write", "write")
+    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD[:length]}"), tmp_path) == 5
+    reason = refusal(tmp_path)
+    assert f"is {length} characters" in reason and f"/ok to test {HEAD}`" in reason
+    assert "sha" not in outputs(env)
+
+
+def test_a_twin_force_pushed_between_the_review_and_the_comment_is_refused(fake, env, tmp_path):
+    """The maintainer reviewed OLD_HEAD's twin-to-be and typed its prefix a minute after the contributor
+    force-pushed the twin: the head starts with the prefix and is not what was reviewed."""
+    fake.add_pull(7, head=OLD_HEAD)
+    fake.force_push(7, HEAD, at="2026-11-30T02:59:00Z")  # one minute before the comment
+    fake.permissions["maintainer"] = ("write", "write")
+    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD[:12]}"), tmp_path) == 5
+    reason = refusal(tmp_path)
+    assert "force-pushed at 2026-11-30T02:59:00+00:00, less than 1 hour before the comment" in reason
+    assert f"/ok to test {HEAD}`" in reason
 
 
 def test_a_force_pushed_twin_with_the_same_prefix_is_refused(fake, env, tmp_path):
@@ -424,18 +454,18 @@ def test_a_force_pushed_twin_with_the_same_prefix_is_refused(fake, env, tmp_path
     fake.add_pull(7, head=HEAD)
     fake.permissions["maintainer"] = ("write", "write")
     fake.force_push(7, TWIN, at="2026-11-30T03:00:05Z")  # five seconds after the comment
-    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD[:7]}"), tmp_path) == 5
+    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD[:12]}"), tmp_path) == 5
     reason = refusal(tmp_path)
     assert "force-pushed at 2026-11-30T03:00:05+00:00, after the comment" in reason
     assert f"/ok to test {TWIN}`" in reason  # the full sha to copy, once the new head was reviewed
     assert "sha" not in outputs(env)
 
 
-def test_a_force_push_before_the_comment_leaves_the_short_sha_good(fake, env, tmp_path):
+def test_a_force_push_long_before_the_comment_leaves_the_short_sha_good(fake, env, tmp_path):
     fake.add_pull(7, head=OLD_HEAD)
-    fake.force_push(7, HEAD, at="2026-11-30T02:59:00Z")
+    fake.force_push(7, HEAD, at="2026-11-30T01:59:00Z")  # an hour and a minute before the comment
     fake.permissions["maintainer"] = ("write", "write")
-    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD[:7]}"), tmp_path) == 0
+    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD[:12]}"), tmp_path) == 0
     assert outputs(env)["sha"] == HEAD
 
 
@@ -443,7 +473,7 @@ def test_a_second_pushed_commit_sharing_the_prefix_is_refused(fake, env, tmp_pat
     fake.add_pull(7, head=HEAD)
     fake.push(7, TWIN)  # a plain push: both commits are in the pull request now, the twin on top
     fake.permissions["maintainer"] = ("write", "write")
-    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD[:7]}"), tmp_path) == 5
+    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD[:12]}"), tmp_path) == 5
     assert "it matches 2 commits of the pull request" in refusal(tmp_path)
 
 
@@ -452,7 +482,7 @@ def test_a_short_sha_is_refused_when_the_api_will_not_tell(fake, env, tmp_path, 
     fake.add_pull(7)
     fake.permissions["maintainer"] = ("write", "write")
     fake.fail("GET", path, 404, body={"message": "Not Found"})
-    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD[:7]}"), tmp_path) == 5
+    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD[:12]}"), tmp_path) == 5
     reason = refusal(tmp_path)
     assert "GitHub did not give the pull request's commits and timeline" in reason
     assert f"/ok to test {HEAD}`" in reason
@@ -502,7 +532,8 @@ def test_stale_sha_is_refused_with_the_current_head(fake, env, tmp_path):
     fake.permissions["maintainer"] = ("write", "write")
     assert authorize(comment_event(tmp_path, f"/ok to test {OLD_HEAD[:12]}"), tmp_path) == 5
     reason = refusal(tmp_path)
-    assert f"`{OLD_HEAD[:12]}` is not the head of #7" in reason and f"/ok to test {HEAD[:12]}" in reason
+    assert f"`{OLD_HEAD[:12]}` is not the head of #7, which is now `{HEAD}`" in reason
+    assert f"/ok to test {HEAD}`" in reason
     assert "sha" not in outputs(env)
 
 
@@ -852,11 +883,38 @@ def test_previous_run_skips_this_run_cancelled_runs_and_expired_results(fake, en
     assert not fake.requests("GET", r"/runs/(900|899)/artifacts")
 
 
+def test_previous_run_defaults_to_the_repositorys_default_branch(fake, env):
+    fake.default_branch = "trunk"
+    fake.runs = [workflow_run(5, "success", branch="main"), workflow_run(4, "success", branch="trunk")]
+    fake.artifacts = {5: [artifact("results-a")], 4: [artifact("results-b")]}
+    assert gh("previous-run", "--workflow", "nightly.yml") == 0
+    assert outputs(env)["run_id"] == "4"
+
+
 def test_no_previous_run_leaves_the_output_empty(fake, env, capsys):
     fake.runs = [workflow_run(5, "success", branch="feature")]
     assert gh("previous-run", "--workflow", "nightly.yml", "--branch", "main") == 0
     assert outputs(env) == {"run_id": "", "sha": ""}
     assert "no earlier run" in capsys.readouterr().out
+
+
+def test_run_links_name_each_cells_job_and_results_artifact(fake, env, monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("GITHUB_RUN_ID", "77")
+    monkeypatch.setenv("GITHUB_SERVER_URL", "https://github.com")
+    run = f"https://github.com/{REPO}/actions/runs/77"
+    fake.jobs = {77: [{"id": 1, "name": "gpu-tests / Plan", "html_url": f"{run}/job/1"},
+                      {"id": 2, "name": "gpu-tests / cpu-2rank-torch2.13.0-tf5.24.0", "html_url": f"{run}/job/2"},
+                      {"id": 3, "name": "elsewhere", "html_url": "https://example.com/job/3"}]}
+    fake.artifacts = {77: [{"id": 9, "name": "results-cpu-2rank-torch2.13.0-tf5.24.0", "expired": False},
+                           {"id": 10, "name": "results-old", "expired": True},
+                           {"id": 11, "name": "rendered-comment", "expired": False}]}
+    out = tmp_path / "links.json"
+    assert gh("run-links", "-o", str(out)) == 0
+    assert json.loads(out.read_text()) == {
+        "jobs": {"Plan": f"{run}/job/1", "cpu-2rank-torch2.13.0-tf5.24.0": f"{run}/job/2"},
+        "artifacts": {"cpu-2rank-torch2.13.0-tf5.24.0": f"{run}/artifacts/9"},
+    }
+    assert "2 jobs and 1 results-* artifacts of run 77" in capsys.readouterr().out
 
 
 # --------------------------------------------------------------------------- nightly regression issue
@@ -1108,11 +1166,11 @@ def test_gh_imports_only_the_standard_library():
 
 def test_outputs_refuse_values_that_would_add_lines(env):
     with pytest.raises(GitHubError, match="unexpected characters"):
-        github.write_outputs({"sha": "abc\nmalicious=1"})
+        actions_io.write_outputs({"sha": "abc\nmalicious=1"})
     assert env.read_text() == ""
 
 
 def test_fit_body_leaves_short_bodies_alone():
-    assert github.fit_body("short") == "short"
-    cut = github.fit_body("line\n" * 100, limit=200)
+    assert github_comments.fit_body("short") == "short"
+    cut = github_comments.fit_body("line\n" * 100, limit=200)
     assert len(cut) <= 200 and cut.startswith("line\nline\n")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html.parser
 import json
+import os
 import re
 import subprocess
 import sys
@@ -14,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.report import COMMENT_LIMIT, render, render_nightly
+from harness.contract import COMMENT_LIMIT
+from harness.report import render, render_nightly
 from harness.results import (
     DIGEST_TAG,
     CellStatus,
@@ -31,7 +33,9 @@ CELL = "ada-2gpu-torch2.11.0-tf5.9.0"
 LONG = "x" * 100_000  # a 100 KB line
 HOSTILE = (
     "a|b`c``<img src=x onerror=alert(1)> @org/team @octocat [l](https://evil.example) "
-    "![i](https://evil.example/i.png) </details> ``` <!-- harness-digest v1 AAAA --> " + LONG
+    "![i](https://evil.example/i.png) </details> ``` <!-- harness-digest v1 AAAA --> "
+    "https://evil.example/bare HTTP://evil.example www.evil.example WWW.evil.example me@evil.example "
+    "mailto:me@evil.example ftp://evil.example " + LONG
 )
 
 
@@ -117,6 +121,9 @@ def assert_safe_markdown(text: str) -> None:
     assert not re.search(r"(?<!\\)<(img|script|a )", prose, re.IGNORECASE)
     assert not re.search(r"(?<![\\\w])@(?!&#8203;)[A-Za-z]", prose), "a live mention"
     assert not re.search(r"(?<!\\)\[[^\[\]]*(?<!\\)\]\(", prose), "a live link or image"
+    # GFM autolinks: a bare scheme://, www. or address becomes a link without any markup
+    autolink = re.search(r"(?i)\b[a-z][a-z0-9+.-]*://[a-z0-9]|\bwww\.[a-z0-9]|[a-z0-9._+-]@[a-z0-9]", prose)
+    assert not autolink, f"a bare URL GitHub would link: {prose[autolink.start() - 20: autolink.end() + 20]!r}"
     assert prose.count("<details>") == prose.count("</details>")
     assert len(re.findall(r"^`{3,}", text, re.MULTILINE)) % 2 == 0, "an open code fence"
     assert max(map(len, text.splitlines())) < 5_000, "a 100 KB line came through whole"
@@ -306,6 +313,14 @@ def test_one_unreadable_cell_folder_is_one_errored_row(tmp_path, monkeypatch):
             return _real(path, *args, **kwargs)
 
         monkeypatch.setattr(Path, method, refusing)
+    real_open = os.open
+
+    def refusing_open(path, *args, **kwargs):
+        if locked in Path(path).parents:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refusing_open)  # the reader opens contract files by descriptor
     cells = {cell.id: cell for cell in load_results([tmp_path]).cells}
     assert cells[CELL].status is CellStatus.PASSED
     locked_cell = cells["h200-2gpu-torch2.11.0-tf5.18.0"]
@@ -374,3 +389,14 @@ def test_a_memory_json_listing_thousands_of_gpus_reads_the_first_64(tmp_path):
     assert len(cell.memory) == 64
     assert "memory.json: lists 20000 GPUs; the first 64 are read" in map(str, cell.problems)
     assert len(render(load_results([tmp_path]), "pr-comment")) <= COMMENT_LIMIT
+
+
+def test_hostile_messages_add_no_markup_to_the_triage_table():
+    from harness.templates import render_template
+    from harness.triage import Red, Triage, with_bisects
+
+    red = Red(cell_id=CELL, test_id=f"tests/gpu/test_ep.py::test_bad[{HOSTILE}]", test_name="test_bad",
+              message=HOSTILE, triage=Triage.REAL, cause=HOSTILE, good={"transformers": "5.9.0"},
+              bad={"transformers": "5.10.0"})
+    rows = with_bisects([red], {CELL: {"line": HOSTILE}})
+    assert_safe_markdown(render_template("triage.md.j2", reds=rows, baseline=True))

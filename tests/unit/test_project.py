@@ -96,7 +96,7 @@ def test_from_a_subfolder_every_file_of_a_cell_lands_in_the_project_root(adopter
     assert env["reproduce"] == f"harness run --matrix mine --cell {folder.name}"
     out = capsys.readouterr().out
     assert f"results in {folder}" in out
-    assert out.rstrip().endswith(f"render:  harness report {adopter / 'results'} --format html -o harness-report.html")
+    assert out.rstrip().endswith(f"render:  harness report {adopter / 'results'} -o harness-report.html")
 
 
 def test_install_entries_resolve_from_the_project_root_and_key_the_environment(adopter, monkeypatch):

@@ -456,7 +456,8 @@ def test_when_forked_ranks_cannot_start_but_spawned_ones_can_the_session_spawns(
 def test_a_start_that_fails_spawned_too_does_not_turn_forking_off():
     launcher = PoolLauncher()  # no forked pool has formed yet: the spawned retry is what is tested
     try:
-        with pytest.raises(RankFailedError, match=r"rank 0 raised RuntimeError: rank 0 needs GPU 0, but 0 are"):
+        # Either rank may fail first: on a busy machine rank 0 can still be importing torch when rank 1 fails.
+        with pytest.raises(RankFailedError, match=r"rank (\d) raised RuntimeError: rank \1 needs GPU \1, but 0 are"):
             launcher(2, identify, timeout=60, device="cuda")
         assert launcher.fork_refused is None
         assert launcher.pools_started == 2

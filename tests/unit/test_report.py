@@ -14,16 +14,9 @@ import pytest
 
 from harness import report
 from harness.cli import main
-from harness.report import (
-    COMMENT_LIMIT,
-    COMMENT_MARKER,
-    code_span,
-    fence_for,
-    html_text,
-    markdown_text,
-    one_line,
-    render,
-)
+from harness.contract import COMMENT_LIMIT, COMMENT_MARKER
+from harness.filters import code_span, fence_for, html_text, markdown_text, one_line
+from harness.report import render
 from harness.results import (
     CellInfo,
     CellResult,

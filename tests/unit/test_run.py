@@ -10,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from test_pins import index  # noqa: F401  (a package index that lists torch 0.0.1: the build itself must fail)
 
 import harness.run
 from harness.cli import main
@@ -160,6 +161,7 @@ def test_hang_past_the_cell_timeout_is_killed_with_its_children(tmp_path, monkey
         os.kill(child, 0)
 
 
+@pytest.mark.usefixtures("index")
 def test_broken_environment_is_errored_with_the_installer_message(tmp_path, monkeypatch):
     monkeypatch.setenv("HARNESS_INSTALLER", "uv")
     monkeypatch.setenv("HARNESS_INSTALLER_ARGS", "--offline")
@@ -171,6 +173,7 @@ def test_broken_environment_is_errored_with_the_installer_message(tmp_path, monk
     assert (folder / "memory.json").is_file() and (folder / "install.log").is_file()
 
 
+@pytest.mark.usefixtures("index")
 def test_one_broken_cell_does_not_stop_the_next(tmp_path, monkeypatch):
     monkeypatch.setenv("HARNESS_INSTALLER", "uv")
     monkeypatch.setenv("HARNESS_INSTALLER_ARGS", "--offline")

@@ -276,7 +276,7 @@ def test_harness_triage_writes_the_plan_the_table_and_folds_in_bisect_answers(ni
                 "runs_on": ["self-hosted", "linux", "x64", "gpu-h200"],
                 "good": "torch=2.13.0,transformers=5.19.0",
                 "bad": "torch=2.13.0,transformers=5.20.0",
-                "tests": "tests/gpu/test_fsdp2.py::test_fsdp_ep_moe[2-float32]",
+                "tests": '["tests/gpu/test_fsdp2.py::test_fsdp_ep_moe[2-float32]"]',
             }
         ]
     }

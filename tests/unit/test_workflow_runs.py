@@ -18,7 +18,10 @@ import pytest
 from test_github import BOT, REPO, TOKEN, FakeGitHub, Handler, comment_event
 from workflow_runner import Runner
 
-pytestmark = pytest.mark.workflows
+# Minutes of pip installs and fresh venvs, longer on a busy machine: no per-test clock (pyproject's 600 s would
+# race the load); each step instead fails when it stalls (workflow_runner.STEP_STALL_SECONDS). The default
+# `python -m pytest` leaves the marker out (pyproject's addopts); .ci/run runs it as its own step.
+pytestmark = [pytest.mark.workflows, pytest.mark.timeout(0)]
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCH = importlib.metadata.version("torch").split("+")[0]
@@ -151,6 +154,7 @@ def test_ok_to_test_runs_the_approved_head_and_comments_on_the_pull_request(upst
     body = comment["body"]
     assert comment["user"]["login"] == BOT
     assert CPU_CELL in body and head[:12] in body and "passed" in body, body
+    assert f"[workflow run](https://github.com/{REPO}/actions/runs/4242)" in body, body  # the run's own link
     assert "rocket" in api.reactions[555001]
     assert any(CPU_CELL in summary for summary in run.summaries)
     cell = json.loads((run.artifacts / f"results-{CPU_CELL}" / CPU_CELL / "env.json").read_text())

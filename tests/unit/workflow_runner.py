@@ -23,6 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from progress_watch import Stalled, run_while_progressing
+
+# A step with no output and no CPU use in any of its processes for this long is stuck (a hang, a
+# deadlock), whatever the machine's load.
+STEP_STALL_SECONDS = 300
 
 # --------------------------------------------------------------------------- expressions
 
@@ -334,6 +339,8 @@ class Runner:
                 "GITHUB_REF_NAME": self.github["ref_name"],
                 "GITHUB_REPOSITORY": self.github["repository"],
                 "GITHUB_RUN_ID": self.github["run_id"],
+                "GITHUB_RUN_ATTEMPT": "1",
+                "GITHUB_SERVER_URL": "https://github.com",
                 **{key: str(path) for key, path in files.items()},
             }
             if "uses" in step:
@@ -360,15 +367,14 @@ class Runner:
     def shell(self, script: str, workspace: Path, environ: dict[str, str], temp: Path) -> tuple[bool, str]:
         path = temp / f"step-{uuid.uuid4().hex[:8]}.sh"
         path.write_text(script)
-        done = subprocess.run(
-            ["bash", "--noprofile", "--norc", "-eo", "pipefail", str(path)],
-            cwd=workspace,
-            env=environ,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            timeout=900,
-        )
+        # No wall-clock limit: a step on a busy machine is slow, not stuck; it fails only when it stalls.
+        try:
+            done = run_while_progressing(
+                ["bash", "--noprofile", "--norc", "-eo", "pipefail", str(path)],
+                stall_seconds=STEP_STALL_SECONDS, cwd=workspace, env=environ,
+            )
+        except Stalled as stalled:
+            return False, f"{stalled.output}\n{stalled}"
         return done.returncode == 0, done.stdout
 
     def action(self, step: dict, given: dict, workspace: Path, extra_path: list[str]) -> tuple[bool, str]:

@@ -1,0 +1,95 @@
+"""The nightly's GitHub side: which earlier run kept results to compare with, and the one regression
+issue (opened when something regressed, updated each red night, closed on a green one)."""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+from harness.actions_io import read_text, write_outputs
+from harness.github_api import GitHub
+from harness.github_comments import fit_body, upsert_comment
+
+NIGHTLY_MARKER = "<!-- harness-nightly -->"
+
+
+def previous_run_command(gh: GitHub, args: Any) -> int:
+    """The newest finished run of this workflow on the branch, other than this one, that kept results."""
+    current = os.environ.get("GITHUB_RUN_ID", "")
+    branch = args.branch or str((gh.get(f"/repos/{gh.repo}") or {}).get("default_branch") or "main")
+    runs = gh.get(gh.repo_path(f"actions/workflows/{urllib.parse.quote(args.workflow)}/runs"),
+                  branch=branch, status="completed", per_page=20)
+    for run in (runs or {}).get("workflow_runs", []):
+        if str(run.get("id")) == current or run.get("conclusion") not in ("success", "failure"):
+            continue
+        artifacts = gh.paginate(gh.repo_path(f"actions/runs/{run['id']}/artifacts"), key="artifacts")
+        kept = [a for a in artifacts if not a.get("expired")]
+        if any(str(a.get("name")).startswith(args.artifact_prefix) for a in kept):
+            write_outputs({"run_id": str(run["id"]), "sha": str(run.get("head_sha") or "")})
+            print(f"previous run {run['id']} ({run.get('head_sha')}, {run.get('conclusion')})")
+            return 0
+    write_outputs({"run_id": "", "sha": ""})
+    print(f"no earlier run of {args.workflow} on {branch} kept {args.artifact_prefix}* artifacts")
+    return 0
+
+
+def find_open_issue(gh: GitHub, label: str, author: str) -> dict | None:
+    # The label filter of the issues list is exact and has no search-index delay.
+    for issue in gh.paginate(gh.repo_path("issues"), state="open", labels=label):
+        ours = (issue.get("user") or {}).get("login") == author
+        if ours and "pull_request" not in issue and str(issue.get("body") or "").startswith(NIGHTLY_MARKER):
+            return issue
+    return None
+
+
+def nightly_issue_command(gh: GitHub, args: Any) -> int:
+    from harness.report import read_baseline, render_nightly
+    from harness.results import CellStatus, Digest, load_results, nightly_regressions
+
+    current = load_results([args.results])
+    # No baseline folder: the first night, or the previous night's artifacts expired.
+    baseline = read_baseline(args.baseline) if args.baseline and Path(args.baseline).exists() else None
+    regressions = nightly_regressions(current, baseline or Digest(cells={}),
+                                      memory_mib=args.memory_mib, memory_percent=args.memory_percent)
+    green = all(cell.status is CellStatus.PASSED for cell in current.cells)
+    issue = find_open_issue(gh, args.label, args.author)
+    sha = (args.sha or os.environ.get("GITHUB_SHA") or "unknown")[:12]
+    run_id = os.environ.get("GITHUB_RUN_ID", "")
+    server = os.environ.get("GITHUB_SERVER_URL", "")
+    run_url = f"{server}/{gh.repo}/actions/runs/{run_id}" if server and run_id.isdigit() else None
+    # One comment per night, even when the job is re-run.
+    night_marker = f"<!-- harness-nightly:{run_id if run_id.isdigit() else 'local'} -->"
+
+    if green:
+        if issue is None:
+            print("all green; no open regression issue")
+            return 0
+        upsert_comment(gh, issue["number"], render_nightly("green", marker=night_marker, sha=sha, run_url=run_url),
+                       night_marker, args.author)
+        gh.request("PATCH", gh.repo_path(f"issues/{issue['number']}"),
+                   body={"state": "closed", "state_reason": "completed"})
+        print(f"closed issue #{issue['number']}")
+        return 0
+
+    against = "the night before" if baseline is not None else "no earlier results (first night, or they expired)"
+    report = read_text(args.report, "report") if args.report else ""
+    # Each red's class and bisect line, as `harness triage` rendered it.
+    triage = read_text(args.triage, "triage").strip() if args.triage else ""
+    body = fit_body(render_nightly("issue", marker=NIGHTLY_MARKER, sha=sha, run_url=run_url, regressions=regressions,
+                                   matrix=args.matrix, against=against, report=report, triage=triage))
+    if issue is None:
+        if not regressions:
+            print("failures persist from the night before, and no regression issue is open")
+            return 0
+        created = gh.request("POST", gh.repo_path("issues"), body={
+            "title": f"Nightly regression: {args.matrix}", "body": body, "labels": [args.label]}).data
+        print(f"opened issue #{created.get('number')}")
+        return 0
+    gh.request("PATCH", gh.repo_path(f"issues/{issue['number']}"), body={"body": body})
+    if regressions:
+        again = render_nightly("again", marker=night_marker, sha=sha, run_url=run_url, regressions=regressions)
+        upsert_comment(gh, issue["number"], again, night_marker, args.author)
+    print(f"updated issue #{issue['number']}")
+    return 0

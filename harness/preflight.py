@@ -1,0 +1,121 @@
+"""What `harness run` checks and prepares before any cell runs, so a mistake is one line, not a red cell.
+
+- The project root: outside a git repository the working directory is taken as the project, which is
+  said, since env.json then records no commit and relative paths resolve from there.
+- The pins: a torch or transformers version a cell would build an environment for must be on the
+  package index, or the cell is errored at once with that reason, not after half a minute of a failing
+  install (cells that use this interpreter or a cached environment ask nothing, so they run offline).
+- The suites: a path a matrix names that is not there would make every cell "pytest exited 4 (usage
+  error)" with the cause only in pytest.log.
+- The results folder: it must take files, and it holds one run's cells only. Cell folders of an earlier
+  run are removed (a report of the folder would mix them in) and a cell re-run with a test selection
+  does not replace a full run's results without a word.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from harness.contract import CONTRACT_FILES, ENV_JSON
+from harness.env import EnvironmentBuildError, plan_environment
+from harness.errors import ConfigError
+from harness.matrix import Cell
+from harness.pins import missing_pins
+from harness.project import git_toplevel, resolve
+from harness.versions import VersionLookupError
+
+
+def warn(message: str) -> None:
+    print(f"harness: warning: {message}", file=sys.stderr, flush=True)
+
+
+def check_project(root: Path, suites: Iterable[tuple[str, tuple[str, ...]]],
+                  say: Callable[[str], None] = warn) -> None:
+    """`suites`: (where the matrix comes from, its suite entries) per cell."""
+    in_git = git_toplevel(root) is not None
+    if not in_git:
+        say(f"{root} is not in a git repository: it is taken as the project root and env.json records no commit")
+    for origin, entries in suites:
+        # An entry may name a test inside a file (tests/gpu/test_ep.py::test_load): the file must exist.
+        missing = [entry for entry in entries if not resolve(entry.split("::")[0], root).exists()]
+        if missing:
+            where = f"{root}" if in_git else f"{root} (the working directory: no git repository here)"
+            raise ConfigError(f"{origin}: suite: {', '.join(missing)} not found in the project root {where}")
+
+
+def pin_problem(cell: Cell, env_dir: Path) -> str | None:
+    """Why the cell's environment cannot be built (a pin the index lacks), asked only of a cell that would
+    build; None when it would not build or its pins exist."""
+    try:
+        would_build = plan_environment(cell, env_dir)[0] == "build"
+    except EnvironmentBuildError:
+        would_build = True
+    if not would_build:
+        return None
+    try:
+        problems = missing_pins([cell])
+    except VersionLookupError:
+        return None  # the index cannot be asked (offline, or an installer cache only): the build decides
+    return "; ".join(problems) or None
+
+
+def checking_pins(prepare: Callable) -> Callable:
+    """`prepare_environment` for run_cell that first checks the cell's pins: a missing one makes the cell
+    errored at once with that reason (the other cells still run), before anything is built."""
+    def prepare_checked(cell: Cell, env_dir: Path, log: Callable[[str], None]):
+        problem = pin_problem(cell, env_dir)
+        if problem:
+            raise EnvironmentBuildError(problem)
+        return prepare(cell, env_dir, log)
+
+    return prepare_checked
+
+
+def prepare_results(results_root: Path, option: str) -> None:
+    """The folder exists and takes files: a read-only one is one line here, not a traceback mid-run."""
+    try:
+        results_root.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=results_root, prefix=".harness-write-check-"):
+            pass
+    except OSError as error:
+        raise ConfigError(f"{option}: cannot write to {results_root}: {error.strerror or error}") from None
+
+
+def is_cell_folder(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink() and any((path / name).exists() for name in CONTRACT_FILES)
+
+
+def clear_earlier_run(results_root: Path, cell_ids: Iterable[str], pytest_args: list[str],
+                      say: Callable[[str], None] = print) -> None:
+    """Remove the cell folders this run will not write (another run's), saying which; say when a selection
+    (`-- -k ...`) replaces the results of a full run. Anything else in the folder stays."""
+    cell_ids = set(cell_ids)
+    earlier = sorted(path.name for path in results_root.iterdir() if is_cell_folder(path) and path.name not in cell_ids)
+    for name in earlier:
+        shutil.rmtree(results_root / name)
+    if earlier:
+        shown = ", ".join(earlier[:5]) + (f" and {len(earlier) - 5} more" if len(earlier) > 5 else "")
+        say(f"cleared {len(earlier)} cell folder{'s' if len(earlier) != 1 else ''} of an earlier run from "
+            f"{results_root}: {shown} (a results folder holds one run)")
+    if not pytest_args:
+        return
+    for cell_id in sorted(cell_ids):
+        if earlier_was_full_run(results_root / cell_id):
+            say(f"{cell_id}: its full results in {results_root / cell_id} are replaced by this run of "
+                f"pytest {' '.join(pytest_args)}; give --results another folder to keep them")
+
+
+def earlier_was_full_run(folder: Path) -> bool:
+    """Whether the folder holds a run without pytest arguments (its reproduce command has no ` -- `).
+    The file is untrusted: anything unreadable counts as not full."""
+    try:
+        record = json.loads((folder / ENV_JSON).read_text(encoding="utf-8")[:100_000])
+    except (OSError, ValueError):
+        return False
+    reproduce = record.get("reproduce") if isinstance(record, dict) else None
+    return isinstance(reproduce, str) and " -- " not in reproduce

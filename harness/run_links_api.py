@@ -1,0 +1,35 @@
+"""`harness gh run-links`: each cell's job and results artifact in this workflow run, read through the API before
+the report job downloads any artifact (the step that renders holds no token)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from harness.errors import ConfigError
+from harness.github_api import GitHub
+
+
+def run_links_command(gh: GitHub, args: Any) -> int:
+    """A cell job's name ends with its cell id (`gpu-tests / <id>` when called); its artifact is PREFIX<id>. Only
+    URLs of this run are kept."""
+    run_id = os.environ.get("GITHUB_RUN_ID", "")
+    if not run_id.isdigit():
+        raise ConfigError(f"GITHUB_RUN_ID {run_id!r} is not a run id; run-links runs inside the workflow run")
+    server = (os.environ.get("GITHUB_SERVER_URL") or "https://github.com").rstrip("/")
+    run = f"{server}/{gh.repo}/actions/runs/{run_id}"
+    jobs = {}
+    for job in gh.paginate(gh.repo_path(f"actions/runs/{run_id}/jobs"), key="jobs", filter="latest"):
+        url, name = job.get("html_url"), str(job.get("name") or "")
+        if isinstance(url, str) and url.startswith(f"{run}/"):
+            jobs[name.rsplit(" / ", 1)[-1]] = url
+    artifacts = {}
+    for artifact in gh.paginate(gh.repo_path(f"actions/runs/{run_id}/artifacts"), key="artifacts"):
+        name = str(artifact.get("name") or "")
+        if name.startswith(args.artifact_prefix) and not artifact.get("expired") and str(artifact.get("id")).isdigit():
+            artifacts[name[len(args.artifact_prefix):]] = f"{run}/artifacts/{artifact['id']}"
+    Path(args.output).write_text(json.dumps({"jobs": jobs, "artifacts": artifacts}, indent=2) + "\n")
+    print(f"{len(jobs)} jobs and {len(artifacts)} {args.artifact_prefix}* artifacts of run {run_id}")
+    return 0

@@ -1,0 +1,87 @@
+"""`harness run` before any cell: the project root and its suites, a results folder that takes files and
+holds one run only. Each mistake is one line and exit 2, before anything is built or run."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from test_run import cell_folder, run, write_matrix
+
+from harness.cli import main
+
+
+def unwritable_folder(tmp_path: Path) -> Path:
+    if os.geteuid() != 0:
+        folder = tmp_path / "read-only"
+        folder.mkdir()
+        folder.chmod(0o555)
+        return folder
+    return Path("/sys/kernel")  # root may write wherever a mode allows; sysfs takes no new files
+
+
+def test_a_results_folder_that_takes_no_files_is_one_line_and_exit_2(tmp_path, capsys):
+    folder = unwritable_folder(tmp_path)
+    assert main(["run", "--matrix", write_matrix(tmp_path, "passing"), "--results", str(folder),
+                 "--env-dir", str(tmp_path / "envs")]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"harness: error: --results {folder}: cannot write to {folder}: ")
+    assert error.count("\n") == 1 and "Traceback" not in error
+
+
+def test_outside_a_git_repository_a_missing_suite_says_where_it_looked(tmp_path, capsys, monkeypatch):
+    project = tmp_path / "not-a-repository"
+    project.mkdir()
+    monkeypatch.chdir(project)
+    matrix = project / "m.yaml"
+    matrix.write_text('axes: {gpu: [cpu], gpus: [2], torch: ["2.13.0"], transformers: ["5.24.0"]}\n'
+                      "suite: [tests/gpu, tests/more.py::test_one]\n")
+    assert main(["run", "--matrix", str(matrix), "--dry-run"]) == 2
+    error = capsys.readouterr().err.splitlines()
+    root = project.resolve()
+    assert error == [
+        f"harness: warning: {root} is not in a git repository: it is taken as the project root and env.json "
+        "records no commit",
+        f"harness: error: {matrix.resolve()}: suite: tests/gpu, tests/more.py::test_one not found in the project "
+        f"root {root} (the working directory: no git repository here)",
+    ]
+
+
+def test_cells_of_an_earlier_run_are_cleared_and_said_other_folders_stay(tmp_path, capsys):
+    results = tmp_path / "results"
+    earlier = results / "cpu-4rank-torch2.0.0-tf5.0.0"
+    earlier.mkdir(parents=True)
+    (earlier / "env.json").write_text('{"status": "errored"}')
+    (results / "bisect" / "transformers5.20.0").mkdir(parents=True)  # not a cell folder: kept
+    assert run(tmp_path, write_matrix(tmp_path, "passing")) == 0
+    assert sorted(path.name for path in results.iterdir()) == ["bisect", cell_folder(results).name]
+    out = capsys.readouterr().out
+    assert f"cleared 1 cell folder of an earlier run from {results}: {earlier.name} (a results folder holds one run)" \
+        in out
+
+
+@pytest.mark.parametrize(("first", "said"), [((), True), (("--", "-k", "test_two"), False)])
+def test_a_selection_replacing_a_full_run_says_so(tmp_path, capsys, first, said):
+    matrix = write_matrix(tmp_path, "passing")
+    assert run(tmp_path, matrix, *first) == 0
+    capsys.readouterr()
+    assert run(tmp_path, matrix, "--", "-k", "test_one") == 0
+    folder = cell_folder(tmp_path / "results")
+    message = f"{folder.name}: its full results in {folder} are replaced by this run of pytest -k test_one"
+    assert (message in capsys.readouterr().out) is said
+
+
+def test_the_render_hint_names_the_harness_that_ran(tmp_path, monkeypatch):
+    from harness.run import this_command
+
+    script = tmp_path / ".venv" / "bin" / "harness"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    monkeypatch.setattr("sys.argv", [".venv/bin/harness", "run"])
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # the venv is not on PATH: `harness` would not be found
+    assert this_command() == ".venv/bin/harness"
+    monkeypatch.setenv("PATH", f"{script.parent}:/usr/bin:/bin")
+    assert this_command() == "harness"

@@ -356,6 +356,7 @@ def test_every_metric_the_contract_names_appears_in_some_rendering(tmp_path):
         for name, value in (
             (contract.EP_FAMILIES_DECLARED, "qwen3_moe,mixtral_declared_only"),
             (contract.EP_FAMILIES_COVERED, "qwen3_moe"),
+            (contract.EP_FAMILIES_NOT_COVERED, "{&quot;mixtral_declared_only&quot;: &quot;a reason it cannot run&quot;}"),
             (contract.TRANSFORMERS_VERSION, "5.99.1"),
         )
     )
@@ -370,6 +371,7 @@ def test_every_metric_the_contract_names_appears_in_some_rendering(tmp_path):
         contract.LOGITS_ATOL: "6.23e-06",
         contract.PEAK_ALLOCATED_PREFIX: "3.0 GiB",
         contract.EP_FAMILIES_COVERED: "EP families covered: 1 of 2 (transformers 5.99.1)",
+        contract.EP_FAMILIES_NOT_COVERED: "a reason it cannot run",
         contract.EP_FAMILIES_DECLARED: "mixtral_declared_only",
     }
     assert set(shown) >= {*contract.CASE_METRICS, *contract.SUITE_PROPERTIES} - {contract.TRANSFORMERS_VERSION}

@@ -13,6 +13,7 @@ Run by hand: python tests/gpu/upstream_repros/ep_experts_implementations_5_13_to
 import os
 import sys
 import tempfile
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -20,13 +21,16 @@ import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 from transformers.distributed.configuration_utils import DistributedConfig
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the suite's tf_adapter
+import tf_adapter
+
 
 def rank_main(rank: int, path: str, implementation: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29641", RANK=str(rank), WORLD_SIZE="2")
     dist.init_process_group("gloo", rank=rank, world_size=2)
     batch = torch.arange(32).reshape(2, 16) % 128
     whole = AutoModelForCausalLM.from_pretrained(path, experts_implementation=implementation)
-    config = DistributedConfig(enable_expert_parallel=True, tp_size=2)
+    config = DistributedConfig(**tf_adapter.distributed_config_kwargs("ep", 2))  # the release's EP arguments
     sharded = AutoModelForCausalLM.from_pretrained(
         path, experts_implementation=implementation, distributed_config=config
     )

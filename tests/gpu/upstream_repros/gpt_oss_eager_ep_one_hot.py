@@ -10,7 +10,9 @@ Run by hand: python tests/gpu/upstream_repros/gpt_oss_eager_ep_one_hot.py (raise
 """
 
 import os
+import sys
 import tempfile
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -18,12 +20,17 @@ import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM, GptOssConfig
 from transformers.distributed.configuration_utils import DistributedConfig
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the suite's tf_adapter
+import tf_adapter
+
 
 def rank_main(rank: int, path: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29621", RANK=str(rank), WORLD_SIZE="2")
     dist.init_process_group("gloo", rank=rank, world_size=2)
     model = AutoModelForCausalLM.from_pretrained(
-        path, experts_implementation="eager", distributed_config=DistributedConfig(ep_size=2, tp_size=2)
+        path,
+        experts_implementation="eager",
+        distributed_config=DistributedConfig(**tf_adapter.distributed_config_kwargs("ep", 2)),
     )
     with torch.no_grad():
         model(torch.arange(16).reshape(1, 16))  # raises on every rank

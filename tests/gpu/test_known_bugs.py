@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from xml.etree import ElementTree
 
 import known_bugs
 import pytest
@@ -10,6 +11,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from rank_cases import Case
 
+from harness import triage
 from harness.ranks.protocol import Died, Failed, failure_error
 
 pytest_plugins = ["pytester"]
@@ -128,7 +130,9 @@ def test_a_covered_case_is_xfailed_only_for_the_failure_its_entry_names(pytester
                 pytest.skip("needs 4 ranks")
         """
     )
-    result = pytester.runpytest("-p", "no:cacheprovider", "-rA")  # in-process: the suite directory is on sys.path
+    junit = pytester.path / "junit.xml"
+    # in-process: the suite directory is on sys.path
+    result = pytester.runpytest("-p", "no:cacheprovider", "-rA", f"--junitxml={junit}")
     result.assert_outcomes(failed=3, xfailed=1, skipped=1)
     result.stdout.fnmatch_lines_random(
         [
@@ -144,3 +148,11 @@ def test_a_covered_case_is_xfailed_only_for_the_failure_its_entry_names(pytester
             "[[]XPASS(strict)[]] fixed upstream: remove the entry in tests/gpu/known_bugs.py: known upstream bug:*",
         ]
     )
+    # Nightly triage reads the failure's text: a different failure must not pass for the known bug.
+    testcases = ElementTree.parse(junit).iter("testcase")
+    different = [case for case in testcases if case.get("name").startswith("test_another")]
+    assert len(different) == 2
+    for testcase in different:
+        failure = testcase.find("failure")
+        text = f"{failure.get('message')}\n{failure.text}"
+        assert triage.classify_text(text) != (triage.Triage.KNOWN_UPSTREAM, triage.KNOWN_UPSTREAM.name), text

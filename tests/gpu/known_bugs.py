@@ -42,7 +42,7 @@ class KnownBug:
     match: str  # a regular expression searched for in the first line of that exception's message
     cause: str  # one line
     reproduced: str  # the reproduction and where it ran
-    bisected: tuple[str, ...]  # each end's `harness bisect` command and its answer
+    bisected: tuple[str, ...]  # each end's `harness bisect` command and answer, or `lower/upper end: ` why none
     families: tuple[str, ...] | None = None  # None: every MoE family
     implementations: tuple[str, ...] | None = None  # experts_implementation; None: every one
     dtypes: tuple[str, ...] | None = None  # None: every dtype
@@ -123,8 +123,12 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         raises="AssertionError",
         match=r"^gradients differ from the whole model's: .*\(0\.5 times the whole model's gradient\)",
         cause="FSDP2 + EP expert gradients (and expert biases) are exactly 0.5x the whole model's on 2 ranks",
-        reproduced="upstream_repros/fsdp_ep_expert_gradients_halved.py, 5.20.0 on 2 CPU ranks",
-        bisected=(),
+        reproduced="upstream_repros/fsdp_ep_expert_gradients_halved.py: ratio 0.5 at 5.20.0 and 5.22.2, 1.0 at "
+        "5.23.0 and 5.24.0, on 2 CPU ranks",
+        bisected=(
+            'harness bisect --package transformers --good 5.24.0 --bad 5.20.0 -- -k "test_fsdp_ep_moe and '
+            'qwen3_moe-2-float32": first good: transformers 5.23.0 (last bad 5.22.2); 6 probes, 806s',
+        ),
     ),
     KnownBug(
         package="transformers",
@@ -137,8 +141,14 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         match=r"Class values must be smaller than num_classes",
         cause="GPT-OSS eager experts one-hot the EP sentinel expert id at inference (AllReduceEP): "
         "'Class values must be smaller than num_classes'",
-        reproduced="upstream_repros/gpt_oss_eager_ep_one_hot.py, 5.24.0 on 2 CPU ranks",
-        bisected=(),
+        reproduced="upstream_repros/gpt_oss_eager_ep_one_hot.py: raises at 5.23.0 and 5.24.0, not at 5.22.2, "
+        "on 2 CPU ranks",
+        bisected=(
+            'harness bisect --package transformers --good 5.20.0 --bad 5.24.0 -- -k "test_ep_load_and_logits and '
+            'gpt_oss-eager-2-float32": first bad: transformers 5.23.0 (last good 5.22.2); 6 probes, 493s',
+            "upper end: none yet; 5.24.0, the newest release, still fails (the gptoss bisect's bad end), so the "
+            "range stops there",
+        ),
     ),
 )
 

@@ -92,7 +92,7 @@ def failure_of(error: BaseException) -> tuple[str | None, str]:
 KNOWN_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
         package="transformers",
-        versions=">=5.13,<5.20",
+        versions=">=5.13,<5.18",
         layouts=("ep",),
         checks=("logits", "gradients"),
         implementations=("eager",),
@@ -101,11 +101,15 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         cause="eager experts one-hot the ep_router's sentinel expert id: 'Class values must be smaller than "
         "num_classes'",
         reproduced="upstream_repros/ep_experts_implementations_5_13_to_5_19.py eager, 5.17.0 on 2 CPU ranks",
-        bisected=(),
+        bisected=(
+            'harness bisect --package transformers --good 5.24.0 --bad 5.17.0 -- -k "(test_ep_load_and_logits and '
+            'qwen3_moe-eager-2-float32) or (test_ep_gradients and qwen3_moe-batched_mm-2-float32)": first good: '
+            'transformers 5.18.0 (last bad 5.17.0), both tests failing at 5.17.0 and passing at 5.18.0; 5 probes, 798s',
+        ),
     ),
     KnownBug(
         package="transformers",
-        versions=">=5.13,<5.20",
+        versions=">=5.13,<5.18",
         layouts=("ep",),
         checks=("gradients",),
         implementations=("batched_mm",),
@@ -113,7 +117,11 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         match=r"^gradients differ from the whole model's: .*\.(gate|router)\.weight",  # the router's gradient
         cause="batched_mm experts under the ep_router give the router a wrong gradient (relative error 0.5-1.1)",
         reproduced="upstream_repros/ep_experts_implementations_5_13_to_5_19.py batched_mm, 5.17.0 on 2 CPU ranks",
-        bisected=(),
+        bisected=(
+            'harness bisect --package transformers --good 5.24.0 --bad 5.17.0 -- -k "(test_ep_load_and_logits and '
+            'qwen3_moe-eager-2-float32) or (test_ep_gradients and qwen3_moe-batched_mm-2-float32)": first good: '
+            'transformers 5.18.0 (last bad 5.17.0), both tests failing at 5.17.0 and passing at 5.18.0; 5 probes, 798s',
+        ),
     ),
     KnownBug(
         package="transformers",

@@ -88,40 +88,49 @@ def failure_of(error: BaseException) -> tuple[str | None, str]:
 
 
 # Versions: what `harness bisect` measured at each end (torch 2.13.0 CPU, 2 gloo ranks, fp32); an upper end
-# written `<=` is the newest release verified, not a fix.
+# written `<=` is the newest release verified, not a fix; a lower end at a feature's floor (tf_adapter) is the
+# first release that can run the case at all.
+_EP_SELECTION = (
+    '-k "(test_ep_load_and_logits and qwen3_moe-eager-2-float32) or '
+    '(test_ep_gradients and qwen3_moe-batched_mm-2-float32)"'
+)
+# One selection holds both EP entries' cases; each probe's junit.xml shows both failing or both passing.
+_EP_SENTINEL_BISECTED = (
+    f"harness bisect --package transformers --good 5.12.1 --bad 5.13.0 -- {_EP_SELECTION}: good and bad give "
+    "the same verdict, both fail (exit 2); 2 probes, 347s",
+    f"harness bisect --package transformers --good 5.7.0 --bad 5.12.1 -- {_EP_SELECTION}: good and bad give "
+    "the same verdict, both fail (exit 2); 2 probes, 275s",
+    "lower end: 5.7.0, the EP floor (first release with an EP plan for qwen3_moe and gpt_oss); 5.6.2 skips",
+    f"harness bisect --package transformers --good 5.24.0 --bad 5.17.0 -- {_EP_SELECTION}: first good: "
+    "transformers 5.18.0 (last bad 5.17.0); 5 probes, 800s",
+)
 KNOWN_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
         package="transformers",
-        versions=">=5.13,<5.18",
+        versions=">=5.7,<5.18",
         layouts=("ep",),
         checks=("logits", "gradients"),
         implementations=("eager",),
         raises="RuntimeError",
         match=r"Class values must be smaller than num_classes",
-        cause="eager experts one-hot the ep_router's sentinel expert id: 'Class values must be smaller than "
+        cause="eager experts one-hot the EP router's sentinel expert id: 'Class values must be smaller than "
         "num_classes'",
-        reproduced="upstream_repros/ep_experts_implementations_5_13_to_5_19.py eager, 5.17.0 on 2 CPU ranks",
-        bisected=(
-            'harness bisect --package transformers --good 5.24.0 --bad 5.17.0 -- -k "(test_ep_load_and_logits and '
-            'qwen3_moe-eager-2-float32) or (test_ep_gradients and qwen3_moe-batched_mm-2-float32)": first good: '
-            'transformers 5.18.0 (last bad 5.17.0), both tests failing at 5.17.0 and passing at 5.18.0; 5 probes, 798s',
-        ),
+        reproduced="upstream_repros/ep_experts_implementations_sentinel.py eager: raises at 5.7.0 and 5.17.0, "
+        "not at 5.18.0, on 2 CPU ranks",
+        bisected=_EP_SENTINEL_BISECTED,
     ),
     KnownBug(
         package="transformers",
-        versions=">=5.13,<5.18",
+        versions=">=5.7,<5.18",
         layouts=("ep",),
         checks=("gradients",),
         implementations=("batched_mm",),
         raises="AssertionError",
         match=r"^gradients differ from the whole model's: .*\.(gate|router)\.weight",  # the router's gradient
-        cause="batched_mm experts under the ep_router give the router a wrong gradient (relative error 0.5-1.1)",
-        reproduced="upstream_repros/ep_experts_implementations_5_13_to_5_19.py batched_mm, 5.17.0 on 2 CPU ranks",
-        bisected=(
-            'harness bisect --package transformers --good 5.24.0 --bad 5.17.0 -- -k "(test_ep_load_and_logits and '
-            'qwen3_moe-eager-2-float32) or (test_ep_gradients and qwen3_moe-batched_mm-2-float32)": first good: '
-            'transformers 5.18.0 (last bad 5.17.0), both tests failing at 5.17.0 and passing at 5.18.0; 5 probes, 798s',
-        ),
+        cause="batched_mm experts under EP give the router a wrong gradient (relative error 0.5-1.1)",
+        reproduced="upstream_repros/ep_experts_implementations_sentinel.py batched_mm: router gradient error 1.11 "
+        "at 5.17.0, 0 at 5.18.0, on 2 CPU ranks",
+        bisected=_EP_SENTINEL_BISECTED,
     ),
     KnownBug(
         package="transformers",

@@ -1,13 +1,14 @@
-"""transformers 5.13-5.19 (EP through enable_expert_parallel + the ep_router plan), every MoE family:
+"""transformers 5.7-5.17 (EP through enable_expert_parallel, from its first release), every MoE family:
 
-- eager experts crash: the ep_router marks other ranks' experts with the sentinel id num_local_experts, and the
+- eager experts crash: the EP router marks other ranks' experts with the sentinel id num_local_experts, and the
   eager experts forward one-hots the ids with num_classes=num_local_experts:
   `RuntimeError: Class values must be smaller than num_classes.`
 - batched_mm experts give a wrong router gradient: the sentinel slots' zeroed scores still reach the router
   (relative error of gate.weight's gradient 0.5-1.1 against the whole model; grouped_mm agrees to 1e-7).
 
-Reproduced with transformers 5.17.0, torch 2.13.0 CPU, 2 gloo ranks; 5.20.0 and 5.24.0 pass.
-Run by hand: python tests/gpu/upstream_repros/ep_experts_implementations_5_13_to_5_19.py eager|batched_mm|grouped_mm
+Reproduced with transformers 5.7.0 and 5.17.0, torch 2.13.0 CPU, 2 gloo ranks; 5.18.0 (the bisect's first good
+release) passes: eager runs, batched_mm's router gradient error is 0.
+Run by hand: python tests/gpu/upstream_repros/ep_experts_implementations_sentinel.py eager|batched_mm|grouped_mm
 """
 
 import os

@@ -100,7 +100,9 @@ _EP_SENTINEL_BISECTED = (
     "the same verdict, both fail (exit 2); 2 probes, 347s",
     f"harness bisect --package transformers --good 5.7.0 --bad 5.12.1 -- {_EP_SELECTION}: good and bad give "
     "the same verdict, both fail (exit 2); 2 probes, 275s",
-    "lower end: 5.7.0, the EP floor (first release with an EP plan for qwen3_moe and gpt_oss); 5.6.2 skips",
+    f"harness bisect --package transformers --good 5.6.2 --bad 5.7.0 -- {_EP_SELECTION}: 5.6.2 untestable "
+    "(needs transformers>=5.7.0 for expert-parallel loading), exit 2; 1 probe, 188s",
+    "lower end: 5.7.0, the EP floor (first release with an EP plan for qwen3_moe and gpt_oss), fails",
     f"harness bisect --package transformers --good 5.24.0 --bad 5.17.0 -- {_EP_SELECTION}: first good: "
     "transformers 5.18.0 (last bad 5.17.0); 5 probes, 800s",
 )

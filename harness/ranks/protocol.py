@@ -271,7 +271,8 @@ def failure_error(world_size: int, replies: dict[int, Done], failures: dict[int,
     seconds = [_seconds(replies.get(each) or failures.get(each)) for each in range(world_size)]
     modules = [name for outcome in (*replies.values(), *failures.values()) for name in getattr(outcome, "modules", ())]
     return RankFailedError(rank, summary, details, others, rank_seconds=seconds, rank_modules=modules,
-                           error_type=raised and raised.error_type, error_message=raised and raised.error_message)
+                           error_type=raised.error_type if raised else None,
+                           error_message=raised.error_message if raised else None)
 
 
 def timeout_error(world_size: int, timeout_s: float, replies: dict[int, Done],

@@ -17,10 +17,10 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from harness.contract import FIXED_UPSTREAM as FIXED_MESSAGE
+from harness.contract import KNOWN_BUG_PREFIX as REASON_PREFIX  # what the report and triage read
 from harness.ranks import RankFailedError
 
-REASON_PREFIX = "known upstream bug: "
-FIXED_MESSAGE = "fixed upstream: remove the entry"
 DIFFERENT_MESSAGE = "failed differently from its known bug"
 
 

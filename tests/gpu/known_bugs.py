@@ -136,6 +136,29 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
     ),
     KnownBug(
         package="transformers",
+        versions=">=5.18,<5.19",
+        layouts=("ep",),
+        checks=("logits",),
+        families=("gpt_oss",),
+        implementations=("eager",),
+        raises="RuntimeError",
+        match=r"Class values must be smaller than num_classes",
+        cause="GPT-OSS eager experts still one-hot the EP sentinel expert id at inference one release after the "
+        "other families' fix: 'Class values must be smaller than num_classes'",
+        reproduced="upstream_repros/gpt_oss_eager_ep_one_hot.py: raises at 5.18.0, not at 5.19.0 or 5.20.0, on 2 "
+        "CPU ranks",
+        bisected=(
+            'harness bisect --package transformers --good 5.18.0 --bad 5.17.0 -- -k "(test_ep_load_and_logits and '
+            'eager-2-float32) or (test_ep_gradients and batched_mm-2-float32)": both fail (exit 2); at 5.17.0 every '
+            "family's eager logits and batched_mm gradients fail, at 5.18.0 only gpt_oss's eager logits; 2 probes, "
+            "291s",
+            "lower end: 5.18.0, where the entry above (the same failure for every family) ends",
+            'harness bisect --package transformers --good 5.20.0 --bad 5.18.0 -- -k "test_ep_load_and_logits and '
+            'gpt_oss-eager-2-float32": first good: transformers 5.19.0 (last bad 5.18.0); 3 probes, 205s',
+        ),
+    ),
+    KnownBug(
+        package="transformers",
         versions=">=5.20,<5.23",
         layouts=("fsdp_ep",),
         checks=("gradients",),

@@ -102,8 +102,9 @@ MEASURED_FAILURES = (
         "model.layers.0.mlp.router.weight 0.962; model.layers.1.mlp.router.weight 0.758; "
         "model.layers.1.mlp.router.bias 0.745; and 26 more",
     ),
+    (2, *CLASS_VALUES),  # gpt_oss eager, 5.18.0
     (  # qwen3_moe FSDP2 + EP, 5.20.0
-        2,
+        3,
         "AssertionError",
         "gradients differ from the whole model's: 4 of 25 parameters exceed relative error 2.853e-05: "
         "model.layers.1.mlp.experts.gate_up_proj 0.5 (0.5 times the whole model's gradient); "
@@ -111,7 +112,7 @@ MEASURED_FAILURES = (
         "model.layers.1.mlp.experts.down_proj 0.5 (0.5 times the whole model's gradient); "
         "model.layers.0.mlp.experts.down_proj 0.5 (0.5 times the whole model's gradient)",
     ),
-    (3, *CLASS_VALUES),  # gpt_oss eager, 5.23.0
+    (4, *CLASS_VALUES),  # gpt_oss eager, 5.23.0
 )
 
 

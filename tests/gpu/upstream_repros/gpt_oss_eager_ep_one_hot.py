@@ -1,12 +1,12 @@
-"""transformers 5.23.0-5.24.0 (the newest checked): GPT-OSS's eager experts under expert parallelism crash at
-inference (no_grad).
+"""transformers 5.18.0, and 5.23.0-5.24.0 (the newest checked): GPT-OSS's eager experts under expert parallelism
+crash at inference (no_grad). (Up to 5.17.0 every family's eager experts do: ep_experts_implementations_sentinel.py.)
 
 At inference with a shared batch, expert parallelism runs AllReduceEP (transformers/distributed/expert_parallel.py),
 which marks tokens routed to another rank's experts with the sentinel id num_local_experts. GptOssExperts.forward
 (eager) one-hots the ids with num_classes=num_local_experts, so the sentinel is out of range:
 `RuntimeError: Class values must be smaller than num_classes.` With gradients (AllToAllEP) it runs, and the other
-families' eager experts skip the sentinel. Reproduced with transformers 5.23.0 and 5.24.0, torch 2.13.0 CPU, 2 gloo
-ranks; 5.22.2 runs without error (the bisect's last good release).
+families' eager experts skip the sentinel. Reproduced with transformers 5.18.0, 5.23.0 and 5.24.0, torch 2.13.0 CPU,
+2 gloo ranks; 5.19.0, 5.20.0 and 5.22.2 run without error (the bisects' first and last good releases).
 
 Run by hand: python tests/gpu/upstream_repros/gpt_oss_eager_ep_one_hot.py (raises while the bug is there).
 """

@@ -138,13 +138,13 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         package="transformers",
         versions=">=5.18,<5.19",
         layouts=("ep",),
-        checks=("logits",),
+        checks=("logits", "gradients"),
         families=("gpt_oss",),
         implementations=("eager",),
         raises="RuntimeError",
         match=r"Class values must be smaller than num_classes",
-        cause="GPT-OSS eager experts still one-hot the EP sentinel expert id at inference one release after the "
-        "other families' fix: 'Class values must be smaller than num_classes'",
+        cause="GPT-OSS eager experts still one-hot the EP sentinel expert id one release after the other "
+        "families' fix (at inference and in training): 'Class values must be smaller than num_classes'",
         reproduced="upstream_repros/gpt_oss_eager_ep_one_hot.py: raises at 5.18.0, not at 5.19.0 or 5.20.0, on 2 "
         "CPU ranks",
         bisected=(
@@ -155,6 +155,8 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "lower end: 5.18.0, where the entry above (the same failure for every family) ends",
             'harness bisect --package transformers --good 5.20.0 --bad 5.18.0 -- -k "test_ep_load_and_logits and '
             'gpt_oss-eager-2-float32": first good: transformers 5.19.0 (last bad 5.18.0); 3 probes, 205s',
+            'harness bisect --package transformers --good 5.19.0 --bad 5.18.0 -- -k "test_ep_gradients and '
+            'gpt_oss-eager-2-float32": first good: transformers 5.19.0 (last bad 5.18.0); 2 probes, 81s',
         ),
     ),
     KnownBug(

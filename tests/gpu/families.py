@@ -111,7 +111,10 @@ MECHANICS: Mapping[str, tuple[dict, str | None]] = MappingProxyType(
             },
             "5.7.0",
         ),
-        "mixtral": (_COMMON | _attention() | _MOE | {"intermediate_size": 32, "num_local_experts": NUM_EXPERTS}, "5.13.0"),
+        "mixtral": (
+            _COMMON | _attention() | _MOE | {"intermediate_size": 32, "num_local_experts": NUM_EXPERTS},
+            "5.13.0",
+        ),
         "qwen2_moe": (
             _COMMON
             | _attention()

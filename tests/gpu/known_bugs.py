@@ -1,27 +1,48 @@
 """Known upstream bugs: cases that fail because torch or transformers is wrong, in one table.
 
-Each entry was reproduced in a few lines outside the suite (tests/gpu/upstream_repros/, run by hand). The
-cases it covers are marked `xfail(strict=True)` with a reason starting `known upstream bug: `, so the report
-lists them with their cause; a release that fixes the bug turns the XPASS into a failure saying
-`fixed upstream: remove the entry` (conftest.py), and the entry's version range is narrowed then.
+Each entry was reproduced in a few lines outside the suite (tests/gpu/upstream_repros/, run by hand), and
+its version range was bisected with `harness bisect` at both ends (the `bisected` field: each command and
+its answer). The cases it covers are marked `xfail(strict=True)` with a reason starting
+`known upstream bug: `, so the report lists them with their cause, but only for the failure the entry
+names: the failing rank's exception type (`raises`) and a pattern its message matches (`match`). A covered
+case that fails otherwise is red, saying it failed differently from its known bug; one that passes fails
+saying `fixed upstream: remove the entry` (conftest.py). Every range ends at the newest release it was
+verified on, so a newer release runs the case and shows whether the bug is still there.
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-REASON_PREFIX = "known upstream bug: "
-FIXED_MESSAGE = "fixed upstream: remove the entry"
+from harness.contract import FIXED_UPSTREAM as FIXED_MESSAGE
+from harness.contract import KNOWN_BUG_PREFIX as REASON_PREFIX  # what the report and triage read
+from harness.ranks import RankFailedError
+
+DIFFERENT_MESSAGE = "failed differently from its known bug"
+
+
+class KnownBugFailure(Exception):
+    """A covered case failed the way its entry says: the strict xfail's `raises`, so nothing else is xfailed."""
+
+
+class DifferentFailure(AssertionError):
+    """A covered case failed, but not the way its entry says: a red, not an xfail."""
 
 
 @dataclass(frozen=True)
 class KnownBug:
     package: str  # "transformers" or "torch"
-    versions: str  # a PEP 440 specifier set of the releases that have it, e.g. ">=5.13,<5.20"
+    versions: str  # a PEP 440 specifier set of the releases that have it, bounded above, e.g. ">=5.13,<5.20"
     layouts: tuple[str, ...]  # tf_adapter.LAYOUTS keys
     checks: tuple[str, ...]  # a case shows the bug when it runs one of these checks
+    raises: str  # the failing rank's exception type (qualname), e.g. "RuntimeError"
+    match: str  # a regular expression searched for in the first line of that exception's message
     cause: str  # one line
     reproduced: str  # the reproduction and where it ran
+    bisected: tuple[str, ...]  # each end's `harness bisect` command and answer, or `lower/upper end: ` why none
     families: tuple[str, ...] | None = None  # None: every MoE family
     implementations: tuple[str, ...] | None = None  # experts_implementation; None: every one
     dtypes: tuple[str, ...] | None = None  # None: every dtype
@@ -42,47 +63,140 @@ class KnownBug:
             and (self.dtypes is None or case.dtype in self.dtypes)
         )
 
+    def explains(self, error: BaseException) -> bool:
+        error_type, message = failure_of(error)
+        return error_type == self.raises and re.search(self.match, message) is not None
 
-# Version ranges: where the bug was reproduced (the `reproduced` field) and what the releases' changes bound it by
-# (5.13 introduced the ep_router plan these go through; 5.20 replaced it; 5.23 fixed the FSDP2+EP scaling).
+    def verdict(self, error: Exception) -> Exception:
+        """What a covered case raises in place of `error`: the bug the xfail expects, or a different failure."""
+        error_type, message = failure_of(error)
+        if self.explains(error):
+            return KnownBugFailure(f"{REASON_PREFIX}{self.package} {self.versions}: {error_type}: {message}")
+        return DifferentFailure(
+            f"{DIFFERENT_MESSAGE} ({self.package} {self.versions}: {self.raises} matching {self.match!r}): "
+            f"{error_type or 'no exception'}: {message}"
+        )
+
+
+def failure_of(error: BaseException) -> tuple[str | None, str]:
+    """(exception type, first line of its message) of the failure itself: for the ranks fixture's error, the
+    first failing rank's own exception as it travelled (type None: the rank died without one)."""
+    if isinstance(error, RankFailedError):
+        return error.error_type, error.error_message if error.error_message is not None else error.summary
+    text = str(error).strip()
+    return type(error).__qualname__, text.splitlines()[0] if text else ""
+
+
+# Versions: what `harness bisect` measured at each end (torch 2.13.0 CPU, 2 gloo ranks, fp32); an upper end
+# written `<=` is the newest release verified, not a fix; a lower end at a feature's floor (tf_adapter) is the
+# first release that can run the case at all.
+_EP_SELECTION = (
+    '-k "(test_ep_load_and_logits and qwen3_moe-eager-2-float32) or '
+    '(test_ep_gradients and qwen3_moe-batched_mm-2-float32)"'
+)
+# One selection holds both EP entries' cases; each probe's junit.xml shows both failing or both passing.
+_EP_SENTINEL_BISECTED = (
+    f"harness bisect --package transformers --good 5.12.1 --bad 5.13.0 -- {_EP_SELECTION}: good and bad give "
+    "the same verdict, both fail (exit 2); 2 probes, 347s",
+    f"harness bisect --package transformers --good 5.7.0 --bad 5.12.1 -- {_EP_SELECTION}: good and bad give "
+    "the same verdict, both fail (exit 2); 2 probes, 275s",
+    f"harness bisect --package transformers --good 5.6.2 --bad 5.7.0 -- {_EP_SELECTION}: 5.6.2 untestable "
+    "(needs transformers>=5.7.0 for expert-parallel loading), exit 2; 1 probe, 188s",
+    "lower end: 5.7.0, the EP floor (first release with an EP plan for qwen3_moe and gpt_oss), fails",
+    f"harness bisect --package transformers --good 5.24.0 --bad 5.17.0 -- {_EP_SELECTION}: first good: "
+    "transformers 5.18.0 (last bad 5.17.0); 5 probes, 800s",
+)
 KNOWN_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
         package="transformers",
-        versions=">=5.13,<5.20",
+        versions=">=5.7,<5.18",
         layouts=("ep",),
         checks=("logits", "gradients"),
         implementations=("eager",),
-        cause="eager experts one-hot the ep_router's sentinel expert id: 'Class values must be smaller than "
+        raises="RuntimeError",
+        match=r"Class values must be smaller than num_classes",
+        cause="eager experts one-hot the EP router's sentinel expert id: 'Class values must be smaller than "
         "num_classes'",
-        reproduced="upstream_repros/ep_experts_implementations_5_13_to_5_19.py eager, 5.17.0 on 2 CPU ranks",
+        reproduced="upstream_repros/ep_experts_implementations_sentinel.py eager: raises at 5.7.0 and 5.17.0, "
+        "not at 5.18.0, on 2 CPU ranks",
+        bisected=_EP_SENTINEL_BISECTED,
     ),
     KnownBug(
         package="transformers",
-        versions=">=5.13,<5.20",
+        versions=">=5.7,<5.18",
         layouts=("ep",),
         checks=("gradients",),
         implementations=("batched_mm",),
-        cause="batched_mm experts under the ep_router give the router a wrong gradient (relative error 0.5-1.1)",
-        reproduced="upstream_repros/ep_experts_implementations_5_13_to_5_19.py batched_mm, 5.17.0 on 2 CPU ranks",
+        raises="AssertionError",
+        match=r"^gradients differ from the whole model's: .*\.(gate|router)\.weight",  # the router's gradient
+        cause="batched_mm experts under EP give the router a wrong gradient (relative error 0.5-1.1)",
+        reproduced="upstream_repros/ep_experts_implementations_sentinel.py batched_mm: router gradient error 0.6-0.8 "
+        "at 5.7.0, 1.11 at 5.17.0, 0 at 5.18.0, on 2 CPU ranks",
+        bisected=_EP_SENTINEL_BISECTED,
+    ),
+    KnownBug(
+        package="transformers",
+        versions=">=5.18,<5.19",
+        layouts=("ep",),
+        checks=("logits", "gradients"),
+        families=("gpt_oss",),
+        implementations=("eager",),
+        raises="RuntimeError",
+        match=r"Class values must be smaller than num_classes",
+        cause="GPT-OSS eager experts still one-hot the EP sentinel expert id one release after the other "
+        "families' fix (at inference and in training): 'Class values must be smaller than num_classes'",
+        reproduced="upstream_repros/gpt_oss_eager_ep_one_hot.py: raises at 5.18.0, not at 5.19.0 or 5.20.0, on 2 "
+        "CPU ranks",
+        bisected=(
+            'harness bisect --package transformers --good 5.18.0 --bad 5.17.0 -- -k "(test_ep_load_and_logits and '
+            'eager-2-float32) or (test_ep_gradients and batched_mm-2-float32)": both fail (exit 2); at 5.17.0 every '
+            "family's eager logits and batched_mm gradients fail, at 5.18.0 only gpt_oss's eager logits; 2 probes, "
+            "291s",
+            "lower end: 5.18.0, where the entry above (the same failure for every family) ends",
+            'harness bisect --package transformers --good 5.20.0 --bad 5.18.0 -- -k "test_ep_load_and_logits and '
+            'gpt_oss-eager-2-float32": first good: transformers 5.19.0 (last bad 5.18.0); 3 probes, 205s',
+            'harness bisect --package transformers --good 5.19.0 --bad 5.18.0 -- -k "test_ep_gradients and '
+            'gpt_oss-eager-2-float32": first good: transformers 5.19.0 (last bad 5.18.0); 2 probes, 81s',
+        ),
     ),
     KnownBug(
         package="transformers",
         versions=">=5.20,<5.23",
         layouts=("fsdp_ep",),
         checks=("gradients",),
+        raises="AssertionError",
+        match=r"^gradients differ from the whole model's: .*\(0\.5 times the whole model's gradient\)",
         cause="FSDP2 + EP expert gradients (and expert biases) are exactly 0.5x the whole model's on 2 ranks",
-        reproduced="upstream_repros/fsdp_ep_expert_gradients_halved.py, 5.20.0 on 2 CPU ranks",
+        reproduced="upstream_repros/fsdp_ep_expert_gradients_halved.py: ratio 0.5 at 5.20.0 and 5.22.2, 1.0 at "
+        "5.23.0 and 5.24.0, on 2 CPU ranks",
+        bisected=(
+            'harness bisect --package transformers --good 5.19.0 --bad 5.20.0 -- -k "test_fsdp_ep_moe and '
+            'qwen3_moe-2-float32": 5.19.0 untestable (needs transformers>=5.20.0 for FSDP2 with expert '
+            "parallelism), exit 2; 1 probe, 169s",
+            "lower end: 5.20.0, the FSDP2 + EP floor (tf_adapter), fails (the upper bisect's bad end)",
+            'harness bisect --package transformers --good 5.24.0 --bad 5.20.0 -- -k "test_fsdp_ep_moe and '
+            'qwen3_moe-2-float32": first good: transformers 5.23.0 (last bad 5.22.2); 6 probes, 806s',
+        ),
     ),
     KnownBug(
         package="transformers",
-        versions=">=5.23",
+        versions=">=5.23,<=5.24.0",
         layouts=("ep",),
         checks=("logits",),
         families=("gpt_oss",),
         implementations=("eager",),
+        raises="RuntimeError",
+        match=r"Class values must be smaller than num_classes",
         cause="GPT-OSS eager experts one-hot the EP sentinel expert id at inference (AllReduceEP): "
         "'Class values must be smaller than num_classes'",
-        reproduced="upstream_repros/gpt_oss_eager_ep_one_hot.py, 5.24.0 on 2 CPU ranks",
+        reproduced="upstream_repros/gpt_oss_eager_ep_one_hot.py: raises at 5.23.0 and 5.24.0, not at 5.22.2, "
+        "on 2 CPU ranks",
+        bisected=(
+            'harness bisect --package transformers --good 5.20.0 --bad 5.24.0 -- -k "test_ep_load_and_logits and '
+            'gpt_oss-eager-2-float32": first bad: transformers 5.23.0 (last good 5.22.2); 6 probes, 493s',
+            "upper end: none yet; 5.24.0, the newest release, still fails (the gptoss bisect's bad end), so the "
+            "range stops there",
+        ),
     ),
 )
 
@@ -98,6 +212,22 @@ def known_bug(case) -> KnownBug | None:
     """The table's entry covering `case` on the installed releases, if any."""
     installed = installed_versions()
     return next((bug for bug in KNOWN_BUGS if bug.covers(case, installed)), None)
+
+
+@contextlib.contextmanager
+def expecting(request, bug: KnownBug | None) -> Iterator[None]:
+    """Marks the running test as `bug`'s strict xfail; a failure inside the block is the bug's (xfailed) or a
+    different one (red). pytest's own outcomes (skip, xfail) and interrupts pass through unchanged."""
+    if bug is None:
+        yield
+        return
+    import pytest
+
+    request.applymarker(pytest.mark.xfail(strict=True, reason=bug.reason, raises=KnownBugFailure))
+    try:
+        yield
+    except Exception as error:
+        raise bug.verdict(error) from error
 
 
 def fixed_upstream_message(longrepr: str) -> str | None:

@@ -6,17 +6,15 @@ import checks
 import ep_coverage
 import fake_quant
 import families
-import known_bugs
 import pytest
 import tiny_models
 import tolerances
 import torch
 from packaging.version import Version
-from rank_cases import DTYPES, Case, summarize
+from rank_cases import DTYPES, summarize
 from routing import RoutingRecorder
 from tf_adapter import load_whole, transformers_version
 
-pytest_plugins = ["pytester"]
 TOP1_SHARE = tolerances.TOP_WEIGHT_RANGE  # one chosen expert: no share to check (its weight alone is the gate)
 
 
@@ -77,68 +75,12 @@ def test_routing_check_fails_when_no_layer_was_recorded():
         checks.check_routing([], [])
 
 
-def test_known_bug_covers_its_cases_only_within_its_versions():
-    bug = known_bugs.KnownBug(
-        package="transformers",
-        versions=">=5.13,<5.20",
-        layouts=("ep",),
-        checks=("gradients",),
-        cause="a cause",
-        reproduced="a place",
-        implementations=("batched_mm",),
-    )
-    case = Case(families.deep_moe()[0], "ep", ("gradients",), experts_implementation="batched_mm")
-    assert bug.covers(case, {"transformers": "5.19.0"})
-    assert not bug.covers(case, {"transformers": "5.20.0"})
-    assert not bug.covers(
-        Case(families.deep_moe()[0], "ep", ("load", "logits"), experts_implementation="batched_mm"), {"transformers": "5.19.0"}
-    )
-    assert not bug.covers(
-        Case(families.deep_moe()[0], "ep", ("gradients",), experts_implementation="eager"), {"transformers": "5.19.0"}
-    )
-    assert bug.reason.startswith("known upstream bug: transformers >=5.13,<5.20: a cause")
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_bounds_are_a_stated_multiple_of_measured_noise(dtype):
     """At most 100x the worst error of correct runs, so a gradient 1,000x above its dtype's noise fails."""
     assert 1 < tolerances.FACTOR[dtype] <= 100
     assert tolerances.grad_error_bound(dtype) < 1000 * tolerances.MEASURED_WORST[(dtype, "gradients")]
     assert tolerances.logits_tolerance(dtype)["atol"] < 1000 * tolerances.MEASURED_WORST[(dtype, "logits")]
-
-
-XPASS_CONFTEST = """
-import pytest
-import known_bugs
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item, call):
-    report = yield
-    message = known_bugs.fixed_upstream_message(str(report.longrepr)) if report.failed else None
-    if message is not None:
-        report.longrepr = message
-    return report
-"""
-
-
-def test_a_known_bug_that_passes_fails_saying_it_was_fixed_upstream(pytester):
-    pytester.makeconftest(XPASS_CONFTEST)
-    pytester.makepyfile(
-        f"""
-        import pytest
-
-        @pytest.mark.xfail(strict=True, reason="{known_bugs.REASON_PREFIX}transformers >=5.23: a cause")
-        def test_fixed():
-            pass
-
-        @pytest.mark.xfail(strict=True, reason="{known_bugs.REASON_PREFIX}transformers >=5.23: a cause")
-        def test_still_broken():
-            raise RuntimeError("still broken")
-        """
-    )
-    result = pytester.runpytest("-p", "no:cacheprovider")  # in-process: the suite directory is on sys.path
-    result.assert_outcomes(failed=1, xfailed=1)
-    result.stdout.fnmatch_lines(["*fixed upstream: remove the entry in tests/gpu/known_bugs.py: known upstream bug:*"])
 
 
 def test_secondary_expert_is_never_the_primary():

@@ -48,7 +48,8 @@ def test_known_bug_covers_its_cases_only_within_its_versions():
     assert bug.covers(case, {"transformers": "5.19.0"})
     assert not bug.covers(case, {"transformers": "5.20.0"})
     assert not bug.covers(
-        Case(families.deep_moe()[0], "ep", ("load", "logits"), experts_implementation="batched_mm"), {"transformers": "5.19.0"}
+        Case(families.deep_moe()[0], "ep", ("load", "logits"), experts_implementation="batched_mm"),
+        {"transformers": "5.19.0"},
     )
     assert not bug.covers(
         Case(families.deep_moe()[0], "ep", ("gradients",), experts_implementation="eager"), {"transformers": "5.19.0"}

@@ -412,7 +412,7 @@ def _built_paths(model) -> tuple[str, str, tuple[str, ...]]:
                 for param_name, param in module.named_parameters(recurse=False)
                 if param.dim() >= 2 and param.shape[0] == NUM_EXPERTS
             )
-            return match["block"], match["experts"], stacks
+            return match["block"] or "", match["experts"], stacks
     raise LookupError(f"no experts module under layers.N in {type(model).__name__}")
 
 
@@ -425,7 +425,7 @@ def _plan_paths(model_type: str) -> tuple[str, str, tuple[str, ...]] | None:
         return None
     # one experts module per layer (the first when a layer has several, as a VL model's text/vision MoE)
     experts_key = dispatch[0]
-    match = re.fullmatch(r"(?:.*\.)?layers\.\*\.?(?P<block>.*?)\.?(?P<experts>[^.]+)", experts_key)
+    match = re.fullmatch(r"(?:.*\.)?layers\.\*\.(?:(?P<block>.*)\.)?(?P<experts>[^.]+)", experts_key)
     if match is None:
         raise LookupError(f"{model_type}: the EP plan's experts key {experts_key!r} is not under layers.*")
     stacks = tuple(

@@ -47,7 +47,13 @@ class RoutingRecorder:
             with torch.no_grad():
                 output = type(module).forward(module, *args)
         # copies: the tensors may be rewritten in place later
-        logits, weights, experts = (_full(tensor).detach().clone() for tensor in output[:3])
+        if len(output) == 2:  # (scores, logits): the scores are zero but for each token's chosen experts
+            scores, logits = (_full(tensor).detach().clone() for tensor in output)
+            scores = scores.reshape(-1, scores.shape[-1])
+            top_k = int((scores != 0).sum(dim=-1).max().item())
+            weights, experts = scores.topk(top_k, dim=-1)
+        else:
+            logits, weights, experts = (_full(tensor).detach().clone() for tensor in output[:3])
         tokens = logits.numel() // logits.shape[-1]
         logits = as_logits(logits.float())
         self.layers.append(

@@ -56,6 +56,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="-- PYTEST_ARGS",
                      help="extra arguments for pytest, after --")
 
+    host = commands.add_parser("host", help="(started by an engine on every host of a cell) run host 0's pytest, "
+                               "or this host's agent")
+    host.add_argument("--index", type=int, metavar="I", help="this host's index (default $SLURM_NODEID)")
+    host.add_argument("--count", type=int, metavar="H", help="hosts of the cell (default $SLURM_NNODES)")
+    host.add_argument("--host0", metavar="NAME", help="host 0's name (default: the first of the Slurm job's nodes)")
+    host.add_argument("--hub-port", type=int, required=True, metavar="PORT", help="host 0's hub listens here")
+    host.add_argument("--ranks-per-host", type=int, required=True, metavar="G")
+    host.add_argument("--cpu-ranks", action="store_true", help="CPU ranks (gloo): host 0 sets HARNESS_CPU_RANKS")
+    host.add_argument("--cause-file", metavar="FILE", help="host 0 writes the first lost host here")
+    host.add_argument("--pytest-log", metavar="FILE", help="host 0 copies pytest's output here")
+    host.add_argument("--cwd", metavar="DIR", help="host 0 runs pytest here")
+    host.add_argument("--memory-file", metavar="FILE",
+                      help="sample this host's GPUs (NVML) into this memory.json ({index}: the host's index)")
+    host.add_argument("host_command", nargs=argparse.REMAINDER, metavar="-- PYTEST_COMMAND")
+
     report = commands.add_parser("report", help="render results folders as a PR comment, summary, table or HTML")
     report.add_argument("results", nargs="+", metavar="RESULTS", help="cell folders, or folders holding them")
     report.add_argument("--baseline", metavar="RESULTS_OR_DIGEST",
@@ -192,6 +207,10 @@ def dispatch(args: argparse.Namespace) -> int:
         if args.pytest_args and args.pytest_args[0] == "--":
             args.pytest_args = args.pytest_args[1:]
         return run.command(args)
+    if args.command == "host":
+        from harness.engines import host
+
+        return host.command(args)
     if args.command == "report":
         from harness import report
 

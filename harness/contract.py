@@ -21,6 +21,13 @@ MEMORY_JSON = "memory.json"
 PYTEST_LOG = "pytest.log"
 INSTALL_LOG = "install.log"
 CONTRACT_FILES = (JUNIT_XML, ENV_JSON, MEMORY_JSON, PYTEST_LOG)  # a folder holding any of them is a cell
+# A cell across hosts also leaves: each host's output (HOST_LOG.format(index=I)), the engine's job script,
+# and (when a host went silent or its agent's connection closed) which host that was, as host 0 saw it.
+HOST_LOG = "host{index}.log"
+JOB_SCRIPT = "job.sh"
+JOB_MANIFEST = "jobset.yaml"
+HOST_LOST_JSON = "host-lost.json"
+HOST_MEMORY_JSON = "memory.host{index}.json"  # host I's own memory.json; harness merges them into memory.json
 
 # env.json "status"
 STATUSES = ("passed", "failed", "errored")
@@ -74,6 +81,9 @@ class EnvRecord:
     end: str | None = None
     duration_s: float | None = None
     reproduce: str | None = None  # `harness run --matrix M --cell ID`
+    engine: str | None = None  # local, slurm, jobset (None: written before engines existed)
+    job_id: str | None = None  # the engine's job (Slurm job id, JobSet name)
+    hosts: list[str] = field(default_factory=list)  # every host of the cell, host 0 first
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -94,6 +104,7 @@ class MemoryGpuRecord:
     peak_used_mib: float | None
     interval_s: float
     sample_count: int
+    host: str | None = None  # the host the GPU is on in a cell across hosts (None: the cell's one host)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

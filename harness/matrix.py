@@ -26,9 +26,14 @@ from harness.index import FLOATING
 from harness.project import project_root, shipped_matrices_dir
 
 AXES = ("gpu", "gpus", "torch", "transformers")
+# Axes a matrix may leave out, and the value a cell then has: `hosts` makes a cell H hosts x `gpus` each.
+OPTIONAL_AXES = {"hosts": 1}
+ENGINES = ("local", "slurm", "jobset")
+SUBMIT_KEYS = {"partition", "account", "time", "sbatch_args", "segment", "container_image", "image",
+               "namespace", "gpu_resource", "results_claim"}
 MATRIX_KEYS = {"description", "axes", "exclude", "include", "suite", "timeout_minutes", "reruns",
                "test_timeout_seconds", "install"}
-RUNNER_KEYS = {"labels", "gpus", "nvml_name", "ranks", "ephemeral"}
+RUNNER_KEYS = {"labels", "gpus", "nvml_name", "ranks", "ephemeral", "engine", "hosts", "submit"}
 CPU = "cpu"
 DEFAULT_MATRIX = "cpu"
 # A job's timeout is the cell's pytest budget plus this much for checkout and building its environment.
@@ -52,6 +57,9 @@ class Runner:
     ranks: int = 0
     # A fresh machine or container for every job, nothing kept: only then may a pull request's cell run there.
     ephemeral: bool = False
+    engine: str = "local"  # what a cell's hosts are started by: local (this host), slurm, jobset
+    hosts: int = 1  # the most hosts one cell may span
+    submit: Submit | None = None  # what the engine needs (partition, account, image, ...)
 
     @property
     def is_cpu(self) -> bool:
@@ -60,6 +68,24 @@ class Runner:
     @property
     def capacity(self) -> int:
         return self.ranks if self.is_cpu else self.gpus
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Submit:
+    """How an engine submits a cell (runners.yaml `submit:`); Slurm: partition, account, time, sbatch_args,
+    segment; pyxis: container_image; JobSet: image, namespace, gpu_resource, results_claim (a PVC mounted
+    where the results folder is, so host 0 writes junit.xml there as on a shared file system)."""
+
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None
+    sbatch_args: tuple[str, ...] = ()
+    segment: int | None = None
+    container_image: str | None = None
+    image: str | None = None
+    namespace: str | None = None
+    gpu_resource: str = "nvidia.com/gpu"
+    results_claim: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -78,15 +104,24 @@ class Cell:
     test_timeout_seconds: int = 600
     # What the cell's environment installs besides the suite's packages (pip arguments, from the project root).
     install: tuple[str, ...] = ()
+    hosts: int = 1  # a cell spans `hosts` hosts of `gpus` each: world hosts x gpus
+    engine: str = "local"
+    submit: Submit | None = None
+    cpu_ranks: bool = False  # its runner has no GPUs (a runner type other than `cpu` may be CPU-only too)
 
     @property
     def is_cpu(self) -> bool:
-        return self.gpu == CPU
+        return self.gpu == CPU or self.cpu_ranks
+
+    @property
+    def world_size(self) -> int:
+        return self.hosts * self.gpus
 
     @property
     def id(self) -> str:
         unit = "rank" if self.is_cpu else "gpu"
-        return f"{self.gpu}-{self.gpus}{unit}-torch{self.torch}-tf{self.transformers}"
+        shape = f"{self.hosts}x{self.gpus}" if self.hosts > 1 else f"{self.gpus}"
+        return f"{self.gpu}-{shape}{unit}-torch{self.torch}-tf{self.transformers}"
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, **{k: list(v) if isinstance(v, tuple) else v
@@ -239,8 +274,13 @@ def read_runners(path: Path) -> dict[str, Runner]:
         ephemeral = entry.get("ephemeral", False)
         if not isinstance(ephemeral, bool):
             raise ConfigError(f"{where}.ephemeral: expected true or false, got {ephemeral!r}")
-        runners[name] = Runner(name=name, labels=tuple(labels), gpus=gpus,
-                               nvml_name=entry.get("nvml_name"), ranks=ranks, ephemeral=ephemeral)
+        engine = entry.get("engine", "local")
+        if engine not in ENGINES:
+            raise ConfigError(f"{where}.engine: {engine!r}: expected one of {', '.join(ENGINES)}")
+        hosts = _positive_int(entry.get("hosts", 1), f"{where}.hosts")
+        runners[name] = Runner(name=name, labels=tuple(labels), gpus=gpus, nvml_name=entry.get("nvml_name"),
+                               ranks=ranks, ephemeral=ephemeral, engine=engine, hosts=hosts,
+                               submit=_submit(entry.get("submit"), f"{where}.submit"))
     return runners
 
 
@@ -278,8 +318,8 @@ def expand(spec: Any, runners: Mapping[str, Runner], *, name: str, source: str,
     if not isinstance(axes, dict):
         raise ConfigError(f"{source}: axes: expected a mapping of {', '.join(AXES)} to lists")
     for key in axes:
-        if key not in AXES:
-            raise ConfigError(f"{source}: axes.{key}: unknown axis (known: {', '.join(AXES)})")
+        if key not in AXES and key not in OPTIONAL_AXES:
+            raise ConfigError(f"{source}: axes.{key}: unknown axis (known: {', '.join((*AXES, *OPTIONAL_AXES))})")
     values = {}
     for axis in AXES:
         listed = axes.get(axis)
@@ -287,6 +327,11 @@ def expand(spec: Any, runners: Mapping[str, Runner], *, name: str, source: str,
             raise ConfigError(f"{source}: axes.{axis}: expected a non-empty list")
         resolved = [floating(axis, _axis_value(axis, v, f"{source}: axes.{axis}"), f"axes.{axis}") for v in listed]
         values[axis] = list(dict.fromkeys(resolved))  # `latest` may name a release the list already has
+    for axis, default in OPTIONAL_AXES.items():
+        listed = axes.get(axis, [default])
+        if not isinstance(listed, list) or not listed:
+            raise ConfigError(f"{source}: axes.{axis}: expected a non-empty list")
+        values[axis] = list(dict.fromkeys(_positive_int(v, f"{source}: axes.{axis}: {v!r}") for v in listed))
 
     excludes = [floating.partial(_partial_cell(e, f"{source}: exclude[{i}]"), f"exclude[{i}]")
                 for i, e in enumerate(_list(spec, "exclude", source))]
@@ -297,15 +342,17 @@ def expand(spec: Any, runners: Mapping[str, Runner], *, name: str, source: str,
         if missing:
             raise ConfigError(f"{source}: include[{i}]: missing {', '.join(missing)}")
 
-    size = math.prod(len(values[axis]) for axis in AXES)
+    every_axis = (*AXES, *OPTIONAL_AXES)
+    size = math.prod(len(values[axis]) for axis in every_axis)
     if size > MAX_PRODUCT:
         raise ConfigError(f"{source}: axes: their product has {size:,} cells; at most {MAX_PRODUCT:,} "
                           f"(and at most {MAX_CELLS} after exclude and include)")
     if len(includes) > MAX_CELLS:
         raise ConfigError(f"{source}: include: {len(includes):,} entries; a matrix has at most {MAX_CELLS} cells")
-    product = [dict(zip(AXES, combo, strict=True)) for combo in itertools.product(*(values[a] for a in AXES))]
+    product = [dict(zip(every_axis, combo, strict=True))
+               for combo in itertools.product(*(values[a] for a in every_axis))]
     kept = [c for c in product if not any(_matches(c, e) for e in excludes)]
-    combos = kept + [c for c in includes if c not in kept]
+    combos = kept + [{**OPTIONAL_AXES, **c} for c in includes if {**OPTIONAL_AXES, **c} not in kept]
     if not combos:
         raise ConfigError(f"{source}: the matrix is empty: every cell of axes is excluded")
     if len(combos) > MAX_CELLS:
@@ -335,7 +382,11 @@ def expand(spec: Any, runners: Mapping[str, Runner], *, name: str, source: str,
             what = "CPU ranks" if runner.is_cpu else "GPUs"
             raise ConfigError(f"{source}: gpus {combo['gpus']} for gpu {combo['gpu']!r}: its runner has "
                               f"{runner.capacity} {what}; exclude the cell or lower gpus")
-        cells.append(Cell(matrix=name, labels=runner.labels, suite=tuple(suite), **combo, **settings))
+        if combo["hosts"] > runner.hosts:
+            raise ConfigError(f"{source}: hosts {combo['hosts']} for gpu {combo['gpu']!r}: its runner spans at most "
+                              f"{runner.hosts} hosts (runners.yaml hosts)")
+        cells.append(Cell(matrix=name, labels=runner.labels, suite=tuple(suite), engine=runner.engine,
+                          submit=runner.submit, cpu_ranks=runner.is_cpu, **combo, **settings))
     return cells
 
 
@@ -455,13 +506,35 @@ class _Floating:
         return {key: self(key, value, f"{where}.{key}") for key, value in entry.items()}
 
 
+def _submit(entry: Any, where: str) -> Submit | None:
+    if entry is None:
+        return None
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where}: expected a mapping (partition, account, time, sbatch_args, ...)")
+    unknown = set(entry) - SUBMIT_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(SUBMIT_KEYS))})")
+    for key, value in entry.items():
+        if key == "sbatch_args":
+            if not isinstance(value, list) or not all(isinstance(v, str) and v.startswith("--") for v in value):
+                raise ConfigError(f"{where}.sbatch_args: expected a list of --options, got {value!r}")
+        elif key == "segment":
+            _positive_int(value, f"{where}.segment")
+        elif not isinstance(value, str) or not value or any(ch.isspace() for ch in value):
+            raise ConfigError(f"{where}.{key}: expected a word without spaces, got {value!r}")
+    return Submit(**{**entry, "sbatch_args": tuple(entry.get("sbatch_args", ()))})
+
+
 def _partial_cell(entry: Any, where: str) -> dict[str, Any]:
     if not isinstance(entry, dict) or not entry:
         raise ConfigError(f"{where}: expected a mapping of axis to value")
     for key in entry:
+        if key in OPTIONAL_AXES:
+            continue
         if key not in AXES:
             raise ConfigError(f"{where}.{key}: unknown axis (known: {', '.join(AXES)})")
-    return {key: _axis_value(key, value, f"{where}.{key}") for key, value in entry.items()}
+    return {key: _positive_int(value, f"{where}.{key}") if key in OPTIONAL_AXES
+            else _axis_value(key, value, f"{where}.{key}") for key, value in entry.items()}
 
 
 def _matches(cell: Mapping[str, Any], partial: Mapping[str, Any]) -> bool:

@@ -64,12 +64,13 @@ class GpuSamples:
     peak_used_mib: float | None
     interval_s: float
     sample_count: int
+    host: str | None = None  # in a cell across hosts
 
     def record(self) -> MemoryGpuRecord:
         return MemoryGpuRecord(index=self.gpu.index, name=self.gpu.name, uuid=self.gpu.uuid,
                                total_mib=self.total_mib, used_before_mib=self.used_before_mib,
                                peak_used_mib=self.peak_used_mib, interval_s=self.interval_s,
-                               sample_count=self.sample_count)
+                               sample_count=self.sample_count, host=self.host)
 
     def to_json(self) -> dict[str, Any]:
         return self.record().to_json()

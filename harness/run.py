@@ -28,6 +28,7 @@ from pathlib import Path
 import harness
 from harness import __version__, env_cache, memory, preflight
 from harness.contract import ENV_JSON, EnvRecord
+from harness.engines import hostmemory
 from harness.env import EnvironmentBuildError, ensure_environment, env_root, plan_environment, probe_versions
 from harness.errors import ConfigError, HostMismatchError
 from harness.matrix import DEFAULT_MATRIX, Cell, Matrix, load_matrix, load_runners, select
@@ -181,7 +182,7 @@ def default_matrix(host: Host) -> Matrix:
 
 
 def unfit_reason(cell: Cell, host: Host) -> str | None:
-    if cell.is_cpu:
+    if cell.is_cpu or cell.engine != "local":  # an engine's hosts are not this machine
         return None  # gloo ranks run anywhere
     if not host.gpus:
         return f"needs {cell.gpus} {cell.gpu} GPUs, this machine has none"
@@ -202,7 +203,8 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
         shutil.rmtree(folder)  # results of an earlier run of this cell would mix with these
     folder.mkdir(parents=True)
     started = time.time()
-    gpus = list(host.gpus[: cell.gpus]) if not cell.is_cpu else []
+    # An engine's hosts are not this machine: each samples its own GPUs, merged when the job ends.
+    gpus = list(host.gpus[: cell.gpus]) if not cell.is_cpu and cell.engine == "local" else []
     record = start_record(cell, host, gpus, started, project=project,
                           reproduce=reproduce_command(cell, matrix_reference, pytest_args))
     log(f"== {cell.id}: results in {folder}")
@@ -223,17 +225,29 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
             try:
                 # A built environment lacks harness itself: its ranks plugin comes through import_path.
                 extra_path = import_path if environment.origin != "current" else None
-                exit_code, timed_out = run_pytest(cell, environment.python, folder, gpus, pytest_args, log,
-                                                  project=project, import_path=extra_path)
+                if cell.engine != "local":
+                    exit_code, cause = run_on_engine(cell, environment.python, folder, pytest_args, log,
+                                                     project=project, import_path=extra_path, record=record)
+                    if not cell.is_cpu:
+                        memory_report = hostmemory.merge(folder, record.get("hosts") or [])
+                else:
+                    exit_code, timed_out = run_pytest(cell, environment.python, folder, gpus, pytest_args, log,
+                                                      project=project, import_path=extra_path)
             finally:
                 if monitor:
                     memory_report = monitor.stop()
             record["exit_code"] = exit_code
-            record["status"], record["error"] = classify(cell, exit_code, timed_out, folder / "junit.xml")
+            if cell.engine != "local":
+                record["status"], record["error"] = ("errored", cause) if cause else \
+                    classify(cell, exit_code, False, folder / "junit.xml")
+            else:
+                record["status"], record["error"] = classify(cell, exit_code, timed_out, folder / "junit.xml")
     except EnvironmentBuildError as error:
         record["error"] = f"environment: {error}"
     except Interrupted as interrupted:
         record["status"], record["error"] = "errored", str(interrupted)
+        if record.get("job_id"):  # an engine's job: harness cancelled it on the way out
+            record["error"] = f"cancelled: harness {interrupted}; {cell.engine} job {record['job_id']} cancelled"
         raise
     except Exception as error:
         record["error"] = f"harness: {type(error).__name__}: {error}"
@@ -247,6 +261,19 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
         log(f"   {cell.id}: {record['status']}: {record['error']}")
     return CellOutcome(cell=cell, folder=folder, status=record["status"], error=record["error"],
                        duration_s=record["duration_s"])
+
+
+def run_on_engine(cell: Cell, python: Path, folder: Path, pytest_args: list[str], log: Callable[[str], None], *,
+                  project: Path, import_path: Path | None, record: dict) -> tuple[int | None, str]:
+    """A cell across hosts: submitted to its engine, which starts `harness host` on each host and waits."""
+    from harness.engines import jobset, slurm
+
+    if cell.engine == "jobset":  # the image has the project and its environment: python, paths as in it
+        return jobset.run_job(cell, folder=folder, log=log, record=record,
+                              pytest_command=pytest_command(cell, Path("python"), folder, pytest_args))
+    return slurm.run_job(cell, folder=folder, pytest_command=pytest_command(cell, python, folder, pytest_args),
+                         environ=pytest_environment(cell, [], import_path), project=project, log=log,
+                         record=record)
 
 
 def pytest_command(cell: Cell, python: Path, folder: Path, pytest_args: list[str]) -> list[str]:
@@ -396,6 +423,7 @@ def start_record(cell: Cell, host: Host, gpus: list, started: float, *, project:
         gpus=[gpu.to_json() for gpu in gpus], driver=host.driver, host=socket.gethostname(),
         runner=os.environ.get("RUNNER_NAME"), git_sha=git_sha(project), git_dirty=git_dirty(project),
         trigger_sha=os.environ.get("GITHUB_SHA") or None, start=iso(started), reproduce=reproduce,
+        engine=cell.engine,
     )
     return record.to_json()
 

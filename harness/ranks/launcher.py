@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.ranks import lifecycle
+from harness.ranks.hosts import Placement, port_outside_ephemeral_range
 from harness.ranks.protocol import (
     BOOTSTRAP_TIMEOUT_S,
     DEVICES,
@@ -72,10 +73,10 @@ def pickle_call(world_size: int, fn: Callable[..., Any], args: tuple, device: st
         raise TypeError(f"{caller} needs a module-level function and picklable arguments; {error}") from error
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now (rank 0's store binds it moments later)."""
+def free_port(address: str = "127.0.0.1") -> int:
+    """A TCP port on `address` that nothing listens on now (rank 0's store binds it moments later)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((address, 0))
         return sock.getsockname()[1]
 
 
@@ -121,22 +122,37 @@ def to_results(replies: list[Done]) -> list[RankResult]:
 class RankSet:
     """The ranks of one (world size, device): their sockets, stack files and processes."""
 
-    def __init__(self, world_size: int, device: str, collective_timeout_s: float):
+    def __init__(self, world_size: int, device: str, collective_timeout_s: float,
+                 placement: Placement | None = None):
         self.world_size = world_size
+        # Across hosts: which host each rank is on; ranks on other hosts are reached through their agent.
+        self.placement = placement
         self.device = device
         self.collective_timeout_s = collective_timeout_s
         # False once a rank died, hung or was killed: only an intact set may serve another call.
         self.intact = True
         self.workdir = Path(tempfile.mkdtemp(prefix="harness-pool-"))
-        self.launch = Launch(world_size=world_size, port=free_port(), workdir=str(self.workdir),
-                             collective_timeout_s=collective_timeout_s, device=device, launcher_pid=os.getpid())
-        # Linux: an abstract socket (no path-length limit, no file left behind), so anyone on the host could
-        # connect: the HMAC challenge with a key only the ranks hold comes before anything is unpickled.
         self._authkey = os.urandom(32)
-        self._address = (f"\0harness-ranks-{uuid.uuid4().hex}" if sys.platform.startswith("linux")
-                         else str(self.workdir / "launcher.sock"))
-        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._server.bind(self._address)
+        if placement is None:
+            self.launch = Launch(world_size=world_size, port=free_port(), workdir=str(self.workdir),
+                                 collective_timeout_s=collective_timeout_s, device=device,
+                                 launcher_pid=os.getpid())
+            # Linux: an abstract socket (no path-length limit, no file left behind), so anyone on the host
+            # could connect: the HMAC challenge with a key only the ranks hold comes before anything is unpickled.
+            self._address = (f"\0harness-ranks-{uuid.uuid4().hex}" if sys.platform.startswith("linux")
+                             else str(self.workdir / "launcher.sock"))
+            self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self._server.bind(self._address)
+        else:
+            # Ranks on other hosts dial in over TCP; the same HMAC challenge guards it.
+            self.launch = Launch(world_size=world_size, port=port_outside_ephemeral_range(),
+                                 workdir=str(self.workdir),
+                                 collective_timeout_s=collective_timeout_s, device=device,
+                                 launcher_pid=os.getpid(), master_addr=placement.master_addr,
+                                 ranks_per_host=placement.ranks_per_host)
+            self._server = socket.create_server(("0.0.0.0", 0))
+            self._address = (placement.master_addr, self._server.getsockname()[1])
+        self._remote: dict[int, int] = {}  # rank -> its pid on its host (not host 0)
         self._server.listen(world_size)
         self.pids: list[int | None] = [None] * world_size
         self._processes: list[multiprocessing.Process | None] = [None] * world_size  # spawned ranks
@@ -144,8 +160,13 @@ class RankSet:
         self._exit_code_of: Callable[[int, float], int | None] | None = None  # forked ranks: the zygote's
 
     def specs(self) -> list[RankSpec]:
-        return [RankSpec(self.launch, rank, self._address, self._authkey, dict(os.environ))
+        host_environ = dict(os.environ) if self.placement is not None else None
+        return [RankSpec(self.launch, rank, self._address, self._authkey, dict(os.environ), host_environ)
                 for rank in range(self.world_size)]
+
+    def adopt_remote(self, pids: dict[int, int]) -> None:
+        """Ranks forked on other hosts by their agents: rank -> pid there."""
+        self._remote.update(pids)
 
     def spawn(self) -> None:
         context = multiprocessing.get_context("spawn")
@@ -176,6 +197,7 @@ class RankSet:
                 self._connections[hello.rank] = connection
                 waiting.discard(hello.rank)
                 continue
+            self._raise_if_host_lost()
             dead = {rank: self._died(rank, wait_s=0) for rank in sorted(waiting)}
             dead = {rank: died for rank, died in dead.items() if died.exit_code is not None}
             if dead or time.monotonic() > deadline:
@@ -202,7 +224,8 @@ class RankSet:
 
     def call(self, payload: bytes, timeout_s: float) -> list[Done]:
         """Run the pickled `(fn, args)` on every rank; each rank's Done, or the launch's error."""
-        message = pickle.dumps(Call(payload, list(sys.path), dict(os.environ)))
+        environ = self.placement.environ() if self.placement is not None else dict(os.environ)
+        message = pickle.dumps(Call(payload, list(sys.path), environ))
         for rank in range(self.world_size):
             stack_path(self.workdir, rank).write_text("")  # this call's stacks only
         self._send_all(message)  # a rank that is gone shows as a closed connection when gathered
@@ -232,6 +255,7 @@ class RankSet:
         failures: dict[int, Failed | Died] = {}
         failure_seen_at: float | None = None
         while len(replies) + len(failures) < self.world_size:
+            self._raise_if_host_lost()
             now = time.monotonic()
             if (failure_seen_at is not None and now - failure_seen_at > PEER_FAILURE_GRACE_S) or now > deadline:
                 break
@@ -260,7 +284,11 @@ class RankSet:
         return [replies[rank] for rank in range(self.world_size)]
 
     def stacks(self, ranks: list[int]) -> dict[int, str]:
-        """The Python stack of each of `ranks`, still running: faulthandler writes them on SIGUSR1."""
+        """The Python stack of each of `ranks`, still running: faulthandler writes them on SIGUSR1. Ranks on
+        other hosts: their agents signal them and send the stacks back."""
+        remote = {rank: self._remote[rank] for rank in ranks if rank in self._remote}
+        ranks = [rank for rank in ranks if rank not in remote]
+        found = self._remote_stacks(remote, signal_first=True)
         for rank in ranks:
             if self.pids[rank] is not None:
                 lifecycle.signal_group(self.pids[rank], signal.SIGUSR1)
@@ -272,8 +300,25 @@ class RankSet:
             if all(now.values()) and now == sizes:  # written, and no longer growing
                 break
             sizes = now
-        return {rank: self._read_stack(rank) or "(no stack written: the rank did not answer SIGUSR1)"
-                for rank in ranks}
+        found.update({rank: self._read_stack(rank) or "(no stack written: the rank did not answer SIGUSR1)"
+                      for rank in ranks})
+        return found
+
+    def _remote_stacks(self, pids: dict[int, int], signal_first: bool) -> dict[int, str]:
+        found: dict[int, str] = {}
+        if self.placement is None:
+            return found
+        by_host: dict[int, dict[int, int]] = {}
+        for rank, pid in pids.items():
+            by_host.setdefault(self.placement.host_of(rank), {})[rank] = pid
+        for host, host_pids in by_host.items():
+            found.update(self.placement.hub.stacks(host, host_pids, signal_first))
+        return found
+
+    def _raise_if_host_lost(self) -> None:
+        if self.placement is not None and self.placement.hub.loss is not None:
+            self.intact = False
+            raise self.placement.hub.loss
 
     def _read_stack(self, rank: int) -> str:
         try:
@@ -282,6 +327,10 @@ class RankSet:
             return ""
 
     def _died(self, rank: int, wait_s: float) -> Died:
+        if rank in self._remote:
+            host = self.placement.host_of(rank)
+            stack = self._remote_stacks({rank: self._remote[rank]}, signal_first=False).get(rank, "")
+            return Died(exit_code=self.placement.hub.exit_code(host, self._remote[rank], wait_s), last_stack=stack)
         exit_code = None
         process = self._processes[rank]
         if process is not None:
@@ -294,9 +343,12 @@ class RankSet:
     def kill(self) -> None:
         """Kill every rank (and what it started) and remove the work folder; safe to call twice."""
         self.intact = False
-        for pid in self.pids:
-            if pid is not None:
+        for rank, pid in enumerate(self.pids):
+            if pid is not None and rank not in self._remote:
                 lifecycle.signal_group(pid, signal.SIGKILL)
+        if self.placement is not None:
+            for host, ranks in self.placement.remote_ranks().items():
+                self.placement.hub.kill(host, [self._remote[rank] for rank in ranks if rank in self._remote])
         for connection in self._connections:
             if connection is not None:
                 connection.close()

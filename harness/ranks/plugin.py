@@ -28,8 +28,9 @@ from typing import Any
 
 import pytest
 
+from harness.ranks.hosts import HostsConfig
 from harness.ranks.pool import PoolLauncher
-from harness.ranks.protocol import DEFAULT_TIMEOUT_S, RankResult
+from harness.ranks.protocol import DEFAULT_TIMEOUT_S, HostLostError, RankResult
 from harness.ranks.spawn import run_distributed
 
 CPU_RANKS_ENV = "HARNESS_CPU_RANKS"
@@ -60,6 +61,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     mode = pool_mode(config)
+    if mode != "fork" and HostsConfig.from_environment() is not None:
+        raise pytest.UsageError("a cell across hosts places its ranks through the forked rank pool; "
+                                f"{POOL_ENV}=0, --no-ranks-pool and {POOL_ENV}=spawn cannot reach other hosts")
     if mode is None or LAUNCHER_KEY in config.stash:  # off, or another plugin chose the launcher
         return
     launcher = PoolLauncher(fork=mode == "fork")
@@ -171,10 +175,12 @@ def launch_timeout(item: pytest.Item) -> float:
 class Ranks:
     """Runs functions on ranks for one test and records their measurements as JUnit properties."""
 
-    def __init__(self, launcher: Launcher, record_property: Callable[[str, object], None], timeout_s: float):
+    def __init__(self, launcher: Launcher, record_property: Callable[[str, object], None], timeout_s: float,
+                 session: pytest.Session | None = None):
         self._launcher = launcher
         self._record_property = record_property
         self.timeout_s = timeout_s
+        self._session = session
 
     def require(self, world_size: int) -> None:
         """Skip the test when this machine cannot run `world_size` ranks."""
@@ -185,7 +191,12 @@ class Ranks:
     def run(self, world_size: int, fn: Callable[..., Any], *args: Any) -> list[Any]:
         """`fn(*args)` on every rank; each rank's return value, in rank order."""
         self.require(world_size)
-        results = self._launcher(world_size, fn, *args, timeout=self.timeout_s)
+        try:
+            results = self._launcher(world_size, fn, *args, timeout=self.timeout_s)
+        except HostLostError as lost:
+            if self._session is not None:  # a cell across hosts cannot go on without one: stop after this test
+                self._session.shouldstop = str(lost)
+            raise
         self._record_property("world_size", world_size)
         for result in results:
             if result.peak_allocated_mib is not None:
@@ -209,4 +220,4 @@ def ranks(request: pytest.FixtureRequest, record_property) -> Ranks:
         if reason is not None:
             pytest.skip(reason)
     launcher = request.config.stash.get(LAUNCHER_KEY, run_distributed)
-    return Ranks(launcher, record_property, launch_timeout(request.node))
+    return Ranks(launcher, record_property, launch_timeout(request.node), request.session)

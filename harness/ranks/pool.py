@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from harness.ranks.hosts import HostsConfig, Hub, Placement
 from harness.ranks.launcher import RankSet, pickle_call, to_results
 from harness.ranks.protocol import (
     BOOTSTRAP_TIMEOUT_S,
@@ -65,6 +66,13 @@ class PoolLauncher:
         self._preload_level = 2
         self._fn_modules: list[str] = []
         self._rank_modules: dict[str, None] = {}
+        # A cell across hosts (harness host set the environment): ranks beyond host 0's are forked by the
+        # other hosts' agents, which dial the hub (harness.ranks.hosts).
+        self._hosts = HostsConfig.from_environment()
+        self._hub: Hub | None = None
+        if self._hosts is not None and not fork:
+            raise ValueError("a cell across hosts forks its ranks from each host's zygote; the spawned pool "
+                             "cannot place ranks on other hosts")
         atexit.register(self.close)
 
     def __call__(self, world_size: int, fn: Callable[..., Any], *args: Any, timeout: float = DEFAULT_TIMEOUT_S,
@@ -137,6 +145,9 @@ class PoolLauncher:
         self._stop_zygote()
         while self._retired:
             self._retired.pop().kill()
+        if self._hub is not None:
+            self._hub.close()
+            self._hub = None
 
     def _discard(self, key: tuple[int, str]) -> None:
         pool = self._pools.pop(key, None)
@@ -152,7 +163,7 @@ class PoolLauncher:
                 self._fork_proven = True
                 return pool
             except RankFailedError as forked_error:
-                if self._fork_proven:
+                if self._fork_proven or pool.placement is not None:  # no spawned ranks on other hosts
                     raise
                 # Forked ranks never formed a pool here: spawned ones settle whether forking is to blame.
                 self._discard((world_size, device))
@@ -167,7 +178,13 @@ class PoolLauncher:
         return pool
 
     def _new_pool(self, world_size: int, device: str, timeout: float) -> RankSet:
-        pool = RankSet(world_size, device, collective_timeout_s=collective_timeout(timeout))
+        placement = None
+        if self._hosts is not None:
+            if self._hub is None:
+                self._hub = Hub(self._hosts)
+            self._hub.raise_if_lost()
+            placement = Placement(self._hub, world_size)
+        pool = RankSet(world_size, device, collective_timeout_s=collective_timeout(timeout), placement=placement)
         self._pools[(world_size, device)] = pool
         self.pools_started += 1
         return pool
@@ -181,7 +198,10 @@ class PoolLauncher:
             zygote = self._zygote
             try:
                 modules = self._fn_modules if self._preload_level >= 1 else []
-                pool.adopt(zygote.fork(pool.specs(), modules, deadline), zygote.exit_code)
+                if pool.placement is None:
+                    pool.adopt(zygote.fork(pool.specs(), modules, deadline), zygote.exit_code)
+                else:
+                    self._fork_across_hosts(pool, zygote, modules, deadline)
                 return True
             except ForkRefused as refused:
                 self._retire_zygote()
@@ -194,6 +214,20 @@ class PoolLauncher:
                 self._stop_zygote()
                 raise
         return False
+
+    def _fork_across_hosts(self, pool: RankSet, zygote: Zygote, modules: list[str], deadline: float) -> None:
+        """Host 0's ranks from this host's zygote, every other host's from its agent."""
+        placement, specs = pool.placement, pool.specs()
+        remote = placement.remote_ranks()
+        self._hub.wait_agents(len(remote) + 1, deadline)
+        local = [spec for spec in specs if placement.host_of(spec.rank) == 0]
+        pids: list[int | None] = list(zygote.fork(local, modules, deadline)) + [None] * (len(specs) - len(local))
+        for host, ranks in remote.items():
+            forked = self._hub.fork(host, [specs[rank] for rank in ranks], modules, list(sys.path), deadline)
+            pool.adopt_remote(dict(zip(ranks, forked, strict=True)))
+            for rank, pid in zip(ranks, forked, strict=True):
+                pids[rank] = pid
+        pool.adopt(pids, zygote.exit_code)
 
     def _start_zygote(self) -> None:
         self._retire_zygote()

@@ -48,6 +48,13 @@ class Launch:
     collective_timeout_s: float
     device: str
     launcher_pid: int  # the process whose death ends every rank
+    # Across hosts (harness/ranks/hosts.py): host 0's address, and ranks per host (0: every rank is here).
+    master_addr: str = "127.0.0.1"
+    ranks_per_host: int = 0
+
+    @property
+    def local_world_size(self) -> int:
+        return self.ranks_per_host or self.world_size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +64,9 @@ class RankSpec:
     address: str  # the launcher's Unix socket
     authkey: bytes  # answers the launcher's challenge: only its ranks may connect
     environ: dict[str, str]  # the launcher's environment (a forked rank starts with the zygote's)
+    # A rank on another host than the launcher's: its host's own environment, whose host-local names
+    # (SLURM_*, HOSTNAME, TMPDIR, ...) win over the launcher's in every call (hosts.for_host).
+    host_environ: dict[str, str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,6 +178,45 @@ class Exited:
     exit_code: int  # negative: killed by that signal
 
 
+# ---------------------------------------------------------------- launcher <-> host agent (across hosts)
+# The agent relays Preload and Fork to its host's zygote and answers Forked / Refused / Exited as a zygote
+# does; these are what only a host adds.
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentHello:
+    host: int  # the host's index in the cell (0 runs pytest)
+    hostname: str
+    pid: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Heartbeat:
+    """Sent both ways every HEARTBEAT_INTERVAL_S: a host silent for HOST_LOST_AFTER_S is lost."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StackRequest:
+    """The Python stacks of these ranks (rank -> pid) on the agent's host, and their stack files as written."""
+
+    pids: dict[int, int]
+    signal_first: bool  # SIGUSR1 first (running ranks), or only read what a dead rank left
+
+
+@dataclasses.dataclass(frozen=True)
+class Stacks:
+    stacks: dict[int, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class KillRanks:
+    pids: list[int]
+
+
+HEARTBEAT_INTERVAL_S = 1.0
+HOST_LOST_AFTER_S = 10.0
+
+
 # ---------------------------------------------------------------- errors
 
 
@@ -221,6 +270,17 @@ class RankTimeoutError(DistributedError):
         order = self.hung_first + waiting + sorted(rank for rank in stacks if rank not in hung_ranks)
         parts += [f"--- rank {rank} ---\n{stacks[rank].rstrip()}" for rank in order]
         super().__init__("\n".join(parts), rank_seconds or [], [])
+
+
+class HostLostError(DistributedError):
+    """A host of the cell went silent (no heartbeat) or its agent's connection closed: the cell cannot go on.
+    `host` is the one that went silent first, which is not always the one whose connection closed first."""
+
+    def __init__(self, host: int, hostname: str, reason: str):
+        self.host = host
+        self.hostname = hostname
+        self.reason = reason
+        super().__init__(f"host {host} ({hostname}) lost: {reason}", [], [])
 
 
 def in_collective(stack: str) -> bool:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.ranks import lifecycle
+from harness.ranks.hostenv import for_host
 from harness.ranks.protocol import (
     MIB,
     Call,
@@ -73,7 +74,8 @@ def serve(spec: RankSpec) -> None:
     set_environment(launch, rank)
     rank_environ = {name: value for name, value in os.environ.items() if before.get(name) != value}
 
-    connection = multiprocessing.connection.Client(spec.address, family="AF_UNIX", authkey=spec.authkey)
+    # A Unix socket on one host; TCP (a (host, port) address) when the launcher is on another host.
+    connection = multiprocessing.connection.Client(spec.address, authkey=spec.authkey)
     _send(connection, Hello(rank))
     try:
         state = RankState(launch, rank)
@@ -95,7 +97,8 @@ def serve(spec: RankSpec) -> None:
             _send(connection, Pong())
         elif isinstance(message, Call):
             sys.path[:] = message.sys_path
-            apply_environment({**message.environ, **rank_environ})
+            environ = message.environ if spec.host_environ is None else for_host(message.environ, spec.host_environ)
+            apply_environment({**environ, **rank_environ})
             connection.send_bytes(_outcome(state, message.payload))
             try:
                 state.reset()  # after replying: the launcher moves on while this rank cleans up
@@ -136,20 +139,28 @@ def apply_environment(environ: dict[str, str]) -> None:
             os.environ[name] = value
 
 
+def local_rank(launch: Launch, rank: int) -> int:
+    """The rank's index on its host: its GPU there."""
+    return rank % launch.local_world_size
+
+
 def set_environment(launch: Launch, rank: int) -> None:
     os.environ.update({
-        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_ADDR": launch.master_addr,
         "MASTER_PORT": str(launch.port),
         "RANK": str(rank),
-        "LOCAL_RANK": str(rank),
+        "LOCAL_RANK": str(local_rank(launch, rank)),
         "WORLD_SIZE": str(launch.world_size),
-        "LOCAL_WORLD_SIZE": str(launch.world_size),
+        "LOCAL_WORLD_SIZE": str(launch.local_world_size),
     })
     # Every rank is on this host: keep gloo on the loopback device, whatever the host name resolves to.
-    if "GLOO_SOCKET_IFNAME" not in os.environ and any(name == "lo" for _, name in socket.if_nameindex()):
+    # Across hosts loopback would refuse every peer (connectFullMesh ... Connection refused).
+    single_host = launch.local_world_size == launch.world_size
+    if single_host and "GLOO_SOCKET_IFNAME" not in os.environ and \
+            any(name == "lo" for _, name in socket.if_nameindex()):
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    # Share the cores between the ranks instead of each rank starting a thread per core.
-    threads = max(1, (os.cpu_count() or 1) // launch.world_size)
+    # Share this host's cores between its ranks instead of each rank starting a thread per core.
+    threads = max(1, (os.cpu_count() or 1) // launch.local_world_size)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
 
 
@@ -161,10 +172,11 @@ def init_process_group(launch: Launch, rank: int) -> bool:
     import torch.distributed as dist
 
     use_cuda = launch.device == "cuda" or (launch.device == "auto" and torch.cuda.is_available())
+    device_index = local_rank(launch, rank)
     if use_cuda:
-        if rank >= torch.cuda.device_count():
-            raise RuntimeError(f"rank {rank} needs GPU {rank}, but {torch.cuda.device_count()} are visible")
-        torch.cuda.set_device(rank)
+        if device_index >= torch.cuda.device_count():
+            raise RuntimeError(f"rank {rank} needs GPU {device_index}, but {torch.cuda.device_count()} are visible")
+        torch.cuda.set_device(device_index)
     # A rank forked with torch already imported missed OMP_NUM_THREADS: its thread count is set here.
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     dist.init_process_group(
@@ -172,7 +184,7 @@ def init_process_group(launch: Launch, rank: int) -> bool:
         rank=rank,
         world_size=launch.world_size,
         timeout=timedelta(seconds=launch.collective_timeout_s),
-        device_id=torch.device("cuda", rank) if use_cuda else None,
+        device_id=torch.device("cuda", device_index) if use_cuda else None,
     )
     return use_cuda
 
@@ -183,7 +195,7 @@ class RankState:
     def __init__(self, launch: Launch, rank: int):
         self.use_cuda = init_process_group(launch, rank)
         self.world_size = launch.world_size
-        self.cuda_device = rank  # the GPU this rank selected, when it uses CUDA
+        self.cuda_device = local_rank(launch, rank)  # the GPU this rank selected, when it uses CUDA
         import torch
         import torch.distributed as dist
 

@@ -107,6 +107,15 @@ class Zygote:
                     break
         return self._exit_codes.get(pid)
 
+    def exits(self) -> dict[int, int]:
+        """Every exit the zygote reported so far (pid -> code), reading what has arrived."""
+        with contextlib.suppress(ForkRefused):
+            while self._connection.poll(0):
+                message = self._receive(timeout=0)
+                if message is not None:
+                    break  # not an exit report: nothing else is expected between requests
+        return dict(self._exit_codes)
+
     def _receive(self, timeout: float) -> object | None:
         """The next message other than an exit report (those are kept), or None."""
         try:

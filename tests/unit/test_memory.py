@@ -522,9 +522,9 @@ def test_memory_json_has_the_contract_shape(tmp_path):
         "gpus": [
             {"index": 0, "name": "NVIDIA H200", "uuid": UUID_A, "total_mib": 143771.0,
              "used_before_mib": 512.0, "peak_used_mib": 512.0, "interval_s": 0.05,
-             "sample_count": written["gpus"][0]["sample_count"]},
+             "sample_count": written["gpus"][0]["sample_count"], "host": None},
             {"index": 1, "name": "NVIDIA H200", "uuid": UUID_B, "total_mib": None, "used_before_mib": None,
-             "peak_used_mib": None, "interval_s": 0.05, "sample_count": 0},
+             "peak_used_mib": None, "interval_s": 0.05, "sample_count": 0, "host": None},
         ],
     }
     assert written["sample_count"] >= 1

@@ -1,0 +1,154 @@
+"""`harness host`: what an engine starts on every host of a cell (Slurm: one task per node of one `srun`).
+
+Host 0 runs the cell's pytest command, with the environment that makes its rank pool place ranks on every
+host (harness.ranks.hosts); every other host runs its agent (harness.ranks.agent). Each host marks what it
+starts with a cell token of its own and kills every process carrying it on the way out, however it ends:
+Slurm's proctrack/pgid does not reach a rank that called setpgrp. The host's index, the number of hosts
+and host 0's name come from the options, else from Slurm's environment.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from harness.errors import ConfigError
+from harness.gpus import NvmlUnavailable, resolve_gpus
+from harness.memory import MemoryMonitor, write_memory_json
+from harness.ranks import hosts
+from harness.ranks.lifecycle import CELL_TOKEN_ENV, kill_cell_processes
+
+# Host 0's name may take a moment to resolve, and its hub a moment to listen, while the hosts start.
+RENDEZVOUS_TIMEOUT_S = 300.0
+STOP_GRACE_S = 3.0
+
+
+def command(args) -> int:
+    # Slurm: SLURM_NODEID; a JobSet's Indexed job: JOB_COMPLETION_INDEX.
+    index = _int_option(args.index, ("SLURM_NODEID", "JOB_COMPLETION_INDEX"), "--index")
+    count = _int_option(args.count, ("SLURM_NNODES",), "--count")
+    host0 = args.host0 or _slurm_first_host()
+    key = os.environ.get(hosts.KEY_ENV)
+    if not key:
+        raise ConfigError(f"harness host: ${hosts.KEY_ENV} is not set (the engine gives every host the cell's key)")
+    address = _resolve(host0)
+    token = uuid.uuid4().hex
+    os.environ[CELL_TOKEN_ENV] = token  # what this host starts carries it; ranks inherit it through the zygote
+    temporary = tempfile.mkdtemp(prefix="harness-host-")
+    os.environ["TMPDIR"] = temporary
+    name = socket.gethostname()
+    print(f"harness host {index}/{count} on {name}: host 0 is {host0} ({address})", flush=True)
+    monitor = _monitor_gpus() if args.memory_file else None
+    try:
+        if index == 0:
+            return run_leader(args, count, address, key)
+        reason = _agent(index, (address, args.hub_port), bytes.fromhex(key))
+        print(f"harness host {index} on {name}: stopped: {reason}", flush=True)
+        return 0
+    finally:
+        if monitor is not None:
+            write_memory_json(args.memory_file.replace("{index}", str(index)), monitor.stop())
+        left = kill_cell_processes(token)
+        shutil.rmtree(temporary, ignore_errors=True)
+        if left:
+            print(f"harness host {index} on {name}: processes {left} survived SIGKILL", flush=True)
+
+
+def run_leader(args, count: int, address: str, key: str) -> int:
+    """Host 0: the cell's pytest command, its output to the terminal (the engine's log) and pytest.log."""
+    command = list(args.host_command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise ConfigError("harness host: host 0 needs the pytest command after --")
+    environ = {**os.environ, hosts.HOSTS_ENV: str(count), hosts.HOST_RANKS_ENV: str(args.ranks_per_host),
+               hosts.HUB_ENV: f"{address}:{args.hub_port}", hosts.KEY_ENV: key}
+    if args.cause_file:
+        environ[hosts.CAUSE_ENV] = args.cause_file
+    if args.cpu_ranks:
+        environ["HARNESS_CPU_RANKS"] = str(count * args.ranks_per_host)
+    log = Path(args.pytest_log).open("wb") if args.pytest_log else None  # noqa: SIM115 - closed below
+    process = subprocess.Popen(command, env=environ, cwd=args.cwd or None, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    reader = threading.Thread(target=_copy, args=(process.stdout, log), daemon=True)
+    reader.start()
+
+    def stop(signum, frame):  # Slurm's cancel: SIGTERM, KillWait, SIGKILL. pytest still writes junit.xml.
+        os.killpg(process.pid, signal.SIGINT)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        code = process.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        reader.join(timeout=10)
+        if log:
+            log.close()
+    return code if code >= 0 else 128 - code
+
+
+def _monitor_gpus() -> MemoryMonitor:
+    """Sample this host's GPUs (those its engine gave it) while the cell runs here."""
+    try:
+        gpus = resolve_gpus(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    except NvmlUnavailable:
+        gpus = []
+    return MemoryMonitor(gpus).start()
+
+
+def _agent(index: int, hub: tuple[str, int], key: bytes) -> str:
+    from harness.ranks.agent import run_agent
+
+    return run_agent(index, hub, key, RENDEZVOUS_TIMEOUT_S)
+
+
+def _copy(source, log) -> None:
+    while chunk := os.read(source.fileno(), 65536):
+        if log:
+            log.write(chunk)
+            log.flush()
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.buffer.flush()
+
+
+def _int_option(value: int | None, variables: tuple[str, ...], option: str) -> int:
+    if value is not None:
+        return value
+    for variable in variables:
+        raw = os.environ.get(variable)
+        if raw is not None:
+            if not raw.isdigit():
+                raise ConfigError(f"harness host: ${variable} is {raw[:40]!r}, not a whole number")
+            return int(raw)
+    raise ConfigError(f"harness host: give {option}, or run under an engine that sets ${' or $'.join(variables)}")
+
+
+def _slurm_first_host() -> str:
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+    if not nodelist:
+        raise ConfigError("harness host: give --host0, or run under Slurm ($SLURM_JOB_NODELIST is not set)")
+    names = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                           check=False).stdout.split()
+    if not names:
+        raise ConfigError(f"harness host: scontrol show hostnames {nodelist!r} named no host")
+    return names[0]
+
+
+def _resolve(name: str) -> str:
+    deadline = time.monotonic() + RENDEZVOUS_TIMEOUT_S
+    while True:
+        try:
+            return socket.gethostbyname(name)
+        except OSError as error:
+            if time.monotonic() > deadline:
+                raise ConfigError(f"harness host: host 0's name {name!r} does not resolve: {error}") from None
+            time.sleep(0.5)

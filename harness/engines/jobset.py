@@ -1,0 +1,192 @@
+"""The JobSet engine: a cell as one Kubernetes JobSet (kubernetes-sigs/jobset), driven through kubectl.
+
+One replicated job of H pods (Indexed completions: a pod's JOB_COMPLETION_INDEX is its host index), with
+`spec.coordinator` naming pod 0, whose stable DNS name (`<jobset>-hosts-0-0.<subdomain>`, from
+`network.enableDNSHostnames`) every other pod dials. Each pod runs `harness host`, as a Slurm task does.
+No restarts (`failurePolicy.maxRestarts: 0`, `backoffLimit: 0`): a lost pod fails the cell, as a lost Slurm
+node does under --no-requeue. The cell's HMAC key goes in a Secret created beside it (from a file, never on
+a command line), never in the manifest.
+
+`render` is pure (tests validate its output against the JobSet CRD's schema); `JobSetDriver` applies,
+waits for `status.terminalState`, collects each pod's log with its host's name, and deletes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from harness.contract import HOST_LOG, HOST_LOST_JSON, HOST_MEMORY_JSON, JOB_MANIFEST, JUNIT_XML, PYTEST_LOG
+from harness.errors import ConfigError
+from harness.matrix import Cell
+from harness.ranks.hosts import KEY_ENV
+
+API_VERSION = "jobset.x-k8s.io/v1alpha2"
+REPLICATED_JOB = "hosts"
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+KEY_SECRET_FIELD = "key"
+POLL_S = 1.0
+# A DNS-1035 label: what Kubernetes accepts as a JobSet's name and a subdomain.
+NAME = re.compile(r"[a-z]([-a-z0-9]{0,40}[a-z0-9])?")
+
+
+def jobset_name(cell: Cell, run_id: str) -> str:
+    """`h-<hash of the cell id>-<run>`: short and DNS-safe, whatever the cell id holds (dots, pluses)."""
+    import hashlib
+
+    name = f"h-{hashlib.sha256(cell.id.encode()).hexdigest()[:8]}-{run_id}".lower()
+    if not NAME.fullmatch(name):
+        raise ConfigError(f"jobset name {name!r} is not a DNS label (run id {run_id!r})")
+    return name
+
+
+def host0_name(name: str) -> str:
+    return f"{name}-{REPLICATED_JOB}-0-0.{name}"
+
+
+def render(cell: Cell, name: str, host_command: list[str], timeout_s: int, results_root: Path | None = None) -> dict:
+    """The JobSet of one cell: H pods, each `host_command` (harness host ...), pod 0 the coordinator; the
+    runner's results_claim mounted at `results_root`."""
+    submit = cell.submit
+    if submit is None or not submit.image:
+        raise ConfigError(f"{cell.id}: a jobset runner needs submit.image in runners.yaml")
+    container: dict = {
+        "name": "host",
+        "image": submit.image,
+        "command": [*host_command[:1]],
+        "args": [*host_command[1:]],
+        "env": [{"name": KEY_ENV, "valueFrom": {"secretKeyRef": {"name": f"{name}-key", "key": KEY_SECRET_FIELD}}},
+                {"name": "HARNESS_CELL_ID", "value": cell.id}],
+    }
+    if not cell.is_cpu:
+        container["resources"] = {"limits": {submit.gpu_resource: cell.gpus}}
+    pod: dict = {"restartPolicy": "Never", "automountServiceAccountToken": False, "containers": [container]}
+    if submit.results_claim and results_root is not None:
+        container["volumeMounts"] = [{"name": "results", "mountPath": str(results_root)}]
+        pod["volumes"] = [{"name": "results", "persistentVolumeClaim": {"claimName": submit.results_claim}}]
+    manifest = {
+        "apiVersion": API_VERSION,
+        "kind": "JobSet",
+        "metadata": {"name": name, "labels": {"harness/cell": _label(cell.id)}},
+        "spec": {
+            "failurePolicy": {"maxRestarts": 0},
+            "ttlSecondsAfterFinished": 600,
+            "network": {"enableDNSHostnames": True, "subdomain": name},
+            "coordinator": {"replicatedJob": REPLICATED_JOB, "jobIndex": 0, "podIndex": 0},
+            "replicatedJobs": [{
+                "name": REPLICATED_JOB,
+                "replicas": 1,
+                "template": {"spec": {
+                    "parallelism": cell.hosts,
+                    "completions": cell.hosts,
+                    "completionMode": "Indexed",
+                    "backoffLimit": 0,
+                    "activeDeadlineSeconds": timeout_s,
+                    "template": {"spec": pod},
+                }},
+            }],
+        },
+    }
+    if submit.namespace:
+        manifest["metadata"]["namespace"] = submit.namespace
+    return manifest
+
+
+def host_command(cell: Cell, pytest_command: list[str], name: str, hub_port: int, folder: Path) -> list[str]:
+    """`harness host` in a pod: its index from JOB_COMPLETION_INDEX, host 0 by its stable DNS name."""
+    command = ["harness", "host", f"--count={cell.hosts}", f"--host0={host0_name(name)}",
+               f"--hub-port={hub_port}", f"--ranks-per-host={cell.gpus}",
+               f"--cause-file={folder / HOST_LOST_JSON}", f"--pytest-log={folder / PYTEST_LOG}"]
+    if cell.is_cpu:
+        command.append("--cpu-ranks")
+    else:
+        command.append(f"--memory-file={folder / HOST_MEMORY_JSON}")  # {index}: each host's own
+    return [*command, "--", *pytest_command]
+
+
+def _label(value: str) -> str:
+    """A label value: at most 63 characters of [-A-Za-z0-9_.], alphanumeric at both ends."""
+    cleaned = re.sub(r"[^-A-Za-z0-9_.]", "_", value)[:63].strip("-_.")
+    return cleaned or "cell"
+
+
+class JobSetDriver:
+    """kubectl apply / wait / logs / delete for one rendered JobSet."""
+
+    def __init__(self, manifest: dict, folder: Path, log: Callable[[str], None], kubectl: str = "kubectl"):
+        self.manifest, self.folder, self.log, self.kubectl = manifest, folder, log, kubectl
+        self.name = manifest["metadata"]["name"]
+        self.namespace = manifest["metadata"].get("namespace")
+        self.hosts = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["completions"]
+
+    def _run(self, *args: str, check: bool = True, stdin: str | None = None) -> str:
+        command = [self.kubectl, *(["--namespace", self.namespace] if self.namespace else []), *args]
+        result = subprocess.run(command, capture_output=True, text=True, input=stdin, timeout=120)
+        if check and result.returncode:
+            raise ConfigError(f"kubectl {args[0]} failed ({result.returncode}): {result.stderr.strip()[:500]}")
+        return result.stdout
+
+    def run(self, key_hex: str, timeout_s: float) -> tuple[str, str]:
+        """Apply, wait, collect logs, delete: (terminal state, cause of an error or "")."""
+        with tempfile.TemporaryDirectory(prefix="harness-jobset-") as secret_dir:
+            key_file = Path(secret_dir) / KEY_SECRET_FIELD
+            key_file.touch(mode=0o600)
+            key_file.write_text(key_hex)
+            self._run("create", "secret", "generic", f"{self.name}-key", f"--from-file={KEY_SECRET_FIELD}={key_file}")
+        try:
+            self._run("apply", "-f", "-", stdin=yaml.safe_dump(self.manifest, sort_keys=False))
+            self.log(f"   jobset {self.name}: applied, {self.hosts} hosts")
+            state, deadline = "", time.monotonic() + timeout_s
+            while not state:
+                state = self._run("get", "jobset", self.name, "-o", "jsonpath={.status.terminalState}",
+                                  check=False).strip()
+                if not state and time.monotonic() > deadline:
+                    return "Timeout", f"timed out after {timeout_s:g}s; jobset {self.name} deleted"
+                if not state:
+                    time.sleep(POLL_S)
+            self.collect_logs()
+            return state, "" if state == "Completed" else f"jobset {self.name} ended {state}"
+        finally:
+            self._run("delete", "jobset", self.name, "--ignore-not-found", "--wait=true", check=False)
+            self._run("delete", "secret", f"{self.name}-key", "--ignore-not-found", check=False)
+
+    def collect_logs(self) -> None:
+        for index in range(self.hosts):
+            text = self._run("logs", "-l", f"{JOBSET_NAME_LABEL}={self.name},{COMPLETION_INDEX_LABEL}={index}",
+                             "--tail=-1", check=False)
+            with contextlib.suppress(OSError):
+                (self.folder / HOST_LOG.format(index=index)).write_text(text)
+            for line in text.splitlines():
+                self.log(f"[host{index}] {line}")
+
+
+def run_job(cell: Cell, *, folder: Path, pytest_command: list[str], log: Callable[[str], None], record: dict,
+            kubectl: str = "kubectl") -> tuple[int | None, str]:
+    """Render, apply, wait, collect, delete. (host 0's exit as far as the JobSet tells, the error or "")."""
+    import uuid
+
+    name = jobset_name(cell, uuid.uuid4().hex[:6])
+    timeout_s = int(cell.timeout_minutes * 60)
+    manifest = render(cell, name, host_command(cell, pytest_command, name, HUB_PORT, folder), timeout_s,
+                      results_root=folder.parent)
+    (folder / JOB_MANIFEST).write_text(yaml.safe_dump(manifest, sort_keys=False))
+    record["job_id"] = name
+    record["hosts"] = [f"{name}-{REPLICATED_JOB}-0-{index}" for index in range(cell.hosts)]
+    state, cause = JobSetDriver(manifest, folder, log, kubectl).run(os.urandom(32).hex(), timeout_s)
+    if state == "Completed":
+        return 0, ""
+    if state == "Failed" and (folder / JUNIT_XML).is_file() and not (folder / HOST_LOST_JSON).is_file():
+        return 1, ""  # host 0's pytest exited 1: tests failed, the cell ran
+    return None, cause
+
+
+HUB_PORT = 29400  # a pod has its own network namespace: a fixed port cannot collide

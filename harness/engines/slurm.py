@@ -1,0 +1,272 @@
+"""The Slurm engine: `harness run` on a login node submits one job per cell and waits for it.
+
+    sbatch --nodes=H --ntasks-per-node=1 --no-requeue job.sh
+    job.sh:  srun --kill-on-bad-exit=1 python -m harness host ...   (one task per host)
+
+Host 0's `harness host` runs pytest (its output is host0.log and pytest.log), every other host runs its
+agent. harness streams each host's log with the host's name in front, and when the job ends writes the
+same folder as a local cell, naming every host and the job id. Why a cell errored, first cause first:
+harness was interrupted (the job is cancelled), the cell's time ran out, the job was cancelled from
+outside (`scancel`), Slurm failed a node (NODE_FAIL, named), host 0 saw a host go silent (host-lost.json),
+then pytest's own exit. The job is submitted --no-requeue: a lost node would requeue it and truncate its log.
+
+The cluster is assumed to share the project folder with the login node (results, environments, the
+harness checkout), as home folders on Slurm clusters are. Client commands run as `sbatch`, `scontrol`,
+`squeue`, `scancel`, `sinfo` on PATH.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from harness.contract import HOST_LOG, HOST_LOST_JSON, HOST_MEMORY_JSON, JOB_SCRIPT, PYTEST_LOG
+from harness.errors import ConfigError
+from harness.matrix import Cell
+from harness.ranks.hosts import KEY_ENV, port_outside_ephemeral_range
+
+POLL_S = 0.5
+# After the job ends, how long its steps may take to be gone on every host (Slurm's KillWait is 30 s).
+GONE_TIMEOUT_S = 120.0
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY", "PREEMPTED",
+                "BOOT_FAIL", "DEADLINE"}
+
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class JobState:
+    state: str  # JobState, e.g. RUNNING, NODE_FAIL ("" while unknown)
+    hosts: tuple[str, ...]  # NodeList, expanded, host 0 first
+    exit_code: int | None  # the batch script's (host 0's harness host: pytest's)
+    reason: str
+
+
+def batch_script(cell: Cell, host_command: list[str], folder: Path) -> str:
+    """job.sh: one srun step, one task per host, each host's output to its own log in the cell's folder."""
+    srun = ["srun", "--kill-on-bad-exit=1", f"--nodes={cell.hosts}", "--ntasks-per-node=1",
+            f"--output={folder / HOST_LOG.format(index='%t')}"]
+    if cell.submit is not None and cell.submit.container_image:
+        srun.append(f"--container-image={cell.submit.container_image}")  # pyxis
+    return "#!/bin/sh\n# harness: one cell across hosts; harness host starts pytest on host 0, an agent elsewhere\n" \
+           f"exec {shlex.join(srun + host_command)}\n"
+
+
+def sbatch_command(cell: Cell, folder: Path, script: Path) -> list[str]:
+    command = ["sbatch", "--parsable", f"--job-name=harness-{cell.id}", f"--nodes={cell.hosts}",
+               "--ntasks-per-node=1", "--no-requeue", f"--output={folder / 'slurm.log'}"]
+    if not cell.is_cpu:
+        command.append(f"--gpus-per-node={cell.gpus}")
+    submit = cell.submit
+    if submit is not None:
+        command += [f"--{name}={value}" for name, value in (("partition", submit.partition),
+                                                            ("account", submit.account), ("time", submit.time),
+                                                            ("segment", submit.segment)) if value]
+        command += list(submit.sbatch_args)
+    return [*command, str(script)]
+
+
+def host_command(cell: Cell, pytest_command: list[str], folder: Path, project: Path, hub_port: int) -> list[str]:
+    command = [sys.executable, "-m", "harness", "host", f"--hub-port={hub_port}", f"--ranks-per-host={cell.gpus}",
+               f"--cause-file={folder / HOST_LOST_JSON}", f"--pytest-log={folder / PYTEST_LOG}", f"--cwd={project}"]
+    if cell.is_cpu:
+        command.append("--cpu-ranks")
+    else:  # each host samples its own GPUs; harness merges them (hostmemory)
+        command.append(f"--memory-file={folder / HOST_MEMORY_JSON}")  # {index}: each host's own
+    return [*command, "--", *pytest_command]
+
+
+def parse_job(text: str, expand: Callable[[str], list[str]]) -> JobState:
+    """`scontrol show job -o J` -> JobState; `expand` turns a NodeList into host names."""
+    fields = dict(re.findall(r"(\w+)=(\S*)", text))
+    nodes = fields.get("NodeList", "")
+    code = fields.get("ExitCode", "")
+    exit_code = int(code.split(":")[0]) if re.fullmatch(r"\d+:\d+", code) else None
+    return JobState(state=fields.get("JobState", ""), hosts=tuple(expand(nodes)) if nodes and nodes != "(null)"
+                    else (), exit_code=exit_code, reason=fields.get("Reason", ""))
+
+
+class SlurmClient:
+    """The Slurm commands harness uses; tests may give a prefix (a login node's namespace)."""
+
+    def __init__(self, prefix: list[str] | None = None):
+        self.prefix = prefix or []
+
+    def __call__(self, *command: str, check: bool = True, env: dict | None = None) -> str:
+        result = subprocess.run([*self.prefix, *command], capture_output=True, text=True, env=env, timeout=60)
+        if check and result.returncode:
+            raise ConfigError(f"{command[0]} failed ({result.returncode}): {result.stderr.strip()[:500]}")
+        return result.stdout
+
+    def hostnames(self, nodelist: str) -> list[str]:
+        return self("scontrol", "show", "hostnames", nodelist, check=False).split()
+
+    def job(self, job_id: str) -> JobState | None:
+        text = self("scontrol", "show", "job", "-o", job_id, check=False)
+        return parse_job(text, self.hostnames) if "JobState=" in text else None
+
+    def down_hosts(self, hosts: tuple[str, ...]) -> list[str]:
+        """Of `hosts`, those Slurm holds down or failing."""
+        if not hosts:
+            return []
+        text = self("sinfo", "-h", "-N", "-n", ",".join(hosts), "-o", "%N %T", check=False)
+        return [name for name, state in (line.split()[:2] for line in text.splitlines() if len(line.split()) >= 2)
+                if state.rstrip("*~#!%$@^-").lower() in ("down", "fail", "failing", "drained", "draining")]
+
+
+class LogStreamer:
+    """Each host's log as it grows, every line with the host's name in front."""
+
+    def __init__(self, folder: Path, echo: Callable[[str], None]):
+        self.folder, self.echo = folder, echo
+        self.offsets: dict[int, int] = {}
+        self.partial: dict[int, str] = {}
+
+    def poll(self, hosts: tuple[str, ...], final: bool = False) -> None:
+        for index in range(len(hosts)):
+            path = self.folder / HOST_LOG.format(index=index)
+            with contextlib.suppress(OSError), path.open("rb") as log:
+                log.seek(self.offsets.get(index, 0))
+                chunk = log.read()
+                self.offsets[index] = self.offsets.get(index, 0) + len(chunk)
+                text = self.partial.get(index, "") + chunk.decode(errors="replace")
+                *lines, self.partial[index] = text.split("\n")
+                if final and self.partial[index]:
+                    lines.append(self.partial.pop(index))
+                for line in lines:
+                    self.echo(f"[{hosts[index]}] {line}")
+
+
+def run_job(cell: Cell, *, folder: Path, pytest_command: list[str], environ: dict[str, str], project: Path,
+            log: Callable[[str], None], record: dict, client: SlurmClient | None = None) -> tuple[int | None, str]:
+    """Submit, stream, wait; fills record's job_id and hosts. (pytest's exit code or None, the error or "")."""
+    client = client or SlurmClient()
+    port = port_outside_ephemeral_range()  # checked free here; the same range is quiet on the hosts
+    script = folder / JOB_SCRIPT
+    script.write_text(batch_script(cell, host_command(cell, pytest_command, folder, project, port), folder))
+    script.chmod(0o755)
+    environ = {**environ, KEY_ENV: os.urandom(32).hex()}  # sbatch hands its environment to every host
+    if not cell.is_cpu:
+        environ.pop("CUDA_VISIBLE_DEVICES", None)  # Slurm gives each host its GPUs
+    command = sbatch_command(cell, folder, script)
+    log("   " + shlex.join(command))
+    job_id = client(*command, env=environ).strip().split(";")[0]
+    if not job_id.isdigit():
+        raise ConfigError(f"sbatch answered {job_id!r}, not a job id")
+    record["job_id"] = job_id
+    log(f"   {cell.id}: Slurm job {job_id}")
+    streamer = LogStreamer(folder, log)
+    deadline = time.monotonic() + cell.timeout_minutes * 60
+    state: JobState | None = None
+    dropped: list[str] = []
+    cause = ""
+    try:
+        while True:
+            state = client.job(job_id) or state
+            if state is not None:
+                seen = record.get("hosts") or []
+                if seen and state.hosts and set(state.hosts) < set(seen):
+                    # A failed node leaves the job's NodeList first, then the others as they complete (and
+                    # it may be back up by the time the job ends): the first to leave is the one.
+                    dropped = dropped or sorted(set(seen) - set(state.hosts))
+                elif state.hosts:
+                    record["hosts"] = list(state.hosts)
+                streamer.poll(tuple(record.get("hosts") or ()))
+                if state.state in FINAL_STATES:
+                    break
+            if time.monotonic() > deadline:
+                cause = f"timed out after {cell.timeout_minutes} min; job {job_id} cancelled"
+                break
+            time.sleep(POLL_S)
+    finally:
+        cancelled = cancel_and_wait(client, job_id)
+        if state is not None:
+            streamer.poll(tuple(record["hosts"]), final=True)
+        if not cancelled:
+            log(f"   {cell.id}: job {job_id} still has steps after {GONE_TIMEOUT_S:g}s")
+    state = client.job(job_id) or state
+    hosts = tuple(record.get("hosts") or ())  # as seen while it ran: an ended job may list no nodes
+    return (state.exit_code if state is not None else None), \
+        cause or job_cause(client, state, folder, job_id, hosts, dropped=dropped)
+
+
+def job_cause(client: SlurmClient, state: JobState | None, folder: Path, job_id: str,
+              hosts: tuple[str, ...] = (), dropped: list[str] | None = None) -> str:
+    """Why the job errored, first cause first; "" when it ran to its end (pytest's exit then decides)."""
+    if state is None:
+        return f"job {job_id} vanished from Slurm before it ended"
+    seen = host_lost(folder)
+    if state.state == "CANCELLED":
+        return f"job {job_id} cancelled (scancel, or an administrator)"
+    hosts = hosts or state.hosts
+    if state.state == "NODE_FAIL":
+        # Slurm ends every host's task at once: which agent's connection closed first says nothing then.
+        down = node_failures(folder / "slurm.log") or dropped or client.down_hosts(hosts)
+        named = f"host {', '.join(down)} failed" if down else "a host failed"
+        return f"Slurm NODE_FAIL: {named} (job {job_id})"
+    if seen:
+        return seen
+    failed_task = first_failed_task(folder / "slurm.log", hosts)
+    if failed_task:
+        return failed_task
+    if state.state in ("TIMEOUT", "DEADLINE", "OUT_OF_MEMORY", "BOOT_FAIL", "PREEMPTED"):
+        return f"Slurm ended job {job_id}: {state.state}"
+    return ""
+
+
+def host_lost(folder: Path) -> str:
+    """What host 0's hub wrote when a host went silent or its agent's connection closed (untrusted: bounded)."""
+    lost = folder / HOST_LOST_JSON
+    if not lost.is_file():
+        return ""
+    try:
+        data = json.loads(lost.read_text()[:4096])
+        return f"host {int(data['host'])} ({str(data['hostname'])[:64]}) lost: {str(data['reason'])[:200]}"
+    except (ValueError, KeyError, TypeError, OSError):
+        return f"a host was lost ({HOST_LOST_JSON} unreadable)"
+
+
+SRUN_NODE_FAILURE = re.compile(r"srun: error: Node failure on (\S+)")
+
+
+def node_failures(log: Path) -> list[str]:
+    """The nodes srun says failed (`srun: error: Node failure on h3`), in its order."""
+    with contextlib.suppress(OSError):
+        return list(dict.fromkeys(match.group(1)[:64] for match in
+                                  SRUN_NODE_FAILURE.finditer(log.read_text(errors="replace")[:100_000])))
+    return []
+
+
+SRUN_TASK_ERROR = re.compile(r"srun: error: (\S+): tasks? ([\d,-]+): (.+)")
+
+
+def first_failed_task(log: Path, hosts: tuple[str, ...]) -> str:
+    """srun's first `error: HOST: task N: Killed` (--kill-on-bad-exit then ended the others), unless host 0's
+    own: that one is pytest's exit, which pytest's code explains."""
+    with contextlib.suppress(OSError):
+        for line in log.read_text(errors="replace")[:100_000].splitlines():
+            match = SRUN_TASK_ERROR.search(line)
+            if match and (not hosts or match.group(1) != hosts[0]):
+                return f"host {match.group(2)} ({match.group(1)[:64]}) ended first: {match.group(3).strip()[:200]}"
+    return ""
+
+
+def cancel_and_wait(client: SlurmClient, job_id: str) -> bool:
+    """scancel (a no-op for an ended job), then until Slurm lists no step of it: nothing runs on any host."""
+    client("scancel", job_id, check=False)
+    end = time.monotonic() + GONE_TIMEOUT_S
+    while time.monotonic() < end:
+        steps = client("squeue", "-h", "-s", "-j", job_id, check=False).strip()
+        jobs = client("squeue", "-h", "-j", job_id, check=False).strip()
+        if not steps and not jobs:
+            return True
+        time.sleep(POLL_S)
+    return False

@@ -1,0 +1,179 @@
+"""A host's agent in a cell across hosts (every host but 0): it dials host 0's hub, keeps a zygote of its own
+and forks this host's ranks from it on the hub's request; the ranks then dial their launcher directly.
+
+    hub (host 0) --Preload/Fork/StackRequest/KillRanks/Heartbeat--> agent --Preload/Fork--> zygote --> ranks
+                 <--Forked/Refused/Exited/Stacks/Heartbeat--------
+
+What only this host knows is put in each rank's spec here: the agent is the process whose death ends the
+ranks, their stack files are written in the agent's folder, and host-local variables (SLURM_*, HOSTNAME,
+TMPDIR, ...) are this host's. The agent beats every HEARTBEAT_INTERVAL_S from a thread (a zygote importing
+transformers for 20 s must not look like a lost host), and gives up, killing its ranks, when host 0 has been
+silent for HOST_LOST_AFTER_S or closed the connection. Standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import multiprocessing.connection
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+
+from harness.ranks import lifecycle
+from harness.ranks.hostenv import for_host
+from harness.ranks.protocol import (
+    BOOTSTRAP_TIMEOUT_S,
+    HEARTBEAT_INTERVAL_S,
+    HOST_LOST_AFTER_S,
+    STACK_DUMP_GRACE_S,
+    AgentHello,
+    Exited,
+    Fork,
+    Forked,
+    Heartbeat,
+    KillRanks,
+    Preload,
+    RankSpec,
+    Refused,
+    StackRequest,
+    Stacks,
+)
+from harness.ranks.rank import stack_path
+from harness.ranks.zygote import ForkRefused, Zygote
+
+POLL_S = 0.1
+DIAL_RETRY_S = 0.5
+
+
+def dial(address: tuple[str, int], key: bytes, deadline: float) -> multiprocessing.connection.Connection:
+    """Connect to the hub, retrying while host 0's name resolves and its port opens."""
+    while True:
+        try:
+            return multiprocessing.connection.Client(address, authkey=key)
+        except (OSError, EOFError) as error:
+            if time.monotonic() > deadline:
+                raise ConnectionError(f"cannot reach host 0's hub at {address[0]}:{address[1]}: {error}") from None
+            time.sleep(DIAL_RETRY_S)
+
+
+class Agent:
+    def __init__(self, host: int, connection: multiprocessing.connection.Connection, log=print):
+        self.host = host
+        self.connection = connection
+        self.log = log
+        self.workdir = tempfile.mkdtemp(prefix="harness-agent-")
+        self.zygote = Zygote()
+        self.ranks: dict[int, int] = {}  # pid -> rank, every rank forked here
+        self.reported: set[int] = set()
+        self._send_lock = threading.Lock()
+        self._stopped = threading.Event()
+
+    def send(self, message: object) -> None:
+        with self._send_lock:
+            self.connection.send(message)
+
+    def serve(self) -> str:
+        """Until host 0 goes; why it stopped."""
+        self.send(AgentHello(self.host, socket.gethostname(), os.getpid()))
+        threading.Thread(target=self._beat, name="harness-agent-heartbeat", daemon=True).start()
+        last_heard = time.monotonic()
+        try:
+            while True:
+                try:
+                    while self.connection.poll(POLL_S):  # everything that arrived, before judging silence
+                        self._handle(self.connection.recv())
+                        last_heard = time.monotonic()
+                    self._report_exits()
+                except (EOFError, OSError):  # a send or a receive: host 0 is gone either way
+                    return "host 0 closed the connection"
+                if time.monotonic() - last_heard > HOST_LOST_AFTER_S:
+                    return f"host 0 silent for {time.monotonic() - last_heard:.1f}s"
+        finally:
+            self._stopped.set()
+            self.close()
+
+    def close(self) -> None:
+        for pid in self.ranks:
+            lifecycle.signal_group(pid, signal.SIGKILL)
+        self.zygote.kill()
+        with contextlib.suppress(OSError):
+            self.connection.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _handle(self, message: object) -> None:
+        if isinstance(message, Heartbeat):
+            return
+        if isinstance(message, Preload):
+            sys.path[:] = message.sys_path
+            self.zygote.preload(message.modules)
+        elif isinstance(message, Fork):
+            specs = [self._localize(spec) for spec in message.specs]
+            try:
+                pids = self.zygote.fork(specs, [], time.monotonic() + BOOTSTRAP_TIMEOUT_S)
+            except ForkRefused as refused:
+                self.send(Refused(str(refused), refused.bare))
+                return
+            self.ranks.update({pid: spec.rank for pid, spec in zip(pids, specs, strict=True)})
+            self.send(Forked(pids))
+        elif isinstance(message, StackRequest):
+            self.send(Stacks(self._stacks(message)))
+        elif isinstance(message, KillRanks):
+            for pid in message.pids:
+                if pid in self.ranks:  # only what this agent forked
+                    lifecycle.signal_group(pid, signal.SIGKILL)
+
+    def _localize(self, spec: RankSpec) -> RankSpec:
+        launch = dataclasses.replace(spec.launch, workdir=self.workdir, launcher_pid=os.getpid())
+        host_environ = dict(os.environ)
+        return dataclasses.replace(spec, launch=launch, environ=for_host(spec.environ, host_environ),
+                                   host_environ=host_environ)
+
+    def _stacks(self, request: StackRequest) -> dict[int, str]:
+        ranks = {rank: pid for rank, pid in request.pids.items() if self.ranks.get(pid) == rank}
+        if request.signal_first:
+            for rank, pid in ranks.items():
+                stack_path(self.workdir, rank).write_text("")
+                lifecycle.signal_group(pid, signal.SIGUSR1)
+            end = time.monotonic() + STACK_DUMP_GRACE_S
+            sizes: dict[int, int] = {}
+            while ranks and time.monotonic() < end:
+                time.sleep(POLL_S)
+                now = {rank: len(self._read(rank)) for rank in ranks}
+                if all(now.values()) and now == sizes:
+                    break
+                sizes = now
+        host = socket.gethostname()
+        return {rank: self._read(rank) or f"(no stack written on {host}: the rank did not answer SIGUSR1)"
+                for rank in request.pids}
+
+    def _read(self, rank: int) -> str:
+        try:
+            return stack_path(self.workdir, rank).read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def _report_exits(self) -> None:
+        for pid, code in self.zygote.exits().items():
+            if pid not in self.reported:
+                self.reported.add(pid)
+                self.send(Exited(pid, code))
+
+    def _beat(self) -> None:
+        while not self._stopped.wait(HEARTBEAT_INTERVAL_S):
+            try:
+                self.send(Heartbeat())
+            except (OSError, ValueError):
+                return
+
+
+def run_agent(host: int, hub: tuple[str, int], key: bytes, dial_timeout_s: float, log=print) -> str:
+    """Serve host 0's hub until it goes; why the agent stopped."""
+    connection = dial(hub, key, time.monotonic() + dial_timeout_s)
+    log(f"agent of host {host}: connected to host 0's hub at {hub[0]}:{hub[1]}")
+    return Agent(host, connection, log).serve()

@@ -1,0 +1,194 @@
+"""The JobSet engine: rendered manifests for 1, 4 and 18 hosts validate against the JobSet CRD's schema
+(kubernetes-sigs/jobset v0.12.0, made strict: no unknown field; tests/unit/data), broken ones are refused,
+and the kubectl driver runs against a stand-in kubectl on PATH (no API server can run here)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness.engines import jobset
+from harness.errors import ConfigError
+from harness.matrix import expand, read_runners
+
+SCHEMA = Path(__file__).parent / "data" / "jobset-v0.12.0-strict.schema.json"
+RUNNERS = {"gb200": {"labels": ["gpu-gb200"], "gpus": 4, "engine": "jobset", "hosts": 18,
+                     "submit": {"image": "ghcr.io/org/harness-cell:py3.11", "namespace": "ml",
+                                "results_claim": "harness-results"}},
+           "cpu-k8s": {"labels": ["k8s"], "gpus": 0, "ranks": 2, "engine": "jobset", "hosts": 4,
+                       "submit": {"image": "ghcr.io/org/harness-cell:cpu"}}}
+
+
+def cell(tmp_path: Path, gpu: str, hosts: int, gpus: int):
+    path = tmp_path / "runners.yaml"
+    path.write_text(json.dumps(RUNNERS))
+    spec = {"axes": {"gpu": [gpu], "hosts": [hosts], "gpus": [gpus], "torch": ["2.13.0"], "transformers": ["5.24.0"]}}
+    return expand(spec, read_runners(path), name="m", source="m.yaml")[0]
+
+
+def validate(tmp_path: Path, manifests: dict[str, dict]) -> tuple[int, str]:
+    """check-jsonschema over every manifest at once (one start of it: seconds on a busy machine)."""
+    checker = shutil.which("check-jsonschema") or str(Path(sys.executable).parent / "check-jsonschema")
+    if not Path(checker).exists():
+        pytest.skip("check-jsonschema is not installed (the dev extra has it)")
+    paths = []
+    for name, manifest in manifests.items():
+        paths.append(tmp_path / f"{name}.yaml")
+        paths[-1].write_text(yaml.safe_dump(manifest))
+    result = subprocess.run([checker, "--schemafile", str(SCHEMA), *map(str, paths)], capture_output=True, text=True)
+    return result.returncode, result.stdout + result.stderr
+
+
+def rendered(tmp_path: Path, gpu: str, hosts: int, gpus: int) -> dict:
+    one = cell(tmp_path, gpu, hosts, gpus)
+    name = jobset.jobset_name(one, "r1")
+    command = jobset.host_command(one, ["python", "-m", "pytest", "tests/gpu"], name, jobset.HUB_PORT,
+                                  tmp_path / "results" / one.id)
+    return jobset.render(one, name, command, 1800, results_root=tmp_path / "results")
+
+
+SHAPES = [("gb200", 1, 4), ("gb200", 4, 4), ("gb200", 18, 4), ("cpu-k8s", 4, 2)]
+
+
+def test_rendered_jobsets_validate(tmp_path):
+    manifests = {f"{gpu}-{hosts}x{gpus}": rendered(tmp_path, gpu, hosts, gpus) for gpu, hosts, gpus in SHAPES}
+    code, output = validate(tmp_path, manifests)
+    assert code == 0, output
+    for (gpu, hosts, gpus), manifest in zip(SHAPES, manifests.values(), strict=True):
+        spec = manifest["spec"]
+        job = spec["replicatedJobs"][0]["template"]["spec"]
+        assert job["parallelism"] == job["completions"] == hosts and job["completionMode"] == "Indexed"
+        assert spec["coordinator"] == {"replicatedJob": "hosts", "jobIndex": 0, "podIndex": 0}
+        assert spec["failurePolicy"] == {"maxRestarts": 0} and job["backoffLimit"] == 0
+        container = job["template"]["spec"]["containers"][0]
+        host0 = f"--host0={manifest['metadata']['name']}-hosts-0-0.{spec['network']['subdomain']}"
+        assert host0 in container["args"]
+        limits = container.get("resources", {}).get("limits")
+        assert limits == ({"nvidia.com/gpu": gpus} if gpu == "gb200" else None)
+        text = yaml.safe_dump(manifest)
+        assert "secretKeyRef" in text  # the key is a Secret's, never in the manifest
+
+
+BROKEN = {
+    "parallelism-two": (lambda m: m["spec"]["replicatedJobs"][0]["template"]["spec"].update(parallelism="two"),
+                        "'two' is not of type 'integer'"),
+    "backofLimit": (lambda m: m["spec"]["replicatedJobs"][0]["template"]["spec"].update(backofLimit=0),
+                    "'backofLimit' was unexpected"),
+}
+
+
+def test_broken_manifests_are_refused(tmp_path):
+    manifests = {}
+    for name, (break_it, _) in BROKEN.items():
+        manifests[name] = copy.deepcopy(rendered(tmp_path, "gb200", 4, 4))
+        break_it(manifests[name])
+    code, output = validate(tmp_path, manifests)
+    assert code != 0
+    for name, (_, why) in BROKEN.items():
+        assert f"{name}.yaml" in output and why in output, output
+
+
+def test_a_runner_without_an_image_is_refused(tmp_path):
+    one = cell(tmp_path, "gb200", 2, 4)
+    bare = dataclasses.replace(one, submit=dataclasses.replace(one.submit, image=None))
+    with pytest.raises(ConfigError, match=r"submit\.image"):
+        jobset.render(bare, "h-x-1", ["harness", "host"], 60)
+
+
+STANDIN = textwrap.dedent("""\
+    #!{python}
+    # A stand-in kubectl: records each call; jobsets reach STANDIN_STATE on the third `get`.
+    import json, os, stat, sys
+    from pathlib import Path
+    state_dir = Path(os.environ["STANDIN_DIR"])
+    args = sys.argv[1:]
+    if args[:1] == ["--namespace"]:
+        args = args[2:]
+    record = {{"args": args}}
+    if args[:3] == ["create", "secret", "generic"]:
+        key_file = Path(args[4].split("=", 2)[2])  # --from-file=key=PATH
+        record["key_mode"] = oct(stat.S_IMODE(key_file.stat().st_mode))
+        record["key_length"] = len(key_file.read_text())
+    if args[:3] == ["apply", "-f", "-"]:
+        (state_dir / "applied.yaml").write_text(sys.stdin.read())
+    with (state_dir / "calls.jsonl").open("a") as calls:
+        calls.write(json.dumps(record) + "\\n")
+    if args[:2] == ["get", "jobset"]:
+        polls = state_dir / "polls"
+        count = int(polls.read_text()) + 1 if polls.exists() else 1
+        polls.write_text(str(count))
+        print(os.environ["STANDIN_STATE"] if count >= 3 else "", end="")
+    elif args[:1] == ["logs"]:
+        index = args[2].rsplit("=", 1)[1]
+        print(f"harness host {{index}} says hello")
+    """)
+
+
+@pytest.fixture
+def kubectl(tmp_path, monkeypatch):
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    path = folder / "kubectl"
+    path.write_text(STANDIN.format(python=sys.executable))
+    path.chmod(0o755)
+    state = tmp_path / "standin"
+    state.mkdir()
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("STANDIN_DIR", str(state))
+    monkeypatch.setattr(jobset, "POLL_S", 0.01)
+    return state
+
+
+def calls(state: Path) -> list[dict]:
+    return [json.loads(line) for line in (state / "calls.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize(("terminal", "expected"), [("Completed", (0, "")), ("Failed", (None, "ended Failed"))])
+def test_driver_applies_waits_collects_and_deletes(tmp_path, kubectl, monkeypatch, terminal, expected):
+    monkeypatch.setenv("STANDIN_STATE", terminal)
+    one = cell(tmp_path, "gb200", 4, 4)
+    folder = tmp_path / "results" / one.id
+    folder.mkdir(parents=True)
+    lines, record = [], {}
+    exit_code, cause = jobset.run_job(one, folder=folder, pytest_command=["python", "-m", "pytest"],
+                                      log=lines.append, record=record)
+    assert exit_code == expected[0] and expected[1] in cause
+    made = calls(kubectl)
+    verbs = [call["args"][0] for call in made]
+    assert verbs[:2] == ["create", "apply"] and verbs.count("get") == 3 and verbs.count("logs") == 4
+    assert verbs[-2:] == ["delete", "delete"]  # the jobset and its key, whatever the outcome
+    assert made[0]["key_mode"] == "0o600" and made[0]["key_length"] == 64
+    applied = yaml.safe_load((kubectl / "applied.yaml").read_text())
+    assert applied == yaml.safe_load((folder / "jobset.yaml").read_text())
+    assert record["job_id"] == applied["metadata"]["name"] and len(record["hosts"]) == 4
+    assert "[host3] harness host 3 says hello" in lines
+    assert (folder / "host2.log").read_text().strip() == "harness host 2 says hello"
+
+
+def test_driver_deletes_when_interrupted(tmp_path, kubectl, monkeypatch):
+    monkeypatch.setenv("STANDIN_STATE", "")  # never ends
+    one = cell(tmp_path, "cpu-k8s", 2, 2)
+    folder = tmp_path / "results" / one.id
+    folder.mkdir(parents=True)
+    polls = kubectl / "polls"
+    real_run = jobset.JobSetDriver._run
+
+    def interrupted_while_waiting(self, *args, **kwargs):  # Ctrl-C while the jobset runs
+        if args[0] == "get" and polls.exists() and int(polls.read_text()) >= 2:
+            raise KeyboardInterrupt
+        return real_run(self, *args, **kwargs)
+
+    monkeypatch.setattr(jobset.JobSetDriver, "_run", interrupted_while_waiting)
+    with pytest.raises(KeyboardInterrupt):
+        jobset.run_job(one, folder=folder, pytest_command=["python"], log=lambda line: None, record={})
+    assert [call["args"][:2] for call in calls(kubectl)][-2:] == [["delete", "jobset"], ["delete", "secret"]]

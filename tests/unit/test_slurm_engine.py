@@ -1,0 +1,293 @@
+"""The Slurm engine's pure parts (job script, sbatch line, scontrol parsing, the cause of an errored job) and
+the cross-host hub's (who is named lost, the HMAC check on its TCP listener, the environment a rank on
+another host sees), without a cluster: test_slurm.py runs them against a real one."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing.connection
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from harness.engines import slurm
+from harness.errors import ConfigError
+from harness.matrix import Submit, expand, read_runners
+from harness.ranks import hosts
+from harness.ranks.hostenv import for_host, portable
+from harness.ranks.protocol import AgentHello, Heartbeat
+
+pytest_plugins = ["pytester"]
+
+RUNNERS = {"cpu": {"labels": ["ubuntu-latest"], "gpus": 0, "ranks": 4},
+           "cpu-slurm": {"labels": ["slurm-login"], "gpus": 0, "ranks": 2, "engine": "slurm", "hosts": 4,
+                         "submit": {"partition": "ci", "sbatch_args": ["--exclusive"]}},
+           "gb200": {"labels": ["gpu-gb200"], "gpus": 4, "engine": "slurm", "hosts": 18,
+                     "submit": {"partition": "gb", "account": "ml", "time": "01:00:00", "segment": 18,
+                                "container_image": "nvcr.io#pytorch"}}}
+
+
+def runners(tmp_path: Path, entries: dict = RUNNERS):
+    path = tmp_path / "runners.yaml"
+    path.write_text(json.dumps(entries))
+    return read_runners(path)
+
+
+def spec(gpu: str, hosts: list[int], gpus: int = 2) -> dict:
+    return {"axes": {"gpu": [gpu], "hosts": hosts, "gpus": [gpus], "torch": ["2.13.0"],
+                     "transformers": ["5.24.0"]}}
+
+
+def test_a_cell_spans_hosts_and_its_id_says_so(tmp_path):
+    cells = expand(spec("cpu-slurm", [1, 4]), runners(tmp_path), name="m", source="m.yaml")
+    assert [cell.id for cell in cells] == ["cpu-slurm-2rank-torch2.13.0-tf5.24.0",
+                                           "cpu-slurm-4x2rank-torch2.13.0-tf5.24.0"]
+    assert [cell.world_size for cell in cells] == [2, 8] and all(cell.is_cpu for cell in cells)
+    assert cells[1].engine == "slurm" and cells[1].submit.partition == "ci"
+    gb200 = expand(spec("gb200", [18], gpus=4), runners(tmp_path), name="m", source="m.yaml")[0]
+    assert gb200.id == "gb200-18x4gpu-torch2.13.0-tf5.24.0" and not gb200.is_cpu
+    # A matrix without a hosts axis keeps today's cells (and ids).
+    plain = expand({"axes": {k: v for k, v in spec("cpu", [1])["axes"].items() if k != "hosts"}},
+                   runners(tmp_path), name="m", source="m.yaml")[0]
+    assert plain.id == "cpu-2rank-torch2.13.0-tf5.24.0" and plain.hosts == 1 and plain.engine == "local"
+
+
+@pytest.mark.parametrize(("entries", "axes_hosts", "message"), [
+    ({**RUNNERS, "x": {"labels": ["l"], "gpus": 1, "engine": "pbs"}}, [1], "x.engine: 'pbs'"),
+    ({**RUNNERS, "x": {"labels": ["l"], "gpus": 1, "submit": {"partiton": "a"}}}, [1], "unknown key 'partiton'"),
+    ({**RUNNERS, "x": {"labels": ["l"], "gpus": 1, "submit": {"sbatch_args": ["-N 2"]}}}, [1], "sbatch_args"),
+    ({**RUNNERS, "x": {"labels": ["l"], "gpus": 1, "submit": {"partition": "a b"}}}, [1], "submit.partition"),
+    (RUNNERS, [8], "hosts 8 for gpu 'cpu-slurm': its runner spans at most 4 hosts"),
+    (RUNNERS, [0], "axes.hosts: 0"),
+])
+def test_bad_hosts_and_engines_name_the_key(tmp_path, entries, axes_hosts, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        expand(spec("cpu-slurm", axes_hosts), runners(tmp_path, entries), name="m", source="m.yaml")
+
+
+def test_job_script_and_sbatch_line(tmp_path):
+    cell = expand(spec("gb200", [18], gpus=4), runners(tmp_path), name="m", source="m.yaml")[0]
+    script = slurm.batch_script(cell, ["python", "-m", "harness", "host"], tmp_path)
+    assert "exec srun --kill-on-bad-exit=1 --nodes=18 --ntasks-per-node=1" in script
+    assert "--container-image=nvcr.io#pytorch" in script and f"--output={tmp_path}/host%t.log" in script
+    command = slurm.sbatch_command(cell, tmp_path, tmp_path / "job.sh")
+    assert command[:2] == ["sbatch", "--parsable"]
+    for option in ("--nodes=18", "--ntasks-per-node=1", "--no-requeue", "--gpus-per-node=4", "--partition=gb",
+                   "--account=ml", "--time=01:00:00", "--segment=18"):
+        assert option in command
+    cpu = expand(spec("cpu-slurm", [4]), runners(tmp_path), name="m", source="m.yaml")[0]
+    assert "--exclusive" in slurm.sbatch_command(cpu, tmp_path, tmp_path / "job.sh")
+    assert not any(arg.startswith("--gpus") for arg in slurm.sbatch_command(cpu, tmp_path, tmp_path / "job.sh"))
+
+
+def test_scontrol_show_job_parses():
+    text = ("JobId=7 JobName=harness-x UserId=root(0) JobState=NODE_FAIL Reason=NodeDown Dependency=(null) "
+            "ExitCode=0:9 NodeList=h[1-4] BatchHost=h1")
+    state = slurm.parse_job(text, lambda nodes: ["h1", "h2", "h3", "h4"] if nodes == "h[1-4]" else [])
+    assert state == slurm.JobState(state="NODE_FAIL", hosts=("h1", "h2", "h3", "h4"), exit_code=0,
+                                   reason="NodeDown")
+    assert slurm.parse_job("JobState=PENDING NodeList=(null)", lambda n: [n]).hosts == ()
+
+
+class FakeClient:
+    def __init__(self, down=()):
+        self.down = list(down)
+
+    def down_hosts(self, hosts):
+        return [host for host in hosts if host in self.down]
+
+
+def job(state: str) -> slurm.JobState:
+    return slurm.JobState(state=state, hosts=("h1", "h2", "h3", "h4"), exit_code=1, reason="")
+
+
+def test_the_first_cause_wins(tmp_path):
+    lost = tmp_path / "host-lost.json"
+    assert slurm.job_cause(FakeClient(), job("COMPLETED"), tmp_path, "7") == ""
+    (tmp_path / "slurm.log").write_text("srun: error: h1: task 0: Exited with exit code 1\n"
+                                        "srun: error: h3: task 2: Killed\n")
+    assert slurm.job_cause(FakeClient(), job("FAILED"), tmp_path, "7") == "host 2 (h3) ended first: Killed"
+    lost.write_text(json.dumps({"host": 2, "hostname": "h3", "reason": "no heartbeat for 10.1s"}))
+    assert slurm.job_cause(FakeClient(), job("FAILED"), tmp_path, "7") == "host 2 (h3) lost: no heartbeat for 10.1s"
+    assert slurm.job_cause(FakeClient(["h3"]), job("NODE_FAIL"), tmp_path, "7") == \
+        "Slurm NODE_FAIL: host h3 failed (job 7)"
+    # srun's own word first: the other hosts' tasks were terminated because of it.
+    (tmp_path / "slurm.log").write_text("srun: error: Node failure on h3\nsrun: error: h2: task 1: Terminated\n")
+    assert slurm.job_cause(FakeClient(["h2"]), job("NODE_FAIL"), tmp_path, "7", dropped=["h2"]) == \
+        "Slurm NODE_FAIL: host h3 failed (job 7)"
+    (tmp_path / "slurm.log").unlink()
+    # The node that left the job's NodeList while it completed is named, even back up by now.
+    assert slurm.job_cause(FakeClient(), job("NODE_FAIL"), tmp_path, "7", dropped=["h3"]) == \
+        "Slurm NODE_FAIL: host h3 failed (job 7)"
+    # An ended job may list no nodes: the hosts seen while it ran are asked about.
+    ended = slurm.JobState(state="NODE_FAIL", hosts=(), exit_code=None, reason="")
+    assert slurm.job_cause(FakeClient(["h3"]), ended, tmp_path, "7", ("h1", "h3")) == \
+        "Slurm NODE_FAIL: host h3 failed (job 7)"
+    # scancel stops every agent at once: their closed connections are collateral, not the cause.
+    assert slurm.job_cause(FakeClient(), job("CANCELLED"), tmp_path, "7").startswith("job 7 cancelled (scancel")
+    lost.write_text("[not json")
+    assert "unreadable" in slurm.job_cause(FakeClient(), job("FAILED"), tmp_path, "7")
+    assert "vanished" in slurm.job_cause(FakeClient(), None, tmp_path, "7")
+
+
+def test_host_logs_stream_with_the_host_name(tmp_path):
+    lines = []
+    streamer = slurm.LogStreamer(tmp_path, lines.append)
+    (tmp_path / "host0.log").write_text("one\ntw")
+    (tmp_path / "host1.log").write_text("agent\n")
+    streamer.poll(("h1", "h2"))
+    with (tmp_path / "host0.log").open("a") as log:
+        log.write("o\nend")
+    streamer.poll(("h1", "h2"), final=True)
+    assert lines == ["[h1] one", "[h2] agent", "[h1] two", "[h1] end"]
+
+
+# ---------------------------------------------------------------- the hub (host 0's side of the agents)
+
+
+def link(host: int, last_seen: float, closed_at: float | None = None):
+    return SimpleNamespace(host=host, hostname=f"h{host + 1}", last_seen=last_seen, closed_at=closed_at)
+
+
+def test_the_host_that_went_silent_first_is_named_not_the_first_closed():
+    now = 100.0
+    assert hosts.first_lost([link(1, 99.5), link(2, 99.0)], now) is None
+    # A partitioned host 2 stopped at 95; host 3's connection broke at 99 because of it.
+    lost = hosts.first_lost([link(1, 99.5), link(2, 95.0), link(3, 98.9, closed_at=99.0)], now)
+    assert (lost.host, lost.hostname) == (2, "h3") and "no heartbeat" in lost.reason
+    # A host killed outright: its connection closed while it was still beating.
+    lost = hosts.first_lost([link(1, 99.5), link(3, 99.6, closed_at=99.7)], now)
+    assert lost.host == 3 and "connection closed" in lost.reason
+    lost = hosts.first_lost([link(1, 99.5), link(2, 89.0)], now)
+    assert lost.host == 2 and "no heartbeat for 11.0s" in lost.reason
+
+
+def test_hub_admits_only_agents_holding_the_key(tmp_path):
+    key = b"k" * 32
+    config = hosts.HostsConfig(hosts=3, ranks_per_host=2, hub_address=("127.0.0.1", 0), key=key,
+                               cause_file=tmp_path / "host-lost.json")
+    hub = hosts.Hub(config)
+    port = hub._server.getsockname()[1]
+    try:
+        with pytest.raises((multiprocessing.AuthenticationError, EOFError, ConnectionError)):
+            multiprocessing.connection.Client(("127.0.0.1", port), authkey=b"x" * 32)
+        agent = multiprocessing.connection.Client(("127.0.0.1", port), authkey=key)
+        agent.send(AgentHello(host=1, hostname="h2", pid=123))
+        hub.wait_agents(2, time.monotonic() + 60)
+        assert list(hub.links) == [1]
+        assert isinstance(agent.recv(), Heartbeat)  # the hub beats too: an agent notices host 0 going
+        agent.close()  # the agent's host is killed: named at once, written for the engine
+        deadline = time.monotonic() + 60
+        while hub.loss is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert hub.loss is not None and hub.loss.host == 1
+        assert json.loads(config.cause_file.read_text())["hostname"] == "h2"
+    finally:
+        hub.close()
+
+
+def test_only_the_portable_environment_crosses_hosts():
+    host0 = {"SLURM_NODEID": "0", "HOSTNAME": "h1", "TMPDIR": "/tmp/a", "HF_HOME": "/x", "PYTHONPATH": "/p",
+             "SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "0,1"}
+    sent = portable(host0)
+    assert sent == {"HF_HOME": "/x", "PYTHONPATH": "/p"}
+    host2 = {"SLURM_NODEID": "2", "HOSTNAME": "h3", "TMPDIR": "/tmp/b", "HF_HOME": "/old", "CUDA_VISIBLE_DEVICES": "0"}
+    assert for_host(sent, host2) == {"HF_HOME": "/x", "PYTHONPATH": "/p", "SLURM_NODEID": "2", "HOSTNAME": "h3",
+                                     "TMPDIR": "/tmp/b", "CUDA_VISIBLE_DEVICES": "0"}
+
+
+def test_submit_options_are_frozen_and_hashable():
+    assert hash(Submit(partition="ci", sbatch_args=("--exclusive",)))
+
+
+# ---------------------------------------------------------------- a rank's own host
+
+
+def launch(world_size: int, ranks_per_host: int = 0):
+    from harness.ranks.protocol import Launch
+
+    return Launch(world_size=world_size, port=29500, workdir="/tmp", collective_timeout_s=60, device="cpu",
+                  launcher_pid=1, master_addr="10.0.0.1" if ranks_per_host else "127.0.0.1",
+                  ranks_per_host=ranks_per_host)
+
+
+@pytest.mark.parametrize(("world", "per_host", "rank", "expected"), [
+    (8, 2, 5, {"RANK": "5", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "lo": False}),
+    (4, 0, 3, {"RANK": "3", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1", "lo": True}),
+])
+def test_a_rank_takes_its_local_rank_and_its_hosts_share_of_threads(monkeypatch, world, per_host, rank, expected):
+    import os
+    import socket
+
+    from harness.ranks import rank as rank_module
+
+    for name in ("GLOO_SOCKET_IFNAME", "OMP_NUM_THREADS", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(socket, "if_nameindex", lambda: [(1, "lo"), (2, "eth0")])
+    before = dict(os.environ)
+    try:
+        rank_module.set_environment(launch(world, per_host), rank)
+        seen = {name: os.environ[name] for name in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR")}
+        assert seen == {name: value for name, value in expected.items() if name != "lo"}
+        assert (os.environ.get("GLOO_SOCKET_IFNAME") == "lo") is expected["lo"]  # lo breaks gloo across hosts
+        assert os.environ["OMP_NUM_THREADS"] == str(16 // int(expected["LOCAL_WORLD_SIZE"]))
+        assert rank_module.local_rank(launch(world, per_host), rank) == int(expected["LOCAL_RANK"])
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
+
+
+def test_a_world_takes_the_first_hosts():
+    hub = SimpleNamespace(config=SimpleNamespace(ranks_per_host=2), master_addr="10.0.0.1")
+    assert hosts.Placement(hub, 8).remote_ranks() == {1: [2, 3], 2: [4, 5], 3: [6, 7]}
+    assert hosts.Placement(hub, 2).remote_ranks() == {}
+    assert hosts.Placement(hub, 3).remote_ranks() == {1: [2]}
+
+
+# ---------------------------------------------------------------- GPU memory of every host
+
+
+def test_every_hosts_gpus_merge_into_memory_json(tmp_path):
+    from harness.engines import hostmemory
+
+    def gpu(index, uuid, peak):
+        return {"index": index, "name": "NVIDIA GB200", "uuid": uuid, "total_mib": 189471.0,
+                "used_before_mib": 600.0, "peak_used_mib": peak, "interval_s": 0.05, "sample_count": 40}
+
+    (tmp_path / "memory.host0.json").write_text(json.dumps(
+        {"available": True, "interval_s": 0.05, "sample_count": 40, "gpus": [gpu(0, "GPU-a", 900.0)]}))
+    (tmp_path / "memory.host1.json").write_text(json.dumps(
+        {"available": True, "interval_s": 0.05, "sample_count": 38,
+         "gpus": [gpu(0, "GPU-b", float("nan")), {"uuid": 7}, "junk"]}).replace("NaN", "1e999"))
+    (tmp_path / "memory.host2.json").write_text(json.dumps({"available": False, "reason": "NVML: driver not loaded"}))
+    report = hostmemory.merge(tmp_path, ["h1", "h2", "h3", "h4"])
+    assert report.available and report.sample_count == 38
+    assert [(entry.host, entry.gpu.uuid, entry.peak_used_mib) for entry in report.gpus] == \
+        [("h1", "GPU-a", 900.0), ("h2", "GPU-b", None)]  # a non-finite number is no number
+    assert report.reason == "not reported by h3: NVML: driver not loaded, h4"
+    written = report.to_json()["gpus"]
+    assert [entry["host"] for entry in written] == ["h1", "h2"]
+    assert not hostmemory.merge(tmp_path / "none", ["h1"]).available
+
+
+def test_ports_for_stores_and_hubs_avoid_the_ephemeral_range():
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {hosts.port_outside_ephemeral_range("127.0.0.1") for _ in range(20)}
+    assert all(1024 <= port < low for port in ports) and len(ports) > 1
+
+
+def test_a_cell_across_hosts_refuses_ranks_the_pool_cannot_place(pytester, monkeypatch):
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    for name, value in {"HARNESS_HOSTS": "4", "HARNESS_HOST_RANKS": "2", "HARNESS_HUB": "10.0.0.1:20001",
+                        "HARNESS_HOSTS_KEY": "ab" * 32, "HARNESS_RANKS_POOL": "0"}.items():
+        monkeypatch.setenv(name, value)
+    result = pytester.runpytest_subprocess("-p", "harness.ranks.plugin")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*a cell across hosts places its ranks through the forked rank pool*"])
+    monkeypatch.setenv("HARNESS_HUB", "no-port-here")
+    monkeypatch.delenv("HARNESS_RANKS_POOL")
+    with pytest.raises(ValueError, match=r"needs \$HARNESS_HOSTS"):
+        hosts.HostsConfig.from_environment()

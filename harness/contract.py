@@ -28,9 +28,29 @@ JOB_SCRIPT = "job.sh"
 JOB_MANIFEST = "jobset.yaml"
 HOST_LOST_JSON = "host-lost.json"
 HOST_MEMORY_JSON = "memory.host{index}.json"  # host I's own memory.json; harness merges them into memory.json
+# The id of the test that is running, written when it starts and removed when it ends (harness.ranks.plugin):
+# left in the folder, it names the test a timeout, a crash or an interrupt stopped. Its path reaches pytest
+# through RUNNING_TEST_ENV.
+RUNNING_TEST = "running-test.txt"
+RUNNING_TEST_ENV = "HARNESS_RUNNING_TEST_FILE"
 
 # env.json "status"
 STATUSES = ("passed", "failed", "errored")
+
+# env.json "error_kind": why a cell errored, as data (bisect and triage read it; "error" is its words for people).
+ERROR_ENVIRONMENT = "environment"  # the cell's packages could not be installed
+ERROR_BUSY_GPUS = "busy_gpus"  # its GPUs were in use before it began
+ERROR_TIMEOUT = "timeout"  # ran past the cell's timeout and was killed: a hang, or too slow
+ERROR_SIGNAL = "signal"  # pytest itself died of a signal (a crash, the OOM killer)
+ERROR_INTERRUPTED = "interrupted"  # harness or pytest was interrupted (SIGTERM, Ctrl-C, a cancelled job)
+ERROR_COLLECTION = "collection"  # the suite could not be collected
+ERROR_NO_TESTS = "no_tests"  # nothing was collected
+ERROR_NO_JUNIT = "no_junit"  # pytest ended without writing junit.xml
+ERROR_PYTEST = "pytest"  # pytest's internal or usage error, or an exit code it does not document
+ERROR_HARNESS = "harness"  # harness itself failed
+ERROR_ENGINE = "engine"  # a multi-host cell's engine said why: a host lost, scancel, NODE_FAIL
+ERROR_KINDS = (ERROR_ENGINE, ERROR_ENVIRONMENT, ERROR_BUSY_GPUS, ERROR_TIMEOUT, ERROR_SIGNAL, ERROR_INTERRUPTED,
+               ERROR_COLLECTION, ERROR_NO_TESTS, ERROR_NO_JUNIT, ERROR_PYTEST, ERROR_HARNESS)
 
 # What the suite records per test case (record_property, through `ranks.record`). A failing check
 # records its metrics before it raises, so a red case still shows its numbers.
@@ -41,6 +61,8 @@ ROUTING_MARGIN = "min_routing_margin"
 LOGITS_DIFFERENCE = "max_logits_difference"
 LOGITS_ATOL = "logits_atol"
 PEAK_ALLOCATED_PREFIX = "peak_allocated_mib."  # + the rank
+# The rank pool's note on a test whose calls left a rank unlike a fresh one: "pool replaced after TEST: why".
+POOL_REPLACED = "rank_pool_replaced"
 CASE_METRICS = (GRAD_ERROR, GRAD_BOUND, GRAD_ERROR_PARAM, ROUTING_MARGIN, LOGITS_DIFFERENCE, LOGITS_ATOL)
 
 # What the suite records once per run (record_testsuite_property).
@@ -67,7 +89,8 @@ class EnvRecord:
     schema: int = SCHEMA
     cell: dict[str, Any] = field(default_factory=dict)  # Cell.to_json(): id, gpu, gpus, torch, transformers, matrix
     status: str = "errored"  # one of STATUSES
-    error: str | None = None  # why errored
+    error: str | None = None  # why errored, in words
+    error_kind: str | None = None  # why errored, one of ERROR_KINDS: what bisect and triage read
     exit_code: int | None = None  # pytest's
     versions: dict[str, str | None] = field(default_factory=dict)  # python, torch, transformers, accelerate, cuda
     gpus: list[dict[str, Any]] = field(default_factory=list)  # GpuIdentity.to_json() of the cell's GPUs

@@ -3,12 +3,14 @@ issue (opened when something regressed, updated each red night, closed on a gree
 
 from __future__ import annotations
 
+import json
 import os
 import urllib.parse
 from pathlib import Path
 from typing import Any
 
 from harness.actions_io import read_text, write_outputs
+from harness.errors import ConfigError
 from harness.github_api import GitHub
 from harness.github_comments import fit_body, upsert_comment
 
@@ -44,6 +46,37 @@ def find_open_issue(gh: GitHub, label: str, author: str) -> dict | None:
     return None
 
 
+TRIAGE_JSON_BYTES = 16 * 1024 * 1024
+
+
+def triage_regressions(path: str | Path) -> tuple:
+    """The new reds of `harness triage -o FILE` as the issue lists them: a test's class, or an errored cell's
+    message and class. Read as input: a bad file is one line naming it, exit 2."""
+    from harness.results import Regression
+
+    text = read_text(path, "triage")
+    if len(text) > TRIAGE_JSON_BYTES:
+        raise ConfigError(f"triage {path}: larger than {TRIAGE_JSON_BYTES // (1024 * 1024)} MiB")
+    try:
+        rows = json.loads(text).get("reds")
+    except (ValueError, AttributeError, RecursionError) as error:
+        raise ConfigError(f"triage {path}: not the JSON `harness triage -o` writes: {error}") from None
+    if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+        raise ConfigError(f"triage {path}: 'reds' must be a list of objects")
+    found = []
+    for row in rows:
+        cell, test, triage_class, message = (row.get(key) for key in ("cell", "test", "class", "message"))
+        if not isinstance(cell, str) or not isinstance(triage_class, str) or not isinstance(test, (str, type(None))):
+            raise ConfigError(f"triage {path}: a red needs 'cell' and 'class' strings and 'test' a string or null")
+        if triage_class == "flaky":  # passed on a rerun: no regression, as nightly_regressions has it
+            continue
+        if test is None:
+            found.append(Regression(cell_id=cell, kind="errored", text=f"{message} ({triage_class})"))
+        else:
+            found.append(Regression(cell_id=cell, kind="failing", test_id=test, text=triage_class))
+    return tuple(found)
+
+
 def nightly_issue_command(gh: GitHub, args: Any) -> int:
     from harness.report import read_baseline, render_nightly
     from harness.results import CellStatus, Digest, load_results, nightly_regressions
@@ -53,6 +86,10 @@ def nightly_issue_command(gh: GitHub, args: Any) -> int:
     baseline = read_baseline(args.baseline) if args.baseline and Path(args.baseline).exists() else None
     regressions = nightly_regressions(current, baseline or Digest(cells={}),
                                       memory_mib=args.memory_mib, memory_percent=args.memory_percent)
+    if getattr(args, "triage_json", None):
+        # Triage's answer to "what is new since last night" (results.compare.night_before), not a second rule.
+        regressions = (*triage_regressions(args.triage_json),
+                       *(regression for regression in regressions if regression.kind == "memory"))
     green = all(cell.status is CellStatus.PASSED for cell in current.cells)
     issue = find_open_issue(gh, args.label, args.author)
     sha = (args.sha or os.environ.get("GITHUB_SHA") or "unknown")[:12]

@@ -225,14 +225,16 @@ def gradient_plot(cases: Iterable[CaseMetrics]) -> Plot | None:
                 Dot(
                     x=x,
                     y=y + _BAR / 2,
-                    kind="over" if point.exceeded else ("zero" if at_zero else "within"),
+                    kind=("expected" if point.expected else "over") if point.exceeded
+                    else ("zero" if at_zero else "within"),
                     title=f"{point.cell_id}: error {scientific(point.error)}, bound {scientific(point.bound)}",
                 )
             )
         y += row
     return Plot(
         title="Largest gradient error against its bound",
-        caption="One dot per cell (red: over the bound); the bar is the bound; log scale. "
+        caption="One dot per cell (red: over the bound; amber: over it in a test that expects it, a planted "
+        "bug); the bar is the bound; log scale. "
         f"The {len(cases)} cases closest to their bound.",
         width=left + _PLOT_WIDTH + 40,
         height=y + _ROW_GAP,

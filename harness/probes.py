@@ -16,6 +16,7 @@ from pathlib import Path
 
 from harness import run
 from harness.bisect import Probe, RunOutcome, verdict_of
+from harness.contract import ERROR_ENVIRONMENT
 from harness.env import Environment, ensure_environment, plan_environment
 from harness.matrix import Cell
 from harness.results import CellResult, CellStatus, Outcome, load_results
@@ -36,8 +37,9 @@ PrepareEnvironment = Callable[[Cell, Path, Callable[[str], None]], Environment]
 def run_outcome(cell: CellResult) -> RunOutcome:
     """What one results folder says about the selection."""
     reason = cell.reason or ""
-    if cell.status is CellStatus.ERRORED and reason.startswith("environment: "):
-        return RunOutcome(outcomes={}, install_error=reason.removeprefix("environment: "))
+    if cell.status is CellStatus.ERRORED and cell.error_kind == ERROR_ENVIRONMENT:
+        # The kind decides; the words lose run.py's "environment: " only to read well after "cannot install: ".
+        return RunOutcome(outcomes={}, install_error=reason.removeprefix("environment: ") or "the install failed")
     if cell.exit_code == 5:
         return RunOutcome(outcomes={}, nothing_selected=True)
     outcomes = {test.test_id: OUTCOMES[test.outcome] for test in cell.tests}

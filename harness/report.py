@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness import contract
 from harness.contract import COMMENT_LIMIT, COMMENT_MARKER
 from harness.errors import ConfigError
 from harness.filters import (
@@ -106,7 +107,7 @@ def _render_format(report: Report, fmt: str, *, color: bool = False) -> str:
     if fmt == "pr-comment":
         return _render_pr_comment(report)
     if fmt == "summary":
-        return _fit(lambda limits: _render("summary.md.j2", report, limits),
+        return _fit(lambda limits, shortened: _render("summary.md.j2", report, limits, shortened=shortened),
                     SUMMARY_LADDER, _utf8_length, SUMMARY_LIMIT_BYTES, unit="bytes")
     if fmt == "terminal":
         return _render("terminal.txt.j2", report, TERMINAL_LIMITS, table=terminal_table(report.cells), color=color)
@@ -116,8 +117,10 @@ def _render_format(report: Report, fmt: str, *, color: bool = False) -> str:
 def _render_pr_comment(report: Report) -> str:
     payload = encode_digest(report.digest, DIGEST_MAX_CHARS)
     return _fit(
-        lambda limits: _render("pr-comment.md.j2", report, limits, comment_limit=COMMENT_LIMIT,
-                               marker=COMMENT_MARKER, digest_tag=DIGEST_TAG, digest=payload),
+        lambda limits, shortened: _render("pr-comment.md.j2", report, limits, shortened=shortened,
+                                          comment_limit=contract.COMMENT_LIMIT, marker=COMMENT_MARKER,
+                                          digest_tag=DIGEST_TAG,
+                                          digest=payload),
         COMMENT_LADDER, _github_length, COMMENT_LIMIT, unit="characters", keep_from=f"<!-- {DIGEST_TAG} ",
     )
 
@@ -131,12 +134,14 @@ def _utf8_length(text: str) -> int:
     return len(text.encode("utf-8"))
 
 
-def _fit(render_at: Callable[[Limits], str], ladder: tuple[Limits, ...],
+def _fit(render_at: Callable[[Limits, bool], str], ladder: tuple[Limits, ...],
          measure: Callable[[str], int], limit: int, *, unit: str, keep_from: str | None = None) -> str:
     """The first rendering on the ladder that fits; past the last step, cut the text itself, keeping
-    what follows `keep_from` (the digest) whole."""
-    for limits in ladder:
-        text = render_at(limits)
+    what follows `keep_from` (the digest) whole. `render_at(limits, shortened)`: shortened is True from the
+    second step on, so the note that something was cut to fit shows only when something was (the first
+    step's limits are the report's ordinary length)."""
+    for step, limits in enumerate(ladder):
+        text = render_at(limits, step > 0)
         if measure(text) <= limit:
             return text
     tail_at = text.rfind(keep_from) if keep_from else -1

@@ -109,6 +109,12 @@ class MetricPoint:
         return None if self.ratio is None else 1.0 - self.ratio
 
     @property
+    def expected(self) -> bool:
+        """Its test passed (or failed as expected): a metric over its bound is then what the test asserted, as a
+        deliberate-bug test does, and is labelled expected, never shown as a failure."""
+        return self.test.outcome in (Outcome.PASSED, Outcome.XFAILED)
+
+    @property
     def exceeded(self) -> bool:
         # A non-finite error (inf, nan) is over any bound: the night a gradient blows up is a red one.
         if isinstance(self.error, Labelled):

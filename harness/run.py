@@ -22,12 +22,13 @@ import tempfile
 import threading
 import time
 import uuid
+import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import harness
-from harness import __version__, env_cache, memory, preflight
-from harness.contract import ENV_JSON, EnvRecord
+from harness import __version__, contract, env_cache, memory, preflight
+from harness.contract import ENV_JSON, JUNIT_XML, RUNNING_TEST, RUNNING_TEST_ENV, EnvRecord
 from harness.engines import hostmemory
 from harness.env import EnvironmentBuildError, ensure_environment, env_root, plan_environment, probe_versions
 from harness.errors import ConfigError, HostMismatchError
@@ -217,7 +218,7 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
                                    ("python", "torch", "transformers", "accelerate", "cuda")})
         busy = memory.preflight(gpus, BUSY_THRESHOLD_MIB) if gpus else []
         if busy:
-            record["error"] = "; ".join(busy)
+            record["error"], record["error_kind"] = "; ".join(busy), contract.ERROR_BUSY_GPUS
         else:
             monitor = memory.MemoryMonitor(gpus) if gpus else None
             if monitor:
@@ -237,20 +238,21 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
                 if monitor:
                     memory_report = monitor.stop()
             record["exit_code"] = exit_code
-            if cell.engine != "local":
-                record["status"], record["error"] = ("errored", cause) if cause else \
-                    classify(cell, exit_code, False, folder / "junit.xml")
+            if cell.engine != "local" and cause:  # the engine knows why (a host lost, scancel, NODE_FAIL)
+                record["status"], record["error"], record["error_kind"] = "errored", cause, contract.ERROR_ENGINE
             else:
-                record["status"], record["error"] = classify(cell, exit_code, timed_out, folder / "junit.xml")
+                record["status"], record["error"], record["error_kind"] = classify(
+                    cell, exit_code, timed_out and cell.engine == "local", folder / JUNIT_XML)
     except EnvironmentBuildError as error:
-        record["error"] = f"environment: {error}"
+        record["error"], record["error_kind"] = f"environment: {error}", contract.ERROR_ENVIRONMENT
     except Interrupted as interrupted:
         record["status"], record["error"] = "errored", str(interrupted)
+        record["error_kind"] = contract.ERROR_INTERRUPTED
         if record.get("job_id"):  # an engine's job: harness cancelled it on the way out
             record["error"] = f"cancelled: harness {interrupted}; {cell.engine} job {record['job_id']} cancelled"
         raise
     except Exception as error:
-        record["error"] = f"harness: {type(error).__name__}: {error}"
+        record["error"], record["error_kind"] = f"harness: {type(error).__name__}: {error}", contract.ERROR_HARNESS
         raise
     finally:
         ended = time.time()
@@ -315,7 +317,8 @@ def run_pytest(cell: Cell, python: Path, folder: Path, gpus: list, pytest_args: 
     log("   " + shlex.join(command))
     token = uuid.uuid4().hex
     temporary = tempfile.mkdtemp(prefix="harness-cell-")
-    environ = {**pytest_environment(cell, gpus, import_path), CELL_TOKEN_ENV: token, "TMPDIR": temporary}
+    environ = {**pytest_environment(cell, gpus, import_path), CELL_TOKEN_ENV: token, "TMPDIR": temporary,
+               RUNNING_TEST_ENV: str(folder / RUNNING_TEST)}
     # Orphans of the cell come to this process while it runs, so one that dropped the token still ends with it.
     before = lifecycle.descendants(os.getpid())
     adopting = lifecycle.adopt_orphans(True)
@@ -348,20 +351,40 @@ def run_pytest(cell: Cell, python: Path, folder: Path, gpus: list, pytest_args: 
     return process.returncode, timed_out
 
 
-def classify(cell: Cell, exit_code: int | None, timed_out: bool, junit: Path) -> tuple[str, str | None]:
-    """(status, error) from how pytest ended. Failed tests are 'failed'; anything else abnormal is 'errored'."""
+JUNIT_SCAN_BYTES = 64 * 1024 * 1024
+# pytest's exit codes past 1: its words, and the kind of error (2 is also a collection error: see classify).
+PYTEST_EXITS = {2: ("interrupted", contract.ERROR_INTERRUPTED), 3: ("internal error", contract.ERROR_PYTEST),
+                4: ("usage error", contract.ERROR_PYTEST), 5: ("no tests collected", contract.ERROR_NO_TESTS)}
+
+
+def classify(cell: Cell, exit_code: int | None, timed_out: bool, junit: Path) -> tuple[str, str | None, str | None]:
+    """(status, error, error_kind) from how pytest ended. Failed tests are 'failed'; anything else abnormal
+    is 'errored'."""
     if timed_out:
-        return "errored", f"timed out after {cell.timeout_minutes} min; killed"
+        return "errored", f"timed out after {cell.timeout_minutes} min; killed", contract.ERROR_TIMEOUT
     if exit_code is not None and exit_code < 0:
-        return "errored", f"pytest crashed: killed by signal {signal.Signals(-exit_code).name}"
+        return "errored", f"pytest crashed: killed by signal {signal.Signals(-exit_code).name}", contract.ERROR_SIGNAL
     if not junit.is_file() or junit.stat().st_size == 0:
-        return "errored", f"pytest exited {exit_code} and wrote no junit.xml"
+        return "errored", f"pytest exited {exit_code} and wrote no junit.xml", contract.ERROR_NO_JUNIT
     if exit_code == 0:
-        return "passed", None
+        return "passed", None, None
     if exit_code == 1:
-        return "failed", None
-    reasons = {2: "interrupted", 3: "internal error", 4: "usage error", 5: "no tests collected"}
-    return "errored", f"pytest exited {exit_code} ({reasons.get(exit_code, 'unexpected exit')}); see pytest.log"
+        return "failed", None, None
+    words, kind = PYTEST_EXITS.get(exit_code, ("unexpected exit", contract.ERROR_PYTEST))
+    if exit_code == 2 and _collection_failed(junit):
+        words, kind = "errors during collection", contract.ERROR_COLLECTION
+    return "errored", f"pytest exited {exit_code} ({words}); see pytest.log", kind
+
+
+def _collection_failed(junit: Path) -> bool:
+    """pytest's junitxml marks a module that did not collect with message="collection failure"."""
+    try:
+        if junit.stat().st_size > JUNIT_SCAN_BYTES:  # written by the tested code's run: bounded
+            return False
+        root = ET.parse(junit).getroot()
+    except (OSError, ET.ParseError):
+        return False
+    return any(error.get("message") == "collection failure" for error in root.iter("error"))
 
 
 def print_plan(matrix: Matrix, cells: list[Cell], host: Host, results_root: Path, root: Path,

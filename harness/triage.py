@@ -1,12 +1,17 @@
 """Nightly triage: each new red since the previous night gets a class, and the real failures get a
 bisect plan (last night's versions good, tonight's bad) for a job on the same runner shape.
 
-Classes, first match wins:
+A red is classified from what it is, never from a test's source: a failing test from its exception and
+the `E` lines of its failure (the frames and source lines of any traceback among them left out), an
+errored cell from env.json's typed `error_kind`. Classes, first match wins:
   known upstream bug  a strict xfail of the known-bugs table that passed ("fixed upstream"), or a
                       failure that says it is one
   flaky               passed on a rerun in the same job (pytest-rerunfailures, or the bisect's rerun)
-  infrastructure      the machine, not the code: one of INFRASTRUCTURE's patterns
-  real failure        anything else; bisected
+  infrastructure      the machine, not the code: one of INFRASTRUCTURE's patterns, or a cell's error kind
+                      that is the machine's (install, busy GPUs, an interrupt)
+  real failure        anything else; bisected. A crash (a signal, a device assert, an illegal memory access:
+                      how an indexing bug upstream shows on CUDA), a hang or a timeout is real, and becomes
+                      infrastructure only when the bisect finds it on the last good build too.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from harness import contract
 from harness.results import CellResult, CellStatus, Outcome, ResultSet, TestResult, natural_key
+from harness.results.compare import night_before
 
 
 class Triage(str, enum.Enum):
@@ -40,14 +47,19 @@ def _pattern(name: str, *alternatives: str) -> Pattern:
 
 KNOWN_UPSTREAM = _pattern("known upstream bug", r"known upstream bug: ", r"fixed upstream")
 
+# A crash: real (an upstream bug can show so), unless the last good build crashes too. Tested in test_triage.py.
+CRASH = _pattern(
+    "a crash or a device assert",
+    r"\b(?:killed|exited) by signal SIG[A-Z]+",  # the rank launchers
+    r"exited with (?:exit)?code -\d+\b",
+    r"Signal \d+ \(SIG[A-Z]+\) received",
+    r"device-side assert triggered",
+    r"an illegal memory access was encountered",
+)
+CRASH_CAUSE = "a crash or a device assert: real unless the last good build shows it too"
+
 # What a broken machine, network or runner says. One row per cause; each has a test in test_triage.py.
 INFRASTRUCTURE = (
-    _pattern(
-        "rank killed by a signal",
-        r"\b(?:killed|exited) by signal SIG[A-Z]+",  # run.py (pytest itself) and the rank launchers
-        r"exited with (?:exit)?code -\d+\b",
-        r"Signal \d+ \(SIG[A-Z]+\) received",
-    ),
     _pattern(
         "NCCL or gloo timeout",
         r"Watchdog caught collective operation timeout",
@@ -68,13 +80,10 @@ INFRASTRUCTURE = (
         r"\bcudaError\w+",
         r"\bCUBLAS_STATUS_\w+",
         r"\bCUDNN_STATUS_\w+",
-        r"device-side assert triggered",
-        r"an illegal memory access was encountered",
     ),
     _pattern("out of memory", r"CUDA out of memory", r"\bOutOfMemoryError\b", r"\bout of memory\b"),
     _pattern(
         "install failure",
-        r"^environment: ",
         r"No matching distribution found",
         r"ResolutionImpossible",
         r"Failed to (?:download|build|prepare distributions)",
@@ -100,6 +109,7 @@ class Red:
     cause: str  # the matching pattern, or why it is real
     good: Mapping[str, str] | None = None  # last night's versions, where the test passed
     bad: Mapping[str, str] | None = None  # tonight's
+    crash: bool = False  # a crash, hang or timeout: infrastructure if the last good build shows it too
 
     def to_json(self) -> dict:
         return {
@@ -111,49 +121,79 @@ class Red:
             "cause": self.cause,
             "good": dict(self.good) if self.good else None,
             "bad": dict(self.bad) if self.bad else None,
+            "crash": self.crash,
         }
 
 
 def classify_text(text: str) -> tuple[Triage, str] | None:
-    """The class a failure's text says it is, or None when nothing matches (a real failure)."""
+    """The class a failure's own words say it is, or None when nothing matches (a real failure). `text` is
+    what failure_text gives: the exception and the E lines, never source."""
     if KNOWN_UPSTREAM.regex.search(text):
         return Triage.KNOWN_UPSTREAM, KNOWN_UPSTREAM.name
+    if CRASH.regex.search(text):
+        return Triage.REAL, CRASH_CAUSE
     for pattern in INFRASTRUCTURE:
         if pattern.regex.search(text):
             return Triage.INFRASTRUCTURE, pattern.name
     return None
 
 
+_E_LINE = re.compile(r"^E(?:\s+|$)")
+_FRAME = re.compile(r'^\s*File "[^"]*", line \d+')
+_MARKERS = re.compile(r"^[\s^~]+$")  # the carets under a traceback's source line
+
+
+def failure_text(test: TestResult) -> str:
+    """What a failure says: its message (the exception) and the E lines of its excerpt, leaving out the test's
+    source (every line pytest does not mark E) and, inside a traceback among the E lines (a rank's), each
+    frame's line and the source line under it."""
+    lines = [test.message or ""]
+    after_frame = False
+    for line in (test.excerpt or "").splitlines():
+        if not _E_LINE.match(line):
+            continue
+        said = _E_LINE.sub("", line, count=1)
+        if _FRAME.match(said):
+            after_frame = True
+            continue
+        if after_frame or _MARKERS.match(said or " "):
+            after_frame = False
+            continue
+        lines.append(said)
+    return "\n".join(lines)
+
+
 def classify_test(test: TestResult) -> tuple[Triage, str]:
     if test.outcome is Outcome.FLAKY:
         return Triage.FLAKY, f"passed on attempt {test.attempts}"
-    text = "\n".join(filter(None, (test.message, test.excerpt)))
-    return classify_text(text) or (Triage.REAL, "no infrastructure pattern matched")
+    return classify_text(failure_text(test)) or (Triage.REAL, "no infrastructure pattern matched")
+
+
+# An errored cell's typed cause: its class and cause. A crash or hang is real (see the module's docstring).
+CELL_CAUSES = {
+    contract.ERROR_ENVIRONMENT: (Triage.INFRASTRUCTURE, "install failure"),
+    contract.ERROR_BUSY_GPUS: (Triage.INFRASTRUCTURE, "GPUs busy before the cell began"),
+    contract.ERROR_INTERRUPTED: (Triage.INFRASTRUCTURE, "interrupted: the job was cancelled or its runner stopped"),
+    contract.ERROR_HARNESS: (Triage.INFRASTRUCTURE, "harness itself failed"),
+    contract.ERROR_PYTEST: (Triage.INFRASTRUCTURE, "pytest's internal or usage error"),
+    contract.ERROR_TIMEOUT: (Triage.REAL, "a hang or a timeout: real unless the last good build shows it too"),
+    contract.ERROR_SIGNAL: (Triage.REAL, CRASH_CAUSE),
+    contract.ERROR_NO_JUNIT: (Triage.REAL, "pytest ended without a junit.xml"),
+    contract.ERROR_COLLECTION: (Triage.REAL, "the suite does not collect"),
+    contract.ERROR_NO_TESTS: (Triage.REAL, "no tests collected"),
+}
+CRASH_KINDS = (contract.ERROR_TIMEOUT, contract.ERROR_SIGNAL, contract.ERROR_NO_JUNIT)
 
 
 def classify_cell(cell: CellResult) -> tuple[Triage, str]:
-    """A cell that errored without a failing test: its reason, then the end of its log."""
-    text = "\n".join(filter(None, (cell.reason, cell.log_tail)))
-    return classify_text(text) or (Triage.REAL, "no infrastructure pattern matched")
+    """A cell that errored without a failing test, from env.json's error_kind."""
+    if cell.error_kind in CELL_CAUSES:
+        return CELL_CAUSES[cell.error_kind]
+    return Triage.INFRASTRUCTURE, "no typed cause: the run did not finish writing its folder (a lost runner)"
 
 
 def versions_of(cell: CellResult) -> dict[str, str]:
     return {"torch": cell.info.torch or "", "transformers": cell.info.transformers or ""}
-
-
-def night_before(cell: CellResult, baseline: ResultSet) -> CellResult | None:
-    """Last night's cell of the same runner shape: the same id, else (versions floated) the same GPU
-    type and count with the same torch, else the same transformers."""
-    same_shape = [b for b in baseline.cells if (b.info.gpu, b.info.gpus) == (cell.info.gpu, cell.info.gpus)]
-    for matches in (
-        (lambda b: b.id == cell.id),
-        (lambda b: b.info.torch == cell.info.torch),
-        (lambda b: b.info.transformers == cell.info.transformers),
-    ):
-        found = sorted((b for b in same_shape if matches(b)), key=lambda b: natural_key(b.id))
-        if found:
-            return found[-1]
-    return None
 
 
 def triage(tonight: ResultSet, baseline: ResultSet | None) -> list[Red]:
@@ -166,6 +206,9 @@ def triage(tonight: ResultSet, baseline: ResultSet | None) -> list[Red]:
         if cell.status is CellStatus.ERRORED and not cell.failing_tests:
             if before is None or before.status is not CellStatus.ERRORED:
                 triage_class, cause = classify_cell(cell)
+                good = bad = None
+                if triage_class is Triage.REAL and before is not None and versions_of(before) != versions_of(cell):
+                    good, bad = versions_of(before), versions_of(cell)  # a hang or crash is bisected too
                 reds.append(
                     Red(
                         cell_id=cell.id,
@@ -174,6 +217,9 @@ def triage(tonight: ResultSet, baseline: ResultSet | None) -> list[Red]:
                         message=cell.reason or "errored",
                         triage=triage_class,
                         cause=cause,
+                        good=good,
+                        bad=bad,
+                        crash=cell.error_kind in CRASH_KINDS,
                     )
                 )
             continue
@@ -200,6 +246,7 @@ def triage(tonight: ResultSet, baseline: ResultSet | None) -> list[Red]:
                     cause=cause,
                     good=good,
                     bad=bad,
+                    crash=cause == CRASH_CAUSE,
                 )
             )
     return reds
@@ -209,7 +256,7 @@ def bisect_plan(reds: Iterable[Red], labels: Mapping[str, Sequence[str]], gpu_of
     """One bisect job per cell with real failures: `strategy.matrix.include` entries."""
     jobs: dict[str, dict] = {}
     for red in reds:
-        if red.good is None or red.bad is None or red.test_id is None:
+        if red.good is None or red.bad is None:
             continue
         job = jobs.setdefault(
             red.cell_id,
@@ -221,9 +268,9 @@ def bisect_plan(reds: Iterable[Red], labels: Mapping[str, Sequence[str]], gpu_of
                 "tests": [],
             },
         )
-        job["tests"].append(red.test_id)
+        job["tests"].append(red.test_id)  # None: the whole cell errored (a hang): the bisect runs its suite
     # A JSON list, never words: a test id may hold spaces (`test[a b]`), and the job reads it NUL-separated.
-    return [{**job, "tests": json.dumps(job["tests"])} for job in jobs.values()]
+    return [{**job, "tests": json.dumps([] if None in job["tests"] else job["tests"])} for job in jobs.values()]
 
 
 def with_bisects(reds: Sequence[Red], bisects: Mapping[str, Mapping]) -> list[dict]:
@@ -237,6 +284,8 @@ def with_bisects(reds: Sequence[Red], bisects: Mapping[str, Mapping]) -> list[di
             row["bisect"] = answer.get("line") or answer.get("error")
             if answer.get("same_verdict") == "pass":
                 row["class"], row["cause"] = Triage.FLAKY.value, "passed when the bisect job ran it again"
+            elif answer.get("same_verdict") == "fail" and red.crash:
+                row["class"], row["cause"] = Triage.INFRASTRUCTURE.value, "crashes on the last good build too"
         rows.append(row)
     return rows
 

@@ -131,6 +131,7 @@ class RankSet:
         self.collective_timeout_s = collective_timeout_s
         # False once a rank died, hung or was killed: only an intact set may serve another call.
         self.intact = True
+        self.unfit: list[str] = []  # what the last call left that a fresh rank would not have: retire the set
         self.workdir = Path(tempfile.mkdtemp(prefix="harness-pool-"))
         self._authkey = os.urandom(32)
         if placement is None:
@@ -210,12 +211,13 @@ class RankSet:
         self._gather(deadline, timeout_s)
 
     def idle(self) -> bool:
-        """Every rank alive and idle: asked, not guessed, so a rank that died between calls is found now."""
+        """Every rank alive, idle and as a fresh one: asked, not guessed, so a rank that died between calls, or
+        whose last call left what it could not put back (`unfit` says what), is found now."""
         if not self.intact or any(connection is None for connection in self._connections):
             return False
         if not self._send_all(pickle.dumps(Ping())):
             return False
-        return self._answered_by_all(IDLE_CHECK_TIMEOUT_S)
+        return self._answered_by_all(IDLE_CHECK_TIMEOUT_S) and not self.unfit
 
     def probe(self) -> bool:
         """After a call that failed on some ranks and was answered by all: one world collective succeeds."""
@@ -242,10 +244,12 @@ class RankSet:
 
     def _answered_by_all(self, timeout_s: float) -> bool:
         try:
-            self._gather(time.monotonic() + timeout_s, timeout_s)
+            pongs = self._gather(time.monotonic() + timeout_s, timeout_s)
         except Exception:
             self.intact = False
             return False
+        # The first rank's words stand for all: the ranks ran the same function.
+        self.unfit = self.unfit or next((pong.unfit for pong in pongs if getattr(pong, "unfit", None)), [])
         return True
 
     def _gather(self, deadline: float, timeout_s: float) -> list[Any]:

@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from harness.contract import POOL_REPLACED, RUNNING_TEST_ENV
 from harness.ranks.hosts import HostsConfig
 from harness.ranks.pool import PoolLauncher
 from harness.ranks.protocol import DEFAULT_TIMEOUT_S, HostLostError, RankResult
@@ -46,6 +47,7 @@ MIN_LAUNCH_TIMEOUT_S = 10.0
 Launcher = Callable[..., list[RankResult]]  # (world_size, fn, *args, timeout=seconds) -> results by rank
 LAUNCHER_KEY = pytest.StashKey[Launcher]()
 POOL_KEY = pytest.StashKey[PoolLauncher]()
+pytest_plugins = ["harness.ranks.order"]
 
 
 # ---------------------------------------------------------------- hooks, in lifecycle order
@@ -86,10 +88,41 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"rank pool: on (ranks {'forked from a zygote' if launcher.fork else 'spawned'})"
 
 
+def pytest_runtest_logstart(nodeid: str, location) -> None:
+    """Under `harness run`: the running test's id in the cell's folder, so a cell stopped mid-test names it."""
+    path = os.environ.get(RUNNING_TEST_ENV)
+    if path:
+        with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as running:
+            running.write(nodeid + "\n")
+
+
+def pytest_runtest_logfinish(nodeid: str, location) -> None:
+    path = os.environ.get(RUNNING_TEST_ENV)
+    if path:
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    """Once the test's fixtures are gone: a pool its calls left unlike a fresh one is retired, and this test's
+    report says why (a section, and the JUnit property POOL_REPLACED)."""
+    try:
+        return (yield)
+    finally:
+        launcher = item.config.stash.get(POOL_KEY, None)
+        if launcher is not None and "ranks" in getattr(item, "fixturenames", ()):
+            for line in launcher.settle():
+                item.user_properties.append((POOL_REPLACED, line))
+                item.add_report_section("teardown", "rank pool", line)
+
+
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     launcher = config.stash.get(POOL_KEY, None)
     if launcher is not None and launcher.calls:
         terminalreporter.write_line(f"rank pool: {launcher.summary()}")
+        for line in launcher.retired_log:
+            terminalreporter.write_line(f"rank pool: {line}")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -57,6 +57,10 @@ class PoolLauncher:
         self.calls = 0
         self.pools_started = 0
         self.pools_replaced = 0  # killed after a death, a hang or a broken failure
+        self.pools_retired = 0  # a call left state a fresh rank would not have (harness.ranks.state)
+        self.retirements: list[str] = []  # "pool replaced after TEST: why", not yet handed to a report
+        self.retired_log: list[str] = []  # every retirement of the session, for the terminal summary
+        self._last_test: dict[tuple[int, str], str] = {}  # the test whose call each pool ran last
         self._pools: dict[tuple[int, str], RankSet] = {}
         self._zygote: Zygote | None = None
         self._retired: list[Zygote] = []  # refused zygotes, kept while the ranks they forked serve
@@ -85,6 +89,7 @@ class PoolLauncher:
 
         started = time.monotonic()
         key = (world_size, device)
+        self._last_test[key] = current_test()
         pool_start_s = 0.0
         outcome, work = "failed", []
         try:
@@ -120,6 +125,15 @@ class PoolLauncher:
         finally:
             _record_timing(world_size, device, fn, outcome, work, time.monotonic() - started, pool_start_s)
 
+    def settle(self) -> list[str]:
+        """Ask every pool whether its last call left it as a fresh one; retire those that were not. Why each
+        pool was replaced since the last time this was asked (the plugin puts it in the test's report)."""
+        for key, pool in list(self._pools.items()):
+            if not pool.idle():
+                self._discard(key)
+        retirements, self.retirements = self.retirements, []
+        return retirements
+
     def summary(self) -> str:
         if not self.fork:
             how = "spawned"
@@ -131,7 +145,8 @@ class PoolLauncher:
                 imports = "the functions' modules" if self._preload_level == 1 else "torch alone"
                 how += f" importing {imports} ({self.preload_refused})"
         return (f"{self.calls} calls, {self.pools_started} pools started, {self.pools_replaced} replaced after a "
-                f"dead rank, a hang or a broken failure; ranks {how}")
+                f"dead rank, a hang or a broken failure, {self.pools_retired} after a call left state a fresh rank "
+                f"would not have; ranks {how}")
 
     def warm_up(self) -> None:
         """Start the zygote now (it imports torch in the background) rather than at the first call."""
@@ -151,8 +166,16 @@ class PoolLauncher:
 
     def _discard(self, key: tuple[int, str]) -> None:
         pool = self._pools.pop(key, None)
-        if pool is not None:
-            pool.kill()
+        if pool is None:
+            return
+        retired = pool.intact and pool.unfit
+        pool.kill()
+        if retired:
+            self.pools_retired += 1
+            line = f"pool replaced after {self._last_test.get(key) or 'a call'}: {'; '.join(pool.unfit)}"
+            self.retirements.append(line)
+            self.retired_log.append(line)
+        else:
             self.pools_replaced += 1
 
     def _start_pool(self, world_size: int, device: str, timeout: float) -> RankSet:
@@ -263,6 +286,11 @@ def _print_stacks(pool: RankSet, error: BaseException) -> None:
         print(f"--- rank {rank} ---\n{stack.rstrip()}", file=sys.stderr, flush=True)
 
 
+def current_test() -> str:
+    """The running pytest test's id, or an empty string outside pytest."""
+    return os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
+
+
 def _record_timing(world_size: int, device: str, fn: Callable[..., Any], outcome: str, work: list,
                    call_s: float, pool_start_s: float) -> None:
     """One JSON line per call to HARNESS_RANKS_TIMING: fn's seconds on each rank, the call's wall time."""
@@ -270,7 +298,7 @@ def _record_timing(world_size: int, device: str, fn: Callable[..., Any], outcome
     if not path:
         return
     known = [seconds for seconds in work if seconds is not None]
-    record = {"test": os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0], "world_size": world_size,
+    record = {"test": current_test(), "world_size": world_size,
               "device": device, "fn": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}",
               "outcome": outcome, "work_s": max(known) if known else None, "rank_work_s": work,
               "call_s": round(call_s, 6), "pool_start_s": round(pool_start_s, 6)}

@@ -115,7 +115,10 @@ class Ready:
 
 @dataclasses.dataclass(frozen=True)
 class Pong:
-    pass
+    """Alive and idle. `unfit`: what the rank's last call left that it could not put back (a fresh rank would
+    not have it); the launcher then retires the rank set."""
+
+    unfit: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import functools
 import gc
 import multiprocessing.connection
 import os
@@ -48,6 +49,7 @@ from harness.ranks.protocol import (
     RankSpec,
     Ready,
 )
+from harness.ranks.state import FreshState, SuiteSnapshot
 
 
 def stack_path(workdir: str | Path, rank: int) -> Path:
@@ -82,26 +84,28 @@ def serve(spec: RankSpec) -> None:
     except BaseException as error:
         _fail_and_exit(connection, Failed.from_exception(error, alive=False))
     _send(connection, Ready())
+    unfit: list[str] = []  # why this rank is not as a fresh one after its last call
     while True:
         try:
             message = pickle.loads(connection.recv_bytes())
         except (EOFError, OSError):
             os._exit(0)  # the launcher closed the pool
         if isinstance(message, Ping):
-            _send(connection, Pong())
+            _send(connection, Pong(unfit))
         elif isinstance(message, Probe):
             try:
                 state.probe()
             except BaseException as error:
                 _fail_and_exit(connection, Failed.from_exception(error, alive=False))
-            _send(connection, Pong())
+            _send(connection, Pong(unfit))
         elif isinstance(message, Call):
             sys.path[:] = message.sys_path
             environ = message.environ if spec.host_environ is None else for_host(message.environ, spec.host_environ)
             apply_environment({**environ, **rank_environ})
             connection.send_bytes(_outcome(state, message.payload))
             try:
-                state.reset()  # after replying: the launcher moves on while this rank cleans up
+                unfit = state.reset()  # after replying: the launcher moves on while this rank cleans up
+                apply_environment({**message.environ, **rank_environ})
             except BaseException as error:
                 # Too late to fail the call; the next Ping finds this rank gone and the pool is replaced.
                 print(f"rank {rank} cannot serve another call: {error!r}", file=sys.stderr, flush=True)
@@ -201,21 +205,18 @@ class RankState:
 
         self.torch, self.dist = torch, dist
         self.groups = set(self._process_groups())
-        self.cwd = os.getcwd()
-        self.default_dtype = torch.get_default_dtype()
-        self.num_threads = torch.get_num_threads()
-        self.grad_enabled = torch.is_grad_enabled()
-        self.deterministic = self._deterministic_algorithms()
-        self.matmul_precision = torch.get_float32_matmul_precision()
         self.rng = self._rng_state()
-        self.module_globals: dict[str, dict[str, Any]] = {}
+        self.suite = SuiteSnapshot(())
+        _installed_roots()
         self.modules = set(sys.modules)
+        self.fresh = FreshState(torch)  # after every import and setting the rank makes itself
         gc.freeze()  # collections between calls skip what exists now
 
     def call(self, payload: bytes) -> Done:
         torch = self.torch
         fn, args = pickle.loads(payload)
-        self.module_globals = {module.__name__: dict(vars(module)) for module in _suite_modules(fn)}
+        self.fresh.accept_imports()
+        self.suite = SuiteSnapshot(_suite_modules(fn))
         if self.use_cuda:
             torch.cuda.reset_peak_memory_stats()
         started = time.perf_counter()
@@ -243,31 +244,25 @@ class RankState:
         self.modules.update(imported)
         return imported
 
-    def reset(self) -> None:
-        """Put back what a call may have changed, then free what it left."""
+    def reset(self) -> list[str]:
+        """Put back what a call may have changed, then free what it left; what could not be put back, in
+        words (empty: this rank is as a fresh one would be)."""
         torch = self.torch
         if not self.dist.is_initialized():
             raise RuntimeError("the call destroyed the default process group")
-        for name, saved in self.module_globals.items():
-            _restore_globals(sys.modules.get(name), saved)
-        self.module_globals = {}
+        self.suite.restore()
+        self.suite = SuiteSnapshot(())
         if "torch._dynamo" in sys.modules:
             torch._dynamo.reset()
         _clear_mesh_caches()
         gc.collect()  # frees what the call left, meshes included (they form cycles): their groups can go
         self._drop_call_groups()
-        os.chdir(self.cwd)
-        torch.set_default_dtype(self.default_dtype)
-        torch.set_num_threads(self.num_threads)
-        torch.set_grad_enabled(self.grad_enabled)
-        if self._deterministic_algorithms() != self.deterministic:  # setting it imports much of torch
-            torch.use_deterministic_algorithms(self.deterministic[0], warn_only=self.deterministic[1])
-        torch.set_float32_matmul_precision(self.matmul_precision)
         self._set_rng_state(self.rng)
         if self.use_cuda:
             torch.cuda.set_device(self.cuda_device)
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
+        return self.fresh.settle()
 
     def _drop_call_groups(self) -> None:
         """Destroy the process groups the call created, once its meshes and the caches known to hold them are
@@ -285,10 +280,6 @@ class RankState:
         for group in call_groups:
             if group.group_name not in named:
                 self.dist.destroy_process_group(group)
-
-    def _deterministic_algorithms(self) -> tuple[bool, bool]:
-        return (self.torch.are_deterministic_algorithms_enabled(),
-                self.torch.is_deterministic_algorithms_warn_only_enabled())
 
     def _process_groups(self) -> list:
         """Every live process group, the default one included (torch keeps no public list)."""
@@ -354,6 +345,14 @@ def _groups_named_by_live_meshes() -> set[str]:
     return {name for mesh in meshes for name in getattr(mesh, "_dim_group_names", ()) if isinstance(name, str)}
 
 
+@functools.cache
+def _installed_roots() -> frozenset[str]:
+    """Where installed packages and the stdlib live. Cached, and first asked before the rank's fresh state is
+    taken: sysconfig imports its data module on first use."""
+    roots = {os.path.abspath(p) for p in sysconfig.get_paths().values()}
+    return frozenset(roots | {sys.prefix, sys.base_prefix})
+
+
 def _suite_modules(fn: Callable[..., Any]) -> Iterable[Any]:
     """The loaded modules beside `fn`'s own (the test suite's code), not installed packages or the stdlib."""
     module = sys.modules.get(getattr(fn, "__module__", None) or "")
@@ -361,20 +360,9 @@ def _suite_modules(fn: Callable[..., Any]) -> Iterable[Any]:
     if not path:
         return []
     folder = os.path.dirname(os.path.abspath(path))
-    installed = {os.path.abspath(p) for p in sysconfig.get_paths().values()} | {sys.prefix, sys.base_prefix}
+    installed = _installed_roots()
     if any(folder == root or folder.startswith(root + os.sep) for root in installed):
         return []
     return [loaded for loaded in list(sys.modules.values())
             if isinstance(getattr(loaded, "__file__", None), str)
             and os.path.abspath(loaded.__file__).startswith(folder + os.sep)]
-
-
-def _restore_globals(module: Any, saved: dict[str, Any]) -> None:
-    if module is None:
-        return
-    namespace = vars(module)
-    for name in [name for name in namespace if name not in saved]:
-        del namespace[name]
-    for name, value in saved.items():
-        if namespace.get(name, saved) is not value:
-            namespace[name] = value

@@ -1,5 +1,6 @@
 """Comparison of a result set with a baseline digest: what changed per cell, and what of that is a
-nightly regression (worse than the night before)."""
+nightly regression (worse than the night before). `night_before` is the one rule for which cell of the
+night before a cell of tonight is compared with: triage (and through its output, the nightly issue) uses it."""
 
 from __future__ import annotations
 
@@ -183,3 +184,18 @@ def nightly_regressions(
             if gpu.after_mib > gpu.before_mib
         )
     return tuple(found)
+
+
+def night_before(cell: CellResult, baseline: ResultSet) -> CellResult | None:
+    """Last night's cell of the same runner shape: the same id, else (versions floated) the same GPU
+    type and count with the same torch, else the same transformers."""
+    same_shape = [b for b in baseline.cells if (b.info.gpu, b.info.gpus) == (cell.info.gpu, cell.info.gpus)]
+    for matches in (
+        (lambda b: b.id == cell.id),
+        (lambda b: b.info.torch == cell.info.torch),
+        (lambda b: b.info.transformers == cell.info.transformers),
+    ):
+        found = sorted((b for b in same_shape if matches(b)), key=lambda b: natural_key(b.id))
+        if found:
+            return found[-1]
+    return None

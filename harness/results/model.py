@@ -258,6 +258,7 @@ class CellResult:
     info: CellInfo
     status: CellStatus
     reason: str | None = None  # why errored, or why failed when no test says so
+    error_kind: str | None = None  # why errored, as data: one of contract.ERROR_KINDS (None: not said)
     tests: tuple[TestResult, ...] = ()
     suite: SuiteInfo = SuiteInfo()
     memory: tuple[GpuMemory, ...] = ()

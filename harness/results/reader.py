@@ -28,7 +28,17 @@ from pathlib import Path
 from typing import BinaryIO
 from xml.parsers import expat
 
-from harness.contract import CONTRACT_FILES, ENV_JSON, JUNIT_XML, MEMORY_JSON, PYTEST_LOG, SCHEMA, STATUSES
+from harness.contract import (
+    CONTRACT_FILES,
+    ENV_JSON,
+    ERROR_KINDS,
+    JUNIT_XML,
+    MEMORY_JSON,
+    PYTEST_LOG,
+    RUNNING_TEST,
+    SCHEMA,
+    STATUSES,
+)
 from harness.errors import ConfigError
 from harness.results.model import (
     CellInfo,
@@ -179,8 +189,9 @@ def _read_cell(folder: Path) -> CellResult:
     info = _cell_info(env_fields.mapping("cell"), folder.name, problems)
     env_status = env_fields.choice("status", STATUSES)
     exit_code = env_fields.integer("exit_code")
+    tests = _with_stopped_test(junit, _read_running_test(folder / RUNNING_TEST))
     status, reason = _cell_status(
-        env_status, env_fields.text("error"), exit_code, junit.problem, Counts.of(junit.tests)
+        env_status, env_fields.text("error"), exit_code, junit.problem, Counts.of(tests)
     )
     memory, memory_note = _read_memory(memory_doc, problems)
     duration_s = env_fields.number("duration_s")
@@ -188,7 +199,8 @@ def _read_cell(folder: Path) -> CellResult:
         info=info,
         status=status,
         reason=reason,
-        tests=junit.tests,
+        error_kind=env_fields.choice("error_kind", ERROR_KINDS) if status is CellStatus.ERRORED else None,
+        tests=tests,
         suite=SuiteInfo.of(junit.suite_properties),
         memory=memory,
         memory_note=memory_note,
@@ -360,6 +372,41 @@ def _read_log_tail(path: Path, problems: list[Problem]) -> str | None:
     return "\n".join(_text(line, LINE_CHARS) for line in lines[-LOG_TAIL_LINES:]) or None
 
 
+RUNNING_TEST_BYTES = 4 * ID_CHARS
+
+
+def _read_running_test(path: Path) -> str | None:
+    """The id of the test that was running when pytest stopped (the ranks plugin removes the file when a test
+    ends), or None. A regular file only, read bounded: it came from the tested code's run."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            return None
+        data = os.read(descriptor, RUNNING_TEST_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(descriptor)
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    return capped(_text(lines[0].strip(), ID_CHARS), ID_CHARS) if lines and lines[0].strip() else None
+
+
+def _with_stopped_test(junit: _Junit, running: str | None) -> tuple[TestResult, ...]:
+    """The tests, with the one pytest was running when it stopped as errored: never a pass. pytest writes an
+    interrupted test as a <testcase> without a name (read as a pass, it made an interrupted cell read "1 test:
+    1 passed"); the running-test file names it, where harness run had the plugin write one."""
+    if not junit.stopped and running is None:
+        return junit.tests
+    tests = tuple(test for test in junit.tests if test.test_id != running)
+    test_id = running or "(the test that was running; its name was not recorded)"
+    stopped = TestResult(test_id=test_id, name=test_id.rsplit("::", 1)[-1], outcome=Outcome.ERRORED,
+                         message="was still running when pytest stopped (timed out, crashed or interrupted)")
+    return (*tests, stopped)
+
+
 def _read_memory(document: Mapping[str, object], problems: list[Problem]) -> tuple[tuple[GpuMemory, ...], str | None]:
     if not document:
         return (), "memory.json missing or unreadable"
@@ -465,8 +512,10 @@ class _Junit:
         time_s: Number | None = None,
         suite_properties: dict[str, str] | None = None,
         notes: tuple[Problem, ...] = (),
+        stopped: bool = False,
     ) -> None:
         self.tests, self.problem, self.time_s = tests, problem, time_s
+        self.stopped = stopped  # pytest was interrupted during a test (a nameless <testcase>)
         self.suite_properties = suite_properties or {}
         self.notes = notes  # what was wrong but cost no test
 
@@ -523,6 +572,8 @@ def _read_junit(path: Path) -> _Junit:
         suite_properties.update(_properties(suite))
     times = [finite(number(suite.get("time"))) for suite in suites]
     entries = list(root.iter("testcase"))  # iterative: nested suites of any depth cost no recursion
+    # A <testcase> with no name is the test pytest was running when it was interrupted: not a test result.
+    named = [entry for entry in entries if entry.get("name") or entry.get("classname") or entry.get("file")]
     bad_times = [
         entry.get("time")
         for entry in (*suites, *entries)
@@ -532,7 +583,8 @@ def _read_junit(path: Path) -> _Junit:
         (Problem(JUNIT_XML, f"malformed attribute: time {bad_times[0]!r:.40} is not a number"),) if bad_times else ()
     )
     return _Junit(
-        tests=_group_attempts(entries),
+        tests=_group_attempts(named),
+        stopped=len(named) < len(entries),
         time_s=sum(time for time in times if time is not None),
         suite_properties=suite_properties,
         notes=notes,

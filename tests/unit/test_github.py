@@ -1085,6 +1085,35 @@ def test_a_flaky_test_is_no_regression_but_one_that_stays_red_is(fake, nightly_e
     assert listing == f"- `{CELL}` `tests/gpu/test_ep.py::red_one` failed"
 
 
+def test_the_issue_lists_triages_new_reds_so_a_floating_release_is_one_story(fake, nightly_env, tmp_path):
+    """transformers floated from 5.19 to 5.20: the cell id changed. Compared by id, the issue said "(no result the
+    night before)" while triage of the same folders planned a 5.19 -> 5.20 bisect; it now lists triage's reds."""
+    before, now = tmp_path / "before", tmp_path / "now"
+    write_cell(before, "h200-2gpu-torch2.13.0-tf5.19.0", "passed", {"t": "passed"})
+    write_cell(now, "h200-2gpu-torch2.13.0-tf5.20.0", "failed", {"t": "failed"})
+    for folder, version in ((before, "5.19.0"), (now, "5.20.0")):
+        env_file = next(folder.iterdir()) / "env.json"
+        record = json.loads(env_file.read_text())
+        record["cell"]["transformers"] = version
+        env_file.write_text(json.dumps(record))
+    triage_json, plan = tmp_path / "triage.json", tmp_path / "plan.json"
+    assert cli.main(["triage", "--results", str(now), "--baseline", str(before), "-o", str(triage_json),
+                 "--github-matrix", str(plan)]) == 0
+    assert json.loads(plan.read_text())["include"][0]["good"] == "torch=2.13.0,transformers=5.19.0"
+    assert nightly(tmp_path, now, before, "--triage-json", str(triage_json)) == 0
+    [issue] = fake.issues.values()
+    assert f"- `h200-2gpu-torch2.13.0-tf5.20.0` `{T}` real failure\n" in issue["body"]
+    assert "no result the night before" not in issue["body"]
+
+
+def test_a_triage_file_that_is_not_triages_json_is_one_line_and_exit_2(fake, nightly_env, tmp_path, capsys):
+    broken = tmp_path / "triage.json"
+    broken.write_text('{"reds": [{"cell": 1}]}')
+    now = cells(tmp_path, "now", t="failed")
+    assert nightly(tmp_path, now, None, "--triage-json", str(broken)) == 2
+    assert f"triage {broken}: a red needs 'cell' and 'class' strings" in capsys.readouterr().err
+
+
 def test_memory_limits_come_from_the_command_line(fake, nightly_env, tmp_path):
     before = cells(tmp_path, "before", gpu_peak=1000.0, t="passed")
     now = cells(tmp_path, "now", gpu_peak=1100.0, t="passed", u="failed")

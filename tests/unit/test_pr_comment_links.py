@@ -83,7 +83,8 @@ def test_each_red_is_classified_against_the_nightly_with_triages_rules():
     assert (ADA, "tests/gpu/test_fsdp.py::test_fsdp_gradients[2]") in by_class[RedClass.ALREADY_RED]  # red there too
     assert ("h200-8gpu-torch2.11.0-tf5.18.0", None) in by_class[RedClass.INFRASTRUCTURE]  # SIGKILL
     assert {key[1] for key in by_class[RedClass.FLAKY]} == {"tests/gpu/test_fsdp.py::test_fsdp_rank_barrier"}
-    assert ("gb200-4gpu-torch2.12.0-tf5.24.0", None) in by_class[RedClass.KNOWN_UPSTREAM]  # its log says so
+    # its junit.xml is truncated: infrastructure; an XFAIL line in its log decides nothing (triage reads causes)
+    assert ("gb200-4gpu-torch2.12.0-tf5.24.0", None) in by_class[RedClass.INFRASTRUCTURE]
     assert sum(len(keys) for keys in by_class.values()) == len(classes)
 
 
@@ -92,7 +93,7 @@ def test_the_comment_tallies_the_reds_and_labels_each(tmp_path, monkeypatch):
         monkeypatch.delenv(key, raising=False)
     text = comment(tmp_path, "--classify-against", str(SAMPLES / "baseline"))
     assert ("Reds against main's last nightly (`0a9b8c7d6e5f`): 🆕 5 new, 🔁 2 already red on the baseline, "
-            "⚠️ 2 flaky, 🐛 1 known upstream bug, 🔧 1 infrastructure") in text
+            "⚠️ 2 flaky, 🔧 2 infrastructure") in text
     assert f"in `{ADA}` (🆕 new)" in text
     assert "errored (🔧 infrastructure): pytest crashed: killed by signal SIGKILL" in text
 

@@ -3,6 +3,7 @@ a fresh pool after a crash or a hang, the spawn fallback, and the pytest plugin 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -78,18 +79,76 @@ def op_on_a_new_mesh():
 
 
 def keep_a_mesh_in_a_library():
-    """Like a cache the pool does not know of: a mesh kept by an installed module, not by the suite."""
+    """Like a cache the pool does not know of: a mesh kept by an installed package's class, not by the suite
+    (a module-level binding would be put back after the call, as a fresh rank has none)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    torch.distributed.tensor._harness_kept_mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "tp"))
+    torch.distributed.tensor.DTensor._harness_kept_mesh = init_device_mesh("cpu", (2, 1),
+                                                                           mesh_dim_names=("dp", "tp"))
 
 
 def use_the_kept_mesh():
-    return torch.distributed.tensor._harness_kept_mesh.get_group("tp").size()
+    return torch.distributed.tensor.DTensor._harness_kept_mesh.get_group("tp").size()
 
 
 def forget_the_kept_mesh():
-    vars(torch.distributed.tensor).pop("_harness_kept_mesh", None)
+    vars(torch.distributed.tensor.DTensor).get("_harness_kept_mesh") and \
+        delattr(torch.distributed.tensor.DTensor, "_harness_kept_mesh")
+
+
+SETTINGS = {"scale": 1}  # a suite module's container, which a careless test mutates in place
+
+
+def pollute_a_suite_dict():
+    SETTINGS["scale"] = 2
+
+
+def patch_torch_then_fail():
+    torch.nn.functional.relu = torch.neg
+    raise AssertionError("the patched test failed, in order, on every rank")
+
+
+def default_device_meta():
+    torch.set_default_device("meta")
+
+
+def flush_denormals():
+    torch.set_flush_denormal(True)
+
+
+def cpu_autocast_on():
+    torch.set_autocast_enabled("cpu", True)
+
+
+def close_stdout():
+    sys.stdout.close()
+
+
+def close_fds_one_and_two():
+    os.close(1)
+    os.close(2)
+
+
+def leave_a_thread():
+    threading.Thread(target=time.sleep, args=(3600,), name="left-behind", daemon=True).start()
+
+
+def import_a_module_first():
+    import wave  # noqa: F401 - imported by no rank before
+
+
+def fresh_view():
+    """What a victim test sees of the state the polluters above change."""
+    import io
+
+    print("a victim prints", flush=True)
+    os.write(1, b"")
+    return {"scale": SETTINGS["scale"], "relu": torch.nn.functional.relu(torch.tensor([-1.0, 2.0])).tolist(),
+            "device": str(torch.empty(1).device), "denormal": torch.tensor([1e-40]).mul(1.0).item() != 0.0,
+            "matmul_dtype": str((torch.ones(2, 2) @ torch.ones(2, 2)).dtype),
+            "stdout": isinstance(sys.stdout, io.TextIOBase) and not sys.stdout.closed,
+            "fds": [os.fstat(fd).st_ino for fd in (1, 2)],
+            "threads": sorted(thread.name for thread in threading.enumerate())}
 
 
 def raise_on_rank_one():
@@ -183,6 +242,34 @@ def test_what_a_call_leaves_behind_does_not_reach_the_next(launcher, tmp_path):
     assert after == fresh  # the same ranks (pids included), seeing what a fresh pool sees
     assert after[0]["leftover"] is None and after[0]["dtype"] == "torch.float32"
     assert freed.read_text() == "freed"  # the 64 MiB tensor was collected, not only forgotten
+
+
+@pytest.mark.parametrize(("polluter", "retired_because"), [
+    (pollute_a_suite_dict, None),
+    (patch_torch_then_fail, None),
+    (default_device_meta, None),
+    (flush_denormals, None),
+    (cpu_autocast_on, None),
+    (close_fds_one_and_two, None),
+    (close_stdout, "sys.stdout closed"),
+    (leave_a_thread, "threads left running: left-behind"),
+    (import_a_module_first, "modules imported first during a call: wave"),
+])
+def test_a_victim_after_a_polluter_sees_what_a_fresh_pool_shows(launcher, polluter, retired_because):
+    """Each polluter leaves process-global state behind; the next call must see a fresh rank's. What can be put
+    back exactly is (the same ranks serve on); what cannot retires the set, and says why."""
+    launcher.settle()
+    fresh = [result.value for result in launcher(2, fresh_view, timeout=60, device="cpu")]
+    before = pids(launcher)
+    with contextlib.suppress(RankFailedError):
+        launcher(2, polluter, timeout=60, device="cpu")
+    retirements = launcher.settle()
+    assert [result.value for result in launcher(2, fresh_view, timeout=60, device="cpu")] == fresh
+    if retired_because is None:
+        assert retirements == [] and pids(launcher) == before
+    else:
+        assert len(retirements) == 1 and retired_because in retirements[0], retirements
+        assert set(pids(launcher)).isdisjoint(before)
 
 
 def test_a_dtensor_op_of_a_later_call_gets_that_calls_mesh_not_one_whose_groups_are_gone(launcher):
@@ -666,3 +753,18 @@ def test_no_ranks_pool_is_a_known_option_of_the_suite():
                                 "-q", "-p", "no:cacheprovider"], cwd=Path(__file__).parents[2],
                                capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
+
+
+def test_the_running_tests_id_is_in_the_running_test_file_only_while_it_runs(pytester, monkeypatch):
+    """harness run points HARNESS_RUNNING_TEST_FILE into the cell's folder: a cell stopped mid-test names it."""
+    running = pytester.path / "running-test.txt"
+    monkeypatch.setenv("HARNESS_RUNNING_TEST_FILE", str(running))
+    pytester.makepyfile(test_running="""
+        import os
+
+        def test_sees_its_own_id():
+            with open(os.environ["HARNESS_RUNNING_TEST_FILE"]) as running:
+                assert running.read() == "test_running.py::test_sees_its_own_id\\n"
+    """)
+    pytester.runpytest().assert_outcomes(passed=1)
+    assert not running.exists()

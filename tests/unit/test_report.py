@@ -272,7 +272,25 @@ def test_memory_column_shows_each_gpu_and_unknowns():
     assert "| 12.3 / 12.1 / ? GiB |" in text
 
 
+def test_a_metric_over_its_bound_in_a_passing_test_is_labelled_expected_never_a_failure():
+    """A deliberate-bug test passes because its check fails: its metric is over the bound by design."""
+    planted = make_test(0, name="test_ep_nvfp4_scale_over_local_shard_fails_the_gradient_check[2]",
+                        max_rel_grad_error=1.0, grad_error_bound=1e-4, max_logits_difference=2.0, logits_atol=1e-3)
+    regressed = make_test(1, Outcome.FAILED, message="gradients differ", max_rel_grad_error=0.05,
+                          grad_error_bound=0.03)
+    results = ResultSet((cell("a", planted, regressed),))
+    rows = {row.split(" | ")[0]: row for row in table_rows(render(results, "pr-comment")) if "test_" in row}
+    planted_row = next(row for key, row in rows.items() if "nvfp4" in key)
+    regressed_row = next(row for key, row in rows.items() if "test_case_1" in key)
+    assert "❌" not in planted_row and "| expected -999900% |" in planted_row and "| expected 2.00e+00 |" in planted_row
+    assert "| ❌ -67% |" in regressed_row
+    page = render(results, "html")
+    assert 'class="n expected">expected -999900%' in page and 'class="n over">-67%' in page
+    assert 'class="expected"' in page and page.count('class="over"') == 1  # the plot's dots: amber, one red
+
+
 # ---------------------------------------------------------------------------------------------
+# Size limits# ---------------------------------------------------------------------------------------------
 # Size limits
 
 
@@ -288,14 +306,27 @@ def big_set(cells: int, tests: int, message_chars: int = 400) -> ResultSet:
     ))
 
 
-def test_a_huge_comment_is_shortened_says_what_was_cut_and_keeps_its_digest():
+def test_a_huge_comment_is_shortened_says_what_was_cut_and_keeps_its_digest(monkeypatch):
     results = big_set(40, 300)
+    whole = render(results, "pr-comment")
+    assert "Shortened" not in whole  # it fits at the first step: nothing was cut
+    monkeypatch.setattr(report, "COMMENT_LIMIT", len(whole) - 1)
     text = render(results, "pr-comment")
-    assert len(text.encode("utf-16-le")) // 2 <= COMMENT_LIMIT
+    assert len(text.encode("utf-16-le")) // 2 <= len(whole) - 1
     assert text.startswith(COMMENT_MARKER + "\n")
     assert "✂️ Shortened to fit GitHub's 65,536-character comment limit" in text
     assert re.search(r"…and [\d,]+ more failures not shown", text)
     assert decode_digest(text).cells.keys() == digest(results).cells.keys()
+
+
+def test_a_comment_that_fits_has_no_cut_note_even_when_its_tables_show_their_worst_rows_only():
+    """The first step's limits (25 metric rows, 30 failures) are the comment's ordinary length: a comment that
+    fits at that step was not shortened, whatever those limits left out."""
+    results = big_set(1, 40, message_chars=10)
+    text = render(results, "pr-comment")
+    assert len(text) < COMMENT_LIMIT // 4 and "further from their bound" in text
+    assert "✂️" not in text and "Shortened" not in text
+    assert "Shortened" not in render(results, "summary")
 
 
 def test_past_the_last_step_the_text_is_cut_but_the_digest_survives(monkeypatch):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -114,6 +115,40 @@ def test_crashed_cell_without_junit_is_errored_with_the_log_tail():
     assert cell.tests == ()
     assert cell.log_tail.endswith("tests/gpu/test_ep.py ..........x")
     assert [gpu.peak_used_mib for gpu in cell.memory][-1] == 41984.0
+
+
+# What pytest's junitxml writes when SIGINT stops it during its second test: the one that ran, then a
+# <testcase> with no name for the one that was running.
+JUNIT_INTERRUPTED = """<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests"><testsuite name="pytest"
+errors="0" failures="0" skipped="0" tests="1" time="1.012"><testcase classname="tests.gpu.test_ep" name="test_ok"
+file="tests/gpu/test_ep.py" line="1" time="0.001" /><testcase time="0.000" /></testsuite></testsuites>
+"""
+JUNIT_INTERRUPTED_FIRST = JUNIT_INTERRUPTED.replace(
+    '<testcase classname="tests.gpu.test_ep" name="test_ok"\nfile="tests/gpu/test_ep.py" line="1" time="0.001" />', "")
+INTERRUPTED_ENV = env_json(status="errored", error="pytest exited 2 (interrupted); see pytest.log", exit_code=2)
+
+
+@pytest.mark.parametrize(("junit", "running", "passed", "stopped_id"), [
+    (JUNIT_INTERRUPTED_FIRST, None, [], "(the test that was running; its name was not recorded)"),
+    (JUNIT_INTERRUPTED, "tests/gpu/test_ep.py::test_hangs[2]\n", ["tests/gpu/test_ep.py::test_ok"],
+     "tests/gpu/test_ep.py::test_hangs[2]"),
+    (None, "tests/gpu/test_ep.py::test_hangs[2]\n", [], "tests/gpu/test_ep.py::test_hangs[2]"),  # killed: no junit
+])
+def test_a_cell_stopped_mid_test_counts_no_pass_for_it_and_names_it(tmp_path, junit, running, passed, stopped_id):
+    folder = write_cell(tmp_path / "c", junit=junit, env=INTERRUPTED_ENV)
+    if running is not None:
+        (folder / "running-test.txt").write_text(running)
+    cell = read_cell(folder)
+    assert cell.status is CellStatus.ERRORED
+    assert [test.test_id for test in cell.tests if test.outcome is Outcome.PASSED] == passed
+    assert [(test.test_id, test.outcome) for test in cell.failing_tests] == [(stopped_id, Outcome.ERRORED)]
+    assert "still running when pytest stopped" in cell.failing_tests[0].message
+
+
+def test_a_running_test_file_that_is_not_a_regular_file_is_ignored(tmp_path):
+    folder = write_cell(tmp_path / "c", junit=JUNIT_OK)
+    os.mkfifo(folder / "running-test.txt")  # opening it for reading would block
+    assert [test.outcome for test in read_cell(folder).tests] == [Outcome.PASSED]
 
 
 def test_truncated_junit_is_an_errored_row_not_an_exception():

@@ -9,9 +9,9 @@ from xml.sax.saxutils import quoteattr
 
 import pytest
 
-from harness import triage
+from harness import contract, triage
 from harness.cli import main
-from harness.results import load_results
+from harness.results import Outcome, TestResult, load_results
 from harness.triage import Triage, classify_text
 
 # (text a red carries, class, pattern). Texts are what torch, NCCL, gloo, pip, uv, the rank launcher,
@@ -23,15 +23,14 @@ CASES = [
         "known upstream bug",
     ),
     ("known upstream bug: fixed upstream: remove the entry", Triage.KNOWN_UPSTREAM, "known upstream bug"),
-    (
-        "RankFailedError: rank 1 exited by signal SIGKILL without a result",
-        Triage.INFRASTRUCTURE,
-        "rank killed by a signal",
-    ),
-    ("RankFailed: rank 1 died killed by signal SIGKILL", Triage.INFRASTRUCTURE, "rank killed by a signal"),
-    ("pytest crashed: killed by signal SIGSEGV", Triage.INFRASTRUCTURE, "rank killed by a signal"),
-    ("ChildFailedError: process 3 exited with exitcode -9", Triage.INFRASTRUCTURE, "rank killed by a signal"),
-    ("Fatal Python error: Signal 11 (SIGSEGV) received", Triage.INFRASTRUCTURE, "rank killed by a signal"),
+    # A crash is how an indexing bug upstream shows on CUDA: real, bisected (infrastructure only if the last
+    # good build crashes too).
+    ("RankFailedError: rank 1 exited by signal SIGKILL without a result", Triage.REAL, triage.CRASH_CAUSE),
+    ("RankFailed: rank 1 died killed by signal SIGKILL", Triage.REAL, triage.CRASH_CAUSE),
+    ("ChildFailedError: process 3 exited with exitcode -9", Triage.REAL, triage.CRASH_CAUSE),
+    ("Fatal Python error: Signal 11 (SIGSEGV) received", Triage.REAL, triage.CRASH_CAUSE),
+    ("RuntimeError: CUDA error: an illegal memory access was encountered", Triage.REAL, triage.CRASH_CAUSE),
+    ("RuntimeError: CUDA error: device-side assert triggered", Triage.REAL, triage.CRASH_CAUSE),
     (
         "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE) ran for 600000 ms",
         Triage.INFRASTRUCTURE,
@@ -65,8 +64,7 @@ CASES = [
         Triage.INFRASTRUCTURE,
         "communicator error",
     ),
-    ("RuntimeError: CUDA error: an illegal memory access was encountered", Triage.INFRASTRUCTURE, "CUDA error"),
-    ("RuntimeError: CUDA error: device-side assert triggered", Triage.INFRASTRUCTURE, "CUDA error"),
+    ("RuntimeError: CUDA error: unspecified launch failure", Triage.INFRASTRUCTURE, "CUDA error"),
     (
         "RuntimeError: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasGemmEx( handle, opa, opb, m, n, k)`",
         Triage.INFRASTRUCTURE,
@@ -77,12 +75,8 @@ CASES = [
         Triage.INFRASTRUCTURE,
         "out of memory",
     ),
-    (
-        "environment: uv exited 1: error: No solution found when resolving dependencies: Because there is no version "
-        "of transformers==5.99.0",
-        Triage.INFRASTRUCTURE,
-        "install failure",
-    ),
+    # run.py's words are no cause: env.json's error_kind is (see test_an_errored_cell_is_classified_by_its_kind)
+    ("environment: uv exited 1: error: No solution found when resolving dependencies", None, None),
     ("ERROR: No matching distribution found for torch==2.99.0", Triage.INFRASTRUCTURE, "install failure"),
     (
         "The runner has received a shutdown signal. This can happen when the runner service is stopped",
@@ -107,6 +101,74 @@ def test_the_classifier_table(text, expected, pattern):
 def test_every_infrastructure_pattern_has_a_case():
     covered = {pattern for _, expected, pattern in CASES if expected is Triage.INFRASTRUCTURE}
     assert covered == {pattern.name for pattern in triage.INFRASTRUCTURE}
+
+
+def failing_test(message: str, excerpt: str) -> TestResult:
+    return TestResult(test_id="tests/gpu/test_ep.py::test_x[2]", name="test_x[2]", outcome=Outcome.FAILED,
+                      message=message, excerpt=excerpt)
+
+
+GRADIENT_FAILURE = "AssertionError: expert gradients differ: max relative error 0.5 > bound 1e-05"
+
+
+@pytest.mark.parametrize(("text", "expected", "pattern"), [case for case in CASES if case[1] is not None])
+def test_a_pattern_in_the_tests_source_never_classifies_its_failure(text, expected, pattern):
+    """Every pattern, written in the test's source (a comment, an except clause, a rank's traceback frame), beside
+    a real gradient regression: the red stays real, so it is bisected."""
+    excerpt = "\n".join([
+        "    def test_x(ranks):",
+        "        try:",
+        "            ranks.run(2, check)",
+        f"        except MemoryError:  # {text}",
+        "            raise",
+        f">       assert error < bound  # {text}",
+        f"E   RankFailedError: rank 1 raised {GRADIENT_FAILURE}",
+        "E   Traceback (most recent call last):",
+        'E     File "tests/gpu/rank_cases.py", line 40, in check',
+        f"E       grads = backward(model)  # {text}",
+        "E               ^^^^^^^^^^^^^^^",
+        f"E   {GRADIENT_FAILURE}",
+        "tests/gpu/test_ep.py:12: RankFailedError",
+    ])
+    assert triage.classify_test(failing_test(f"RankFailedError: rank 1 raised {GRADIENT_FAILURE}", excerpt)) == \
+        (Triage.REAL, "no infrastructure pattern matched")
+
+
+@pytest.mark.parametrize(("text", "expected", "pattern"), [case for case in CASES if case[1] is not None])
+def test_a_pattern_in_the_failures_own_e_lines_classifies_it(text, expected, pattern):
+    excerpt = f">       ranks.run(2, check)\nE   {text}\ntests/gpu/test_ep.py:12: RankFailedError"
+    assert triage.classify_test(failing_test("RankFailedError: rank 1 failed", excerpt)) == (expected, pattern)
+
+
+@pytest.mark.parametrize(("kind", "expected", "crash"), [
+    (contract.ERROR_ENVIRONMENT, Triage.INFRASTRUCTURE, False),
+    (contract.ERROR_INTERRUPTED, Triage.INFRASTRUCTURE, False),
+    (contract.ERROR_TIMEOUT, Triage.REAL, True),
+    (contract.ERROR_SIGNAL, Triage.REAL, True),
+    (contract.ERROR_COLLECTION, Triage.REAL, False),
+])
+def test_an_errored_cell_is_classified_by_its_kind_and_a_hang_or_crash_is_bisected(tmp_path, kind, expected, crash):
+    before, after = tmp_path / "b", tmp_path / "a"
+    write_cell(before, "2.13.0", "5.19.0", [junit_case("test_x[2]", "passed")], status="passed")
+    # The words say the opposite of the kind: the kind decides.
+    write_cell(after, "2.13.0", "5.20.0", [], status="errored", error="environment: CUDA out of memory; killed by "
+               "signal SIGKILL", error_kind=kind)
+    (red,) = triage.triage(load_results([after]), load_results([before]))
+    assert (red.triage, red.crash) == (expected, crash)
+    plan = triage.bisect_plan([red], {"h200": ["gpu-h200"]}, {red.cell_id: "h200"})
+    if expected is Triage.REAL:
+        assert (red.good, red.bad) == ({"torch": "2.13.0", "transformers": "5.19.0"},
+                                       {"torch": "2.13.0", "transformers": "5.20.0"})
+        assert [(job["cell"], job["tests"]) for job in plan] == [(red.cell_id, "[]")]  # no test: the cell's whole suite
+    else:
+        assert plan == []
+
+
+def test_a_crash_that_the_last_good_build_shows_too_is_infrastructure():
+    red = triage.Red(cell_id="c", test_id="t", test_name="t", message="rank 1 exited by signal SIGSEGV",
+                     triage=Triage.REAL, cause=triage.CRASH_CAUSE, good={"torch": "1"}, bad={"torch": "2"}, crash=True)
+    (row,) = triage.with_bisects([red], {"c": {"cell": "c", "same_verdict": "fail", "error": "both fail"}})
+    assert (row["class"], row["cause"]) == ("infrastructure", "crashes on the last good build too")
 
 
 # --------------------------------------------------------------------------- folders
@@ -135,6 +197,7 @@ def write_cell(
     gpus: int = 2,
     status: str = "failed",
     error: str | None = None,
+    error_kind: str | None = None,
 ) -> Path:
     unit = "rank" if gpu == "cpu" else "gpu"
     cell_id = f"{gpu}-{gpus}{unit}-torch{torch}-tf{transformers}"
@@ -146,6 +209,7 @@ def write_cell(
                 "schema": 1,
                 "status": status,
                 "error": error,
+                "error_kind": error_kind,
                 "exit_code": 1 if status == "failed" else None,
                 "cell": {
                     "id": cell_id,
@@ -211,6 +275,7 @@ def nights(tmp_path):
         gpu="ada",
         status="errored",
         error="environment: pip exited 1: ERROR: No matching distribution found for transformers==5.20.0",
+        error_kind=contract.ERROR_ENVIRONMENT,
     )
     return before, after
 

@@ -105,7 +105,14 @@ def run_case(request, ranks, tmp_path):
         try:
             with known_bugs.expecting(request, known_bugs.known_bug(case)):
                 metrics = rank_cases.summarize(
-                    ranks.run(world_size, rank_cases.run_case, checkpoint.path, case, str(metrics_dir))
+                    ranks.run(
+                        world_size,
+                        rank_cases.run_case,
+                        checkpoint.path,
+                        case,
+                        str(metrics_dir),
+                        tf_adapter.model_class(checkpoint.path),
+                    )
                 )
         except BaseException:
             measured = rank_cases.read_metrics(str(metrics_dir))

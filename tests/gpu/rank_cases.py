@@ -65,7 +65,10 @@ class Case:
             raise ValueError(f"unknown bug {self.bug!r}; known: {BUGS}")
 
 
-def run_case(checkpoint: str, case: Case, metrics_dir: str | None = None) -> dict:
+def run_case(checkpoint: str, case: Case, metrics_dir: str | None = None, model_class: type | None = None) -> dict:
+    """`model_class` (tf_adapter.model_class, resolved by the caller) travels by reference: unpickling the call
+    imports its modeling module, so the rank pool sees that import as part of a fresh rank's state, not as a
+    module first imported during the call (which would retire the pool at every new family)."""
     rank = dist.get_rank()
     metrics = {
         "family": case.family,
@@ -74,7 +77,7 @@ def run_case(checkpoint: str, case: Case, metrics_dir: str | None = None) -> dic
         "experts_implementation": case.experts_implementation or "default",
     }
     try:
-        _run_checks(checkpoint, case, metrics)
+        _run_checks(checkpoint, case, metrics, model_class)
     finally:
         if metrics_dir is not None:
             Path(metrics_dir, f"rank{rank}.json").write_text(json.dumps(metrics))
@@ -87,7 +90,7 @@ def read_metrics(metrics_dir: str) -> list[dict]:
     return [json.loads(path.read_text()) for path in paths]
 
 
-def _run_checks(checkpoint: str, case: Case, metrics: dict) -> None:
+def _run_checks(checkpoint: str, case: Case, metrics: dict, model_class: type | None = None) -> None:
     """The case's checks in order; each adds what it measured to `metrics` before it can raise."""
     from transformers.utils import logging
 
@@ -102,11 +105,15 @@ def _run_checks(checkpoint: str, case: Case, metrics: dict) -> None:
     layout = tf_adapter.LAYOUTS[case.layout]
     family = families.family(case.family)
 
-    whole = tf_adapter.load_whole(checkpoint, dtype, device, case.experts_implementation)
+    whole = tf_adapter.load_whole(checkpoint, dtype, device, case.experts_implementation, model_class)
     if case.layout == "fully_shard":
-        sharded = fully_shard_model(tf_adapter.load_whole(checkpoint, dtype, device), world_size, device)
+        sharded = fully_shard_model(
+            tf_adapter.load_whole(checkpoint, dtype, device, cls=model_class), world_size, device
+        )
     else:
-        sharded = tf_adapter.load_sharded(checkpoint, case.layout, world_size, dtype, case.experts_implementation)
+        sharded = tf_adapter.load_sharded(
+            checkpoint, case.layout, world_size, dtype, case.experts_implementation, model_class
+        )
     if case.bug is not None and rank == world_size - 1:
         plant_bug(sharded, family, case.bug)
 

@@ -158,22 +158,28 @@ def model_class(checkpoint: str):
     return families.model_class(AutoConfig.from_pretrained(checkpoint))
 
 
-def load_whole(checkpoint: str, dtype: torch.dtype, device: torch.device, experts_implementation: str | None = None):
-    """The reference: the same checkpoint loaded whole on this rank's device."""
+def load_whole(checkpoint: str, dtype: torch.dtype, device: torch.device, experts_implementation: str | None = None,
+               cls=None):
+    """The reference: the same checkpoint loaded whole on this rank's device (through `cls` when given)."""
     return (
-        model_class(checkpoint)
+        (cls or model_class(checkpoint))
         .from_pretrained(checkpoint, dtype=dtype, **_implementation_kwargs(experts_implementation))
         .to(device)
     )
 
 
 def load_sharded(
-    checkpoint: str, layout_name: str, world_size: int, dtype: torch.dtype, experts_implementation: str | None = None
+    checkpoint: str,
+    layout_name: str,
+    world_size: int,
+    dtype: torch.dtype,
+    experts_implementation: str | None = None,
+    cls=None,
 ):
     """The checkpoint loaded sharded by transformers itself, on the process group already initialised."""
     from transformers.distributed.configuration_utils import DistributedConfig
 
     config = DistributedConfig(**distributed_config_kwargs(layout_name, world_size))
-    return model_class(checkpoint).from_pretrained(
+    return (cls or model_class(checkpoint)).from_pretrained(
         checkpoint, dtype=dtype, distributed_config=config, **_implementation_kwargs(experts_implementation)
     )

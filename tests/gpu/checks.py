@@ -167,14 +167,26 @@ def gradient_notes(
     return notes
 
 
-def check_gradients(errors: Mapping[str, float], bound: float, notes: Mapping[str, str] | None = None) -> None:
-    """Every parameter's relative gradient error is within `bound`; the message lists the worst ones, each
-    with its note (`notes`: what the difference looks like) where there is one."""
+def check_gradients(
+    errors: Mapping[str, float],
+    bound: float,
+    notes: Mapping[str, str] | None = None,
+    own_bounds: Mapping[str, float] | None = None,
+) -> None:
+    """Every parameter's relative gradient error is within `bound` (or its own, `own_bounds`: a parameter whose
+    measured float32 noise is larger); the message lists the worst ones, each with its note (`notes`: what the
+    difference looks like) where there is one."""
     notes = notes or {}
-    over = sorted(((error, name) for name, error in errors.items() if not error <= bound), reverse=True)
+    own_bounds = own_bounds or {}
+    over = sorted(
+        ((error, name) for name, error in errors.items() if not error <= own_bounds.get(name, bound)), reverse=True
+    )
     if over:
         listed = "; ".join(
-            f"{name} {error:.3g}" + (f" ({notes[name]})" if name in notes else "") for error, name in over[:5]
+            f"{name} {error:.3g}"
+            + (f" (its bound {own_bounds[name]:g})" if name in own_bounds else "")
+            + (f" ({notes[name]})" if name in notes else "")
+            for error, name in over[:5]
         )
         more = f"; and {len(over) - 5} more" if len(over) > 5 else ""
         raise AssertionError(

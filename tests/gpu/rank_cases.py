@@ -343,10 +343,26 @@ def compare_training_step(
             sharded_grads[name] = None if mine.grad is None else full(mine.grad)
             whole_grads[name] = theirs.grad
     errors = checks.gradient_errors(sharded_grads, whole_grads)
-    worst = max(errors, key=lambda name: math.inf if math.isnan(errors[name]) else errors[name])
     bound = tolerances.grad_error_bound(case.dtype)
-    metrics.update({"max_rel_grad_error": errors[worst], "max_rel_grad_error_param": worst, "grad_error_bound": bound})
-    checks.check_gradients(errors, bound, checks.gradient_notes(sharded_grads, whole_grads, errors, bound))
+    # parameters the registry lists as float32-noisy (their own measured noise floor) get that floor's bound
+    own_bounds = {
+        name: tolerances.noisy_parameter_bound(case.dtype, floor)
+        for name in errors
+        if (floor := family.noise_floor(name)) is not None
+    }
+    worst = max(
+        errors,
+        key=lambda name: math.inf if math.isnan(errors[name]) else errors[name] / own_bounds.get(name, bound),
+    )
+    metrics.update(
+        {
+            "max_rel_grad_error": errors[worst],
+            "max_rel_grad_error_param": worst,
+            "grad_error_bound": own_bounds.get(worst, bound),
+        }
+    )
+    notes = checks.gradient_notes(sharded_grads, whole_grads, errors, bound)
+    checks.check_gradients(errors, bound, notes, own_bounds)
 
 
 def _token_rows(sequences: slice, sequence_length: int) -> slice:

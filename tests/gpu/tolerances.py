@@ -59,6 +59,13 @@ def logits_tolerance(dtype_name: str) -> dict[str, float]:
         raise ValueError(f"no logits tolerance for dtype {dtype_name!r}; known: {sorted(LOGITS_TOLERANCE)}") from None
 
 
+def noisy_parameter_bound(dtype_name: str, noise_floor: float) -> float:
+    """A parameter whose float32 gradient moves by `noise_floor` (relative) when only the whole model's summation
+    order changes (families.NOISY_PARAMETERS, measured there): the same stated factor over its own noise, never
+    tighter than the dtype's bound."""
+    return max(grad_error_bound(dtype_name), FACTOR[dtype_name] * noise_floor)
+
+
 def grad_error_bound(dtype_name: str) -> float:
     try:
         return GRAD_REL_ERROR_BOUND[dtype_name]

@@ -18,6 +18,9 @@ Causes, read from the load reports and transformers' code:
   sizes while the tensor holds one rank's share (`split_with_sizes expects split_sizes to sum exactly to 128 ...,
   but got split_sizes=[128, 64, 64]`); inkling2_loop's merged `message_input.query` comes out [12, 4, 64] for a
   [6, 4, 64] FSDP shard (rank 0 reports the size mismatch, rank 1 the conversion error).
+- gemma4_text, diffusion_gemma_text: raised in transformers/distributed/fsdp.py (fully_shard over the fsdp mesh).
+  Their EP plans also hold TP styles for the dense MLP (`layers.*.mlp.gate_proj: colwise`, ...), so those
+  weights are DTensors over the ep mesh, which spans the same ranks as the fsdp mesh (read, not verified).
 - glm5_next_text: the TP plan's `layers.*.self_attn.o_proj: rowwise` also matches the linear-attention layers'
   o_proj, whose input is not column-sharded.
 - openai_privacy_filter: the config declares an EP plan but no TP plan, and EP beside replicated dense weights is

@@ -216,7 +216,7 @@ def rank_main(rank: int, path: str, family: str, layout: str) -> None:
         where = [f"{frame.filename.split('site-packages/')[-1]}:{frame.lineno} {frame.name}" for frame in frames]
         in_transformers = [frame for frame in where if frame.startswith("transformers/")]
         print(f"rank {rank} {family} {layout}: {type(error).__name__}: {first_line}")
-        print(f"rank {rank}   raised at {where[-1]}; last transformers frame {(in_transformers or ['-'])[-1]}")
+        print(f"rank {rank}   raised at {where[-1]}; last transformers frames {' <- '.join(in_transformers[:-4:-1])}")
     os._exit(0)  # a rank that raised may leave its peer waiting in a collective: do not tear the group down
 
 

@@ -2,7 +2,8 @@
 text model: the suite finds the gradients of the hyper-connection head (hc_head.hc_base, hc_fn, hc_scale)
 differ from the whole model's by 3e-5..1e-3 relative at float32 (the suite's bound is 2.85e-5). Beside each,
 the noise floor: the whole model's own gradient with the batch summed in another order (two halves). float64
-does not tell rounding from a wrong gradient here: the hyper-connections hold float32 parameters and compute in float32 (.float()).
+does not tell rounding from a wrong gradient here: the hyper-connections hold float32 parameters and compute
+in float32 (.float()).
 
 Measured (transformers 5.24.0, torch 2.13.0 CPU, float32), EP error vs noise floor:
 hy_v4: hc_fn 4.1e-4 vs 2.5e-4, hc_scale 2.9e-4 vs 2.7e-4, hc_base 2.0e-4 vs 1.7e-5;

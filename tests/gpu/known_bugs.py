@@ -106,6 +106,189 @@ _EP_SENTINEL_BISECTED = (
     f"harness bisect --package transformers --good 5.24.0 --bad 5.17.0 -- {_EP_SELECTION}: first good: "
     "transformers 5.18.0 (last bad 5.17.0); 5 probes, 800s",
 )
+_NEWEST = "upper end: 5.24.0, the newest release on the index, still fails, so the range stops there"
+
+
+def _bisect(good: str, selection: str, answer: str) -> str:
+    return f"harness bisect --package transformers --good {good} --bad 5.24.0 -- -k '{selection}': {answer}"
+
+
+_WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
+    KnownBug(
+        package="transformers",
+        versions=">=5.23,<=5.24.0",
+        layouts=("ep",),
+        checks=("gradients",),
+        families=("qwen3_vl_moe_text", "qwen3_omni_moe_text"),
+        raises="AssertionError",
+        match=r"^gradients differ from the whole model's: .*self_attn\.[qk]_norm\.weight",
+        cause="the text configs' base_model_tp_plan lacks q_norm/k_norm 'replicated_with_grad_allreduce' (Qwen3-MoE "
+        "has it): under EP+TP each rank's q/k norm gradient covers its half of the heads",
+        reproduced="upstream_repros/qwen3_vl_omni_ep_qk_norm_gradients.py FAMILY: per-rank q/k norm gradient errors "
+        "0.40-1.02 at 5.24.0, on 2 CPU ranks",
+        bisected=(
+            _bisect("5.22.2", "qwen3_vl_moe_text and test_ep_gradients",
+                    "first bad: transformers 5.23.0 (last good 5.22.2); 3 probes, 70s"),
+            _bisect("5.22.2", "qwen3_omni_moe_text and test_ep_gradients",
+                    "first bad: transformers 5.23.0 (last good 5.22.2); 3 probes, 69s"),
+            _NEWEST,
+        ),
+    ),
+    KnownBug(
+        package="transformers",
+        versions=">=5.20,<=5.24.0",
+        layouts=("fsdp_ep",),
+        checks=("load",),
+        families=("bailing_hybrid", "kimi_linear", "glm5_next_text"),
+        raises="AssertionError",
+        match=r"^load: rank \d+'s FSDP shard of \S*conv1d\.weight is not its share",
+        cause="FSDP2+EP loading concatenates the checkpoint's q/k/v conv1d (Concatenate(dim=0)) per shard: each "
+        "rank holds [q share | k share | v share], not its share of the whole conv1d",
+        reproduced="upstream_repros/fsdp_ep_linear_attention_conv1d.py FAMILY: bailing_hybrid and glm5_next_text "
+        "shards equal the concatenated q, k, v shares (largest difference 0.25-0.30), 5.24.0, 2 CPU ranks",
+        bisected=(
+            _bisect("5.20.0", "kimi_linear and test_fsdp_ep_moe",
+                    "good and bad give the same verdict: 5.20.0 fails with the same conv1d message (exit 2)"),
+            _bisect("5.20.0", "bailing_hybrid and test_fsdp_ep_moe", "the same (exit 2)"),
+            _bisect("5.20.0", "glm5_next_text and test_fsdp_ep_moe", "the same (exit 2)"),
+            "lower end: 5.20.0, the FSDP2+EP floor (tf_adapter), fails",
+            _NEWEST,
+        ),
+    ),
+    KnownBug(
+        package="transformers",
+        versions=">=5.24,<=5.24.0",
+        layouts=("fsdp_ep",),
+        checks=("load",),
+        families=("gemma4_text", "diffusion_gemma_text"),
+        raises="RuntimeError",
+        match=r"Cannot concatenate overlapping meshes",
+        cause="FSDP2+EP's fully_shard (transformers/distributed/fsdp.py) concatenates the fsdp mesh with the ep mesh "
+        "over the same ranks: the EP plan's TP styles for the dense MLP leave DTensors on the ep mesh",
+        reproduced="upstream_repros/sharded_load_errors_5_24.py gemma4_text|diffusion_gemma_text fsdp_ep, 5.24.0, "
+        "2 CPU ranks",
+        bisected=(
+            _bisect("5.20.0", "gemma4_text and test_fsdp_ep_moe",
+                    "good and bad give the same verdict (exit 2): 5.20.0 fails otherwise (ValueError: All-reduce "
+                    "expert parallelism requires `ep_size=tp_size`)"),
+            _bisect("5.20.0", "diffusion_gemma_text and test_fsdp_ep_moe", "the same (exit 2)"),
+            "lower end: not found; only 5.24.0 is verified to fail this way, so a 5.21-5.23 cell shows its own verdict",
+            _NEWEST,
+        ),
+    ),
+    KnownBug(
+        package="transformers",
+        versions=">=5.24,<=5.24.0",
+        layouts=("ep", "fsdp_ep"),
+        checks=("load", "gradients"),
+        families=("sarvam_moe",),
+        raises="RuntimeError",
+        match=r"issues during automatic conversion of the weights",
+        cause="sharded loading splits the checkpoint's fused query_key_value by the targets' full sizes while the "
+        "tensor holds one rank's share ('split_sizes to sum exactly to 128 ..., but got [128, 64, 64]')",
+        reproduced="upstream_repros/sharded_load_errors_5_24.py sarvam_moe ep|fsdp_ep, 5.24.0, 2 CPU ranks",
+        bisected=(
+            "lower end: 5.24.0, the first release with sarvam_moe (no model folder in 5.23.0)",
+            _bisect("5.23.0", "(sarvam_moe or lara_mini or inkling2_loop_text or hy_v4_vl_text) and "
+                    "(test_fsdp_ep_moe or test_ep_load_and_logits)", "5.23.0 untestable: pytest collected no tests (no model folders there), exit 2; 1 probe, 45s"),
+            _NEWEST,
+        ),
+    ),
+    KnownBug(
+        package="transformers",
+        versions=">=5.24,<=5.24.0",
+        layouts=("fsdp_ep",),
+        checks=("load",),
+        families=("lara_mini", "inkling2_loop_text"),
+        raises="RuntimeError",
+        # the first failing rank says one or the other
+        match=r"issues during automatic conversion of the weights|You set `ignore_mismatched_sizes` to `False`",
+        cause="FSDP2+EP loading runs a checkpoint conversion on an already sharded tensor (lara_mini's fused "
+        "in_proj_qkv split by full sizes; inkling2_loop's merged message_input.query [12, 4, 64] for a [6, 4, 64] "
+        "shard)",
+        reproduced="upstream_repros/sharded_load_errors_5_24.py lara_mini|inkling2_loop_text fsdp_ep, 5.24.0, "
+        "2 CPU ranks",
+        bisected=(
+            "lower end: 5.24.0, the first release with lara_mini and inkling2_loop_text (no model folders in 5.23.0)",
+            _bisect("5.23.0", "(sarvam_moe or lara_mini or inkling2_loop_text or hy_v4_vl_text) and "
+                    "(test_fsdp_ep_moe or test_ep_load_and_logits)", "5.23.0 untestable: pytest collected no tests (no model folders there), exit 2; 1 probe, 45s"),
+            _NEWEST,
+        ),
+    ),
+    KnownBug(
+        package="transformers",
+        versions=">=5.23,<=5.24.0",
+        layouts=("ep",),
+        checks=("load", "gradients"),
+        families=("dots3_note_text",),
+        raises="AmbiguousGlobalPerLayerAttributeError",
+        match=r"'qk_rope_head_dim' is a per-layer attribute",
+        cause="tensor_parallel.transform_output_post_forward reads config.qk_rope_head_dim, a per-layer attribute",
+        reproduced="upstream_repros/sharded_load_errors_5_24.py dots3_note_text ep, 5.24.0, 2 CPU ranks",
+        bisected=(
+            _bisect("5.23.0", "dots3_note_text and test_ep_load_and_logits",
+                    "good and bad give the same verdict: 5.23.0 fails the same way (exit 2); 2 probes, 49s"),
+            "lower end: 5.23.0, the first release declaring EP for dots3_note_text, fails",
+            _NEWEST,
+        ),
+    ),
+    KnownBug(
+        package="transformers",
+        versions=">=5.23,<=5.24.0",
+        layouts=("ep",),
+        checks=("load", "gradients"),
+        families=("glm5_next_text",),
+        raises="RuntimeError",
+        match=r"mat1 and mat2 shapes cannot be multiplied|shape '\[\d+, \d+\]' is invalid for input of size \d+",
+        cause="the TP plan's 'layers.*.self_attn.o_proj: rowwise' also matches the linear-attention layers' o_proj, "
+        "whose input is not column-sharded",
+        reproduced="upstream_repros/sharded_load_errors_5_24.py glm5_next_text ep, 5.24.0, 2 CPU ranks",
+        bisected=(
+            _bisect("5.17.0", "glm5_next_text and test_ep_load_and_logits",
+                    "first bad: transformers 5.23.0 (last good 5.22.2); 6 probes, 660s"),
+            _NEWEST,
+        ),
+    ),
+    KnownBug(
+        package="transformers",
+        versions=">=5.23,<=5.24.0",
+        layouts=("ep",),
+        checks=("load", "gradients"),
+        families=("inkling_text", "muse_spark_text"),
+        raises="AssertionError",
+        match=r"^\(no message\)$",  # torch's DTensor _reduce_value asserts with no message
+        cause="a DTensor leaves a TP-sharded module and reaches a plain RMSNorm (InklingRMSNorm, "
+        "MuseSparkRMSNorm): torch's DTensor redistribute asserts in Partial._reduce_value",
+        reproduced="upstream_repros/sharded_load_errors_5_24.py inkling_text|muse_spark_text ep, 5.24.0, "
+        "2 CPU ranks, torch 2.13.0 (torch 2.11 raises 'aten.mul.Tensor got mixed torch.Tensor and DTensor')",
+        bisected=(
+            _bisect("5.17.0", "inkling_text and test_ep_load_and_logits",
+                    "first bad: transformers 5.23.0 (last good 5.22.2); 6 probes, 147s"),
+            _bisect("5.20.0", "muse_spark_text and test_ep_load_and_logits",
+                    "first bad: transformers 5.23.0 (last good 5.22.2); 6 probes, 204s"),
+            _NEWEST,
+        ),
+    ),
+    KnownBug(
+        package="transformers",
+        versions=">=5.23,<=5.24.0",
+        layouts=("ep",),
+        checks=("load", "gradients"),
+        families=("openai_privacy_filter",),
+        raises="ValueError",
+        match=r"has no `tp_plan`",
+        cause="the config declares an EP plan but no TP plan, and from 5.23 EP beside replicated dense weights is "
+        "refused: EP cannot be used at all",
+        reproduced="upstream_repros/sharded_load_errors_5_24.py openai_privacy_filter ep, 5.24.0, 2 CPU ranks",
+        bisected=(
+            _bisect("5.7.0", "openai_privacy_filter and test_ep_load_and_logits",
+                    "first bad: transformers 5.23.0 (last good 5.22.2); 7 probes, 263s"),
+            _NEWEST,
+        ),
+    ),
+)
+
+
 KNOWN_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
         package="transformers",
@@ -198,6 +381,10 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
             "range stops there",
         ),
     ),
+    # Found by the wide sweep of every declared family (issue 21). Bisected on torch 2.13.0 CPU, 2 gloo ranks,
+    # fp32, `--env-dir` shared; the EP ones all start at 5.23.0, where EP of a family must shard its dense
+    # weights with the family's TP plan (tf_adapter.FIRST_REFUSING_REPLICATED_DENSE_EP), so each TP plan is applied.
+    *_WIDE_SWEEP_BUGS,
 )
 
 

@@ -113,6 +113,13 @@ def _bisect(good: str, selection: str, answer: str) -> str:
     return f"harness bisect --package transformers --good {good} --bad 5.24.0 -- -k '{selection}': {answer}"
 
 
+# The families new in 5.24.0: one bisect shows there is nothing earlier to run.
+_NEW_IN_5_24 = _bisect(
+    "5.23.0",
+    "(sarvam_moe or lara_mini or inkling2_loop_text or hy_v4_vl_text) and (test_fsdp_ep_moe or test_ep_load_and_logits)",
+    "5.23.0 untestable: pytest collected no tests (no model folders there), exit 2; 1 probe, 45s",
+)
+
 _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
         package="transformers",
@@ -189,8 +196,7 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
         reproduced="upstream_repros/sharded_load_errors_5_24.py sarvam_moe ep|fsdp_ep, 5.24.0, 2 CPU ranks",
         bisected=(
             "lower end: 5.24.0, the first release with sarvam_moe (no model folder in 5.23.0)",
-            _bisect("5.23.0", "(sarvam_moe or lara_mini or inkling2_loop_text or hy_v4_vl_text) and "
-                    "(test_fsdp_ep_moe or test_ep_load_and_logits)", "5.23.0 untestable: pytest collected no tests (no model folders there), exit 2; 1 probe, 45s"),
+            _NEW_IN_5_24,
             _NEWEST,
         ),
     ),
@@ -210,8 +216,7 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
         "2 CPU ranks",
         bisected=(
             "lower end: 5.24.0, the first release with lara_mini and inkling2_loop_text (no model folders in 5.23.0)",
-            _bisect("5.23.0", "(sarvam_moe or lara_mini or inkling2_loop_text or hy_v4_vl_text) and "
-                    "(test_fsdp_ep_moe or test_ep_load_and_logits)", "5.23.0 untestable: pytest collected no tests (no model folders there), exit 2; 1 probe, 45s"),
+            _NEW_IN_5_24,
             _NEWEST,
         ),
     ),

@@ -175,7 +175,9 @@ MECHANICS: Mapping[str, tuple[dict, str | None]] = MappingProxyType(
             "5.7.0",
         ),
         "granitemoe": (
-            _COMMON | _MOE | {"num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 32}
+            _COMMON
+            | _MOE
+            | {"num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 32}
             | {"num_local_experts": NUM_EXPERTS},
             "5.21.0",
         ),
@@ -214,14 +216,24 @@ OVERRIDES: Mapping[str, dict] = MappingProxyType(
             "indexer_compress_ratio": 4,
         },
         # its third layer's residual stream leaks into the code channels (a centered norm): two layers, both MoE
-        "muse_spark_text": {"num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_attention"],
-                            "mlp_layer_types": ["sparse", "sparse"]},
+        "muse_spark_text": {
+            "num_hidden_layers": 2,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "mlp_layer_types": ["sparse", "sparse"],
+        },
         # validators: Mamba heads x head size = expand x hidden; mrope sections sum to half the rotary dims
         "granitemoehybrid": {"mamba_d_head": 16},
-        "glm4v_moe_text": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
-                                               "partial_rotary_factor": 0.5, "mrope_section": [1, 0, 0]}},
-        "hy_v4_vl_text": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
-                                              "mrope_section": [0, 1, 1]}},
+        "glm4v_moe_text": {
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.5,
+                "mrope_section": [1, 0, 0],
+            }
+        },
+        "hy_v4_vl_text": {
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [0, 1, 1]}
+        },
     }
 )
 
@@ -407,7 +419,8 @@ def model_class(config):
     candidates = [
         value
         for value in vars(module).values()
-        if isinstance(value, type) and getattr(value, "config_class", None) is type(config)
+        if isinstance(value, type)
+        and getattr(value, "config_class", None) is type(config)
         and not value.__name__.endswith("PreTrainedModel")
         and value.__name__.endswith(("ForCausalLM", "Model"))
     ]

@@ -116,7 +116,8 @@ def _bisect(good: str, selection: str, answer: str) -> str:
 # The families new in 5.24.0: one bisect shows there is nothing earlier to run.
 _NEW_IN_5_24 = _bisect(
     "5.23.0",
-    "(sarvam_moe or lara_mini or inkling2_loop_text or hy_v4_vl_text) and (test_fsdp_ep_moe or test_ep_load_and_logits)",
+    "(sarvam_moe or lara_mini or inkling2_loop_text or hy_v4_vl_text) and "
+    "(test_fsdp_ep_moe or test_ep_load_and_logits)",
     "5.23.0 untestable: pytest collected no tests (no model folders there), exit 2; 1 probe, 45s",
 )
 
@@ -134,10 +135,16 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
         reproduced="upstream_repros/qwen3_vl_omni_ep_qk_norm_gradients.py FAMILY: per-rank q/k norm gradient errors "
         "0.40-1.02 at 5.24.0, on 2 CPU ranks",
         bisected=(
-            _bisect("5.22.2", "qwen3_vl_moe_text and test_ep_gradients",
-                    "first bad: transformers 5.23.0 (last good 5.22.2); 3 probes, 70s"),
-            _bisect("5.22.2", "qwen3_omni_moe_text and test_ep_gradients",
-                    "first bad: transformers 5.23.0 (last good 5.22.2); 3 probes, 69s"),
+            _bisect(
+                "5.22.2",
+                "qwen3_vl_moe_text and test_ep_gradients",
+                "first bad: transformers 5.23.0 (last good 5.22.2); 3 probes, 70s",
+            ),
+            _bisect(
+                "5.22.2",
+                "qwen3_omni_moe_text and test_ep_gradients",
+                "first bad: transformers 5.23.0 (last good 5.22.2); 3 probes, 69s",
+            ),
             _NEWEST,
         ),
     ),
@@ -154,8 +161,11 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
         reproduced="upstream_repros/fsdp_ep_linear_attention_conv1d.py FAMILY: bailing_hybrid and glm5_next_text "
         "shards equal the concatenated q, k, v shares (largest difference 0.25-0.30), 5.24.0, 2 CPU ranks",
         bisected=(
-            _bisect("5.20.0", "kimi_linear and test_fsdp_ep_moe",
-                    "good and bad give the same verdict: 5.20.0 fails with the same conv1d message (exit 2)"),
+            _bisect(
+                "5.20.0",
+                "kimi_linear and test_fsdp_ep_moe",
+                "good and bad give the same verdict: 5.20.0 fails with the same conv1d message (exit 2)",
+            ),
             _bisect("5.20.0", "bailing_hybrid and test_fsdp_ep_moe", "the same (exit 2)"),
             _bisect("5.20.0", "glm5_next_text and test_fsdp_ep_moe", "the same (exit 2)"),
             "lower end: 5.20.0, the FSDP2+EP floor (tf_adapter), fails",
@@ -175,9 +185,12 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
         reproduced="upstream_repros/sharded_load_errors_5_24.py gemma4_text|diffusion_gemma_text fsdp_ep, 5.24.0, "
         "2 CPU ranks",
         bisected=(
-            _bisect("5.20.0", "gemma4_text and test_fsdp_ep_moe",
-                    "good and bad give the same verdict (exit 2): 5.20.0 fails otherwise (ValueError: All-reduce "
-                    "expert parallelism requires `ep_size=tp_size`)"),
+            _bisect(
+                "5.20.0",
+                "gemma4_text and test_fsdp_ep_moe",
+                "good and bad give the same verdict (exit 2): 5.20.0 fails otherwise (ValueError: All-reduce "
+                "expert parallelism requires `ep_size=tp_size`)",
+            ),
             _bisect("5.20.0", "diffusion_gemma_text and test_fsdp_ep_moe", "the same (exit 2)"),
             "lower end: not found; only 5.24.0 is verified to fail this way, so a 5.21-5.23 cell shows its own verdict",
             _NEWEST,
@@ -231,8 +244,11 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
         cause="tensor_parallel.transform_output_post_forward reads config.qk_rope_head_dim, a per-layer attribute",
         reproduced="upstream_repros/sharded_load_errors_5_24.py dots3_note_text ep, 5.24.0, 2 CPU ranks",
         bisected=(
-            _bisect("5.23.0", "dots3_note_text and test_ep_load_and_logits",
-                    "good and bad give the same verdict: 5.23.0 fails the same way (exit 2); 2 probes, 49s"),
+            _bisect(
+                "5.23.0",
+                "dots3_note_text and test_ep_load_and_logits",
+                "good and bad give the same verdict: 5.23.0 fails the same way (exit 2); 2 probes, 49s",
+            ),
             "lower end: 5.23.0, the first release declaring EP for dots3_note_text, fails",
             _NEWEST,
         ),
@@ -249,8 +265,11 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
         "whose input is not column-sharded",
         reproduced="upstream_repros/sharded_load_errors_5_24.py glm5_next_text ep, 5.24.0, 2 CPU ranks",
         bisected=(
-            _bisect("5.17.0", "glm5_next_text and test_ep_load_and_logits",
-                    "first bad: transformers 5.23.0 (last good 5.22.2); 6 probes, 660s"),
+            _bisect(
+                "5.17.0",
+                "glm5_next_text and test_ep_load_and_logits",
+                "first bad: transformers 5.23.0 (last good 5.22.2); 6 probes, 660s",
+            ),
             _NEWEST,
         ),
     ),
@@ -267,10 +286,16 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
         reproduced="upstream_repros/sharded_load_errors_5_24.py inkling_text|muse_spark_text ep, 5.24.0, "
         "2 CPU ranks, torch 2.13.0 (torch 2.11 raises 'aten.mul.Tensor got mixed torch.Tensor and DTensor')",
         bisected=(
-            _bisect("5.17.0", "inkling_text and test_ep_load_and_logits",
-                    "first bad: transformers 5.23.0 (last good 5.22.2); 6 probes, 147s"),
-            _bisect("5.20.0", "muse_spark_text and test_ep_load_and_logits",
-                    "first bad: transformers 5.23.0 (last good 5.22.2); 6 probes, 204s"),
+            _bisect(
+                "5.17.0",
+                "inkling_text and test_ep_load_and_logits",
+                "first bad: transformers 5.23.0 (last good 5.22.2); 6 probes, 147s",
+            ),
+            _bisect(
+                "5.20.0",
+                "muse_spark_text and test_ep_load_and_logits",
+                "first bad: transformers 5.23.0 (last good 5.22.2); 6 probes, 204s",
+            ),
             _NEWEST,
         ),
     ),
@@ -286,8 +311,11 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
         "refused: EP cannot be used at all",
         reproduced="upstream_repros/sharded_load_errors_5_24.py openai_privacy_filter ep, 5.24.0, 2 CPU ranks",
         bisected=(
-            _bisect("5.7.0", "openai_privacy_filter and test_ep_load_and_logits",
-                    "first bad: transformers 5.23.0 (last good 5.22.2); 7 probes, 263s"),
+            _bisect(
+                "5.7.0",
+                "openai_privacy_filter and test_ep_load_and_logits",
+                "first bad: transformers 5.23.0 (last good 5.22.2); 7 probes, 263s",
+            ),
             _NEWEST,
         ),
     ),

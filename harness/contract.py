@@ -68,8 +68,9 @@ CASE_METRICS = (GRAD_ERROR, GRAD_BOUND, GRAD_ERROR_PARAM, ROUTING_MARGIN, LOGITS
 # What the suite records once per run (record_testsuite_property).
 EP_FAMILIES_DECLARED = "ep_families_declared"  # comma-separated model_type names
 EP_FAMILIES_COVERED = "ep_families_covered"
+EP_FAMILIES_NOT_COVERED = "ep_families_not_covered"  # a JSON object: model_type -> why the suite cannot run it
 TRANSFORMERS_VERSION = "transformers_version"
-SUITE_PROPERTIES = (EP_FAMILIES_DECLARED, EP_FAMILIES_COVERED, TRANSFORMERS_VERSION)
+SUITE_PROPERTIES = (EP_FAMILIES_DECLARED, EP_FAMILIES_COVERED, EP_FAMILIES_NOT_COVERED, TRANSFORMERS_VERSION)
 
 # The PR comment starts with this line, so the next run finds and edits it (harness gh, no jinja2 needed).
 COMMENT_MARKER = "<!-- harness-report -->"

@@ -154,10 +154,15 @@ class Coverage:
     covered: tuple[str, ...]
     declared: tuple[str, ...]
     transformers: str | None
+    reasons: tuple[tuple[str, str], ...] = ()  # (model_type, why not covered), as the suite listed them
 
     @property
-    def missing(self) -> tuple[str, ...]:
-        return tuple(name for name in self.declared if name not in self.covered)
+    def missing(self) -> tuple[tuple[str, str], ...]:
+        """Each declared family the cell did not cover, with its reason ("no reason recorded" when none came)."""
+        listed = dict(self.reasons)
+        return tuple(
+            (name, listed.get(name, "no reason recorded")) for name in self.declared if name not in self.covered
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -240,7 +245,8 @@ def build_report(
                       for cell in cells for test in cell.tests if test.outcome is Outcome.XFAILED),
         coverage=tuple(
             Coverage(cell_id=cell.id, covered=cell.suite.ep_families_covered or (),
-                     declared=cell.suite.ep_families_declared or (), transformers=cell.suite.transformers_version)
+                     declared=cell.suite.ep_families_declared or (), transformers=cell.suite.transformers_version,
+                     reasons=cell.suite.ep_families_not_covered)
             for cell in cells if cell.suite.ep_families_declared is not None
         ),
         reproductions=tuple(

@@ -235,11 +235,16 @@ class DistributedError(Exception):
 
 class RankFailedError(DistributedError):
     """A rank raised, or exited without a result. `rank` is the first one that failed; `other_failures` the
-    collateral: later errors, and the ranks still running with their stacks."""
+    collateral: later errors, and the ranks still running with their stacks. `error_type` / `error_message`:
+    what that rank raised (its exception's qualname and first line), as data for whoever matches on it (the
+    suite's known upstream bugs); None when it exited without a word."""
 
     def __init__(self, rank: int, summary: str, details: str, other_failures: list[str], *,
-                 rank_seconds: list[float | None] | None = None, rank_modules: list[str] | None = None):
+                 rank_seconds: list[float | None] | None = None, rank_modules: list[str] | None = None,
+                 error_type: str | None = None, error_message: str | None = None):
         self.rank = rank
+        self.error_type = error_type
+        self.error_message = error_message
         self.summary = summary
         self.details = details
         self.other_failures = other_failures
@@ -315,19 +320,22 @@ def failure_error(world_size: int, replies: dict[int, Done], failures: dict[int,
     for rank, failure in failures.items():
         if isinstance(failure, Failed):
             found.append(((1, failure.failed_at), rank, f"raised {failure.error_type}: {failure.error_message}",
-                          failure.traceback))
+                          failure.traceback, failure))
         else:
             details = (f"last Python stack of rank {rank}:\n{failure.last_stack}" if failure.last_stack
                        else "no Python stack was written")
-            found.append(((0, rank), rank, f"exited {describe_exit(failure.exit_code)} without a result", details))
+            found.append(((0, rank), rank, f"exited {describe_exit(failure.exit_code)} without a result", details,
+                          None))
     found.sort(key=lambda entry: entry[0])
-    _, rank, summary, details = found[0]
-    others = [f"rank {other} {other_summary}" for _, other, other_summary, _ in found[1:]]
+    _, rank, summary, details, raised = found[0]
+    others = [f"rank {other} {other_summary}" for _, other, other_summary, _, _ in found[1:]]
     others += [f"rank {other} was still running and was killed; its Python stack:\n{stack.rstrip()}"
                for other, stack in sorted(running_stacks.items())]
     seconds = [_seconds(replies.get(each) or failures.get(each)) for each in range(world_size)]
     modules = [name for outcome in (*replies.values(), *failures.values()) for name in getattr(outcome, "modules", ())]
-    return RankFailedError(rank, summary, details, others, rank_seconds=seconds, rank_modules=modules)
+    return RankFailedError(rank, summary, details, others, rank_seconds=seconds, rank_modules=modules,
+                           error_type=raised.error_type if raised else None,
+                           error_message=raised.error_message if raised else None)
 
 
 def timeout_error(world_size: int, timeout_s: float, replies: dict[int, Done],

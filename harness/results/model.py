@@ -3,6 +3,8 @@ every later stage (digest, comparison, report). Nothing here reads a file."""
 
 from __future__ import annotations
 
+import json
+
 import hashlib
 import math
 import re
@@ -14,6 +16,7 @@ from enum import Enum
 from harness.contract import (
     EP_FAMILIES_COVERED,
     EP_FAMILIES_DECLARED,
+    EP_FAMILIES_NOT_COVERED,
     GRAD_BOUND,
     GRAD_ERROR,
     GRAD_ERROR_PARAM,
@@ -196,6 +199,7 @@ class SuiteInfo:
 
     ep_families_declared: tuple[str, ...] | None = None
     ep_families_covered: tuple[str, ...] | None = None
+    ep_families_not_covered: tuple[tuple[str, str], ...] = ()  # (model_type, reason), as the suite listed them
     transformers_version: str | None = None
 
     @classmethod
@@ -207,8 +211,22 @@ class SuiteInfo:
         return cls(
             ep_families_declared=names(EP_FAMILIES_DECLARED),
             ep_families_covered=names(EP_FAMILIES_COVERED),
+            ep_families_not_covered=_reasons(properties.get(EP_FAMILIES_NOT_COVERED)),
             transformers_version=properties.get(TRANSFORMERS_VERSION),
         )
+
+
+def _reasons(value: str | None) -> tuple[tuple[str, str], ...]:
+    """The not-covered families' reasons: a JSON object of strings; anything else (it is untrusted) reads as none."""
+    if not value:
+        return ()
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        return ()
+    if not isinstance(parsed, dict):
+        return ()
+    return tuple(sorted((name, reason) for name, reason in parsed.items() if isinstance(reason, str)))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

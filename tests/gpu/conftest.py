@@ -87,7 +87,8 @@ def run_case(request, ranks, tmp_path):
     (a failing case's too, before the failure propagates), and return them.
 
     Skips with `needs transformers>=X for ...` below the release that introduced the case's layout or the
-    family's EP plan; marks a case the known-bugs table covers as a strict xfail with its reason.
+    family's EP plan; marks a case the known-bugs table covers as a strict xfail with its reason, for the
+    failure its entry names only (known_bugs.expecting).
     """
     import families
     import known_bugs
@@ -99,15 +100,20 @@ def run_case(request, ranks, tmp_path):
         reason = tf_adapter.missing_feature(layout, families.family(case.family), case.experts_implementation)
         if reason is not None:
             pytest.skip(reason)
-        bug = known_bugs.known_bug(case)
-        if bug is not None:
-            request.applymarker(pytest.mark.xfail(strict=True, reason=bug.reason))
         metrics_dir = tmp_path / f"metrics-{len(list(tmp_path.glob('metrics-*')))}"
         metrics_dir.mkdir()
         try:
-            metrics = rank_cases.summarize(
-                ranks.run(world_size, rank_cases.run_case, checkpoint.path, case, str(metrics_dir))
-            )
+            with known_bugs.expecting(request, known_bugs.known_bug(case)):
+                metrics = rank_cases.summarize(
+                    ranks.run(
+                        world_size,
+                        rank_cases.run_case,
+                        checkpoint.path,
+                        case,
+                        str(metrics_dir),
+                        tf_adapter.model_class(checkpoint.path),
+                    )
+                )
         except BaseException:
             measured = rank_cases.read_metrics(str(metrics_dir))
             if measured:

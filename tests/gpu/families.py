@@ -1,208 +1,571 @@
-"""The model families the suite loads sharded: one entry each, a tiny config and the module paths the checks need.
+"""The model families the suite loads sharded: every model type the installed transformers declares an
+expert-parallel plan for, plus two dense families for FSDP2. This module is the registry: the only place in
+the suite that names a family.
 
-Families are chosen for the EP mechanics where they differ:
+Most entries are generated. For every config class with a non-empty `base_model_ep_plan`, `tiny_config`
+shrinks the class's own defaults to a tiny model (hidden 64, 3 layers, 8 experts, top-2, 16 query / 8
+key-value heads of 8 channels, so TP can split heads up to 8 ranks), and `family` reads the module paths
+from the EP plan (`layers.*.<moe block>.experts.<stack>`) and from the model built on the meta device
+(where the decoder layers live, which layers are MoE, which child of the MoE block is the router).
 
-- qwen3_moe: softmax top-k router (`mlp.gate`), gate_up / down expert stacks.
-- mixtral: softmax router whose top-k weights are renormalized.
-- qwen2_moe: a sigmoid-gated shared expert beside the routed ones.
-- deepseek_v3: an fp32 sigmoid router with a correction-bias buffer, group-limited top-k and a routed scaling
-  factor; shared experts; a dense first layer; MLA attention.
-- gpt_oss: a router with a bias (`mlp.router`); transposed, interleaved gate/up stacks with biases; attention
-  sinks and a sliding window.
-- granitemoe: experts under another module name (`block_sparse_moe`), softmax over the top k.
+Hand entries are data, for what introspection cannot know:
+- MECHANICS: the families that run deep (every experts implementation, both dtypes, 2/4/8 ranks, QAT),
+  chosen for the EP mechanics where they differ: softmax top-k (qwen3_moe, mixtral), a shared expert
+  (qwen2_moe), sigmoid routing with a correction-bias buffer, groups and a dense first layer (deepseek_v3),
+  router and expert biases with transposed gate/up stacks (gpt_oss), other module names (granitemoe); and the
+  dense qwen3 and llama for FSDP2. Their configs are written out, so their bounds stay measured.
+- OVERRIDES: config values a family needs to build small (a validator's constraint) or to switch on a
+  mechanic its default leaves off (an MoE block, q/k norms, shared experts).
+- NOT_COVERED: declared families the suite cannot build, each with its reason (reports list them).
 
-Adding a family is one `Family` entry and one config builder. Every builder makes hidden 64, 2-3 layers, 8
-experts, top-2, so that tiny_models.build_checkpoint can write the same routing code into each (see there).
+Roles are data too (`ROLES`): which family the fake-quantization and deliberate-bug tests use.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import functools
+import importlib
+import re
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 HIDDEN_SIZE = 64
 VOCAB_SIZE = 128
 NUM_EXPERTS = 8
 TOP_K = 2
+NUM_LAYERS = 3
 INITIALIZER_RANGE = 0.07  # above the default 0.02, so that every layer changes the residual stream visibly
+# The experts implementation a wide (one-implementation) case runs: the one every release since the
+# experts interface offers and the one EP dispatch is built around.
+WIDE_EXPERTS_IMPLEMENTATION = "grouped_mm"
 
 
 @dataclass(frozen=True)
 class Family:
     model_type: str  # as transformers spells it: the test ids carry it
-    make_config: Callable[[], object]
-    # first transformers release whose config declares an EP plan for it (None: a dense family); read from
-    # each release's configuration_<family>.py (base_model_ep_plan), 5.7.0 to 5.24.0
+    config: Mapping = field(repr=False)  # keyword arguments of the config class, tiny
+    # first transformers release whose config declares an EP plan for it (mechanics families, read from each
+    # release's configuration_<family>.py); None for a generated family (declared by the installed release)
     ep_floor: str | None = None
-    moe_block: str = "mlp"  # a decoder layer's attribute holding the MoE block
+    deep: bool = False  # runs the full cross (a mechanics family)
+    layers_prefix: str = "model.layers"  # where the decoder layers live in the loaded model
+    moe_block: str = "mlp"  # a decoder layer's submodule holding the experts and the router ("" = the layer)
     router: str = "gate"  # the MoE block's attribute holding the router
     experts: str = "experts"  # the MoE block's attribute holding the expert stacks
-    expert_params: tuple[str, ...] = ("gate_up_proj", "down_proj")  # stacked [experts, ...] parameters
+    expert_params: tuple[str, ...] = ()  # stacked [experts, ...] parameters EP shards (empty: a dense family)
     moe_layers: tuple[int, ...] = ()  # indices of the decoder layers that are MoE (the others are dense)
+    top_k: int = TOP_K
+    noisy_parameters: tuple[str, float] | None = None  # NOISY_PARAMETERS: (name pattern, measured noise floor)
+
+    def noise_floor(self, name: str) -> float | None:
+        """A parameter's measured float32 gradient noise when the registry lists it as noisy, else None."""
+        if self.noisy_parameters is None or re.search(self.noisy_parameters[0], name) is None:
+            return None
+        return self.noisy_parameters[1]
 
     @property
     def is_moe(self) -> bool:
-        return self.ep_floor is not None
+        return bool(self.expert_params)
+
+    def block_path(self, layer: int) -> str:
+        return ".".join(part for part in (self.layers_prefix, str(layer), self.moe_block) if part)
 
     def router_paths(self) -> list[str]:
-        return [f"model.layers.{layer}.{self.moe_block}.{self.router}" for layer in self.moe_layers]
+        return [f"{self.block_path(layer)}.{self.router}" for layer in self.moe_layers]
 
     def expert_stack_suffixes(self) -> tuple[str, ...]:
-        return tuple(f"{self.moe_block}.{self.experts}.{param}" for param in self.expert_params)
+        block = f"{self.moe_block}." if self.moe_block else ""
+        return tuple(f"{block}{self.experts}.{param}" for param in self.expert_params)
 
     def is_expert_stack(self, name: str) -> bool:
         """A parameter EP shards along its first (expert) dimension."""
         return self.is_moe and name.endswith(self.expert_stack_suffixes())
 
 
-def _common() -> dict:
-    return {
-        "vocab_size": VOCAB_SIZE,
-        "hidden_size": HIDDEN_SIZE,
-        "num_hidden_layers": 2,
-        # 16 query and 8 key/value heads: tensor parallelism (the dense half of expert parallelism in the
-        # releases that refuse replicated dense weights) splits whole heads up to 8 ranks
-        "num_attention_heads": 16,
-        "num_key_value_heads": 8,
-        "head_dim": 8,
-        "max_position_embeddings": 64,
-        "initializer_range": INITIALIZER_RANGE,
-        "tie_word_embeddings": False,
-    }
+# ---------------------------------------------------------------- hand entries (data)
 
 
-def _qwen3_moe():
-    from transformers import Qwen3MoeConfig
-
-    return Qwen3MoeConfig(
-        **_common(),
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        num_experts=NUM_EXPERTS,
-        num_experts_per_tok=TOP_K,
-        norm_topk_prob=False,
-        decoder_sparse_step=1,
-        mlp_only_layers=[],
-    )
+def _attention(**extra) -> dict:
+    return {"num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 8} | extra
 
 
-def _mixtral():
-    from transformers import MixtralConfig
-
-    return MixtralConfig(**_common(), intermediate_size=32, num_local_experts=NUM_EXPERTS, num_experts_per_tok=TOP_K)
-
-
-def _qwen2_moe():
-    from transformers import Qwen2MoeConfig
-
-    return Qwen2MoeConfig(
-        **_common(),
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        num_experts=NUM_EXPERTS,
-        num_experts_per_tok=TOP_K,
-        shared_expert_intermediate_size=32,
-        norm_topk_prob=False,
-        decoder_sparse_step=1,
-        mlp_only_layers=[],
-    )
-
-
-def _deepseek_v3():
-    from transformers import DeepseekV3Config
-
-    common = _common()
-    del common["head_dim"]  # MLA: the head sizes below
-    # 3 layers, the first dense; 4 groups of 2 experts of which the router keeps the best 2 groups.
-    return DeepseekV3Config(
-        **common | {"num_hidden_layers": 3},
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        n_routed_experts=NUM_EXPERTS,
-        num_experts_per_tok=TOP_K,
-        n_shared_experts=1,
-        n_group=4,
-        topk_group=2,
-        first_k_dense_replace=1,
-        routed_scaling_factor=1.5,
-        norm_topk_prob=True,
-        q_lora_rank=32,
-        kv_lora_rank=16,
-        qk_rope_head_dim=4,
-        qk_nope_head_dim=4,
-        v_head_dim=8,
-    )
-
-
-def _gpt_oss():
-    from transformers import GptOssConfig
-
-    return GptOssConfig(
-        **_common(),
-        intermediate_size=32,
-        num_local_experts=NUM_EXPERTS,
-        num_experts_per_tok=TOP_K,
-        sliding_window=8,
-        layer_types=["sliding_attention", "full_attention"],
-    )
-
-
-def _granitemoe():
-    from transformers import GraniteMoeConfig
-
-    common = _common()
-    del common["head_dim"]  # hidden / heads
-    return GraniteMoeConfig(
-        **common | {"num_attention_heads": 8},
-        intermediate_size=32,
-        num_local_experts=NUM_EXPERTS,
-        num_experts_per_tok=TOP_K,
-    )
-
-
-def _qwen3():
-    from transformers import Qwen3Config
-
-    return Qwen3Config(**_common(), intermediate_size=128)
-
-
-def _llama():
-    from transformers import LlamaConfig
-
-    return LlamaConfig(**_common(), intermediate_size=128)
-
-
-MOE_FAMILIES = {
-    family.model_type: family
-    for family in (
-        Family("qwen3_moe", _qwen3_moe, ep_floor="5.7.0", moe_layers=(0, 1)),
-        Family("mixtral", _mixtral, ep_floor="5.13.0", moe_layers=(0, 1)),
-        Family("qwen2_moe", _qwen2_moe, ep_floor="5.13.0", moe_layers=(0, 1)),
-        Family("deepseek_v3", _deepseek_v3, ep_floor="5.13.0", moe_layers=(1, 2)),
-        Family(
-            "gpt_oss",
-            _gpt_oss,
-            ep_floor="5.7.0",
-            router="router",
-            expert_params=("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"),
-            moe_layers=(0, 1),
-        ),
-        Family(
-            "granitemoe",
-            _granitemoe,
-            ep_floor="5.21.0",
-            moe_block="block_sparse_moe",
-            router="router",
-            moe_layers=(0, 1),
-        ),
-    )
+_COMMON = {
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": HIDDEN_SIZE,
+    "num_hidden_layers": 2,
+    "max_position_embeddings": 64,
+    "initializer_range": INITIALIZER_RANGE,
+    "tie_word_embeddings": False,
 }
-DENSE_FAMILIES = {family.model_type: family for family in (Family("qwen3", _qwen3), Family("llama", _llama))}
-FAMILIES = MOE_FAMILIES | DENSE_FAMILIES
+_MOE = {"num_experts_per_tok": TOP_K}
+
+# model_type -> (config, ep_floor, moe_layers): written out, as the suite's bounds were measured on them
+MECHANICS: Mapping[str, tuple[dict, str | None]] = MappingProxyType(
+    {
+        "qwen3_moe": (
+            _COMMON
+            | _attention()
+            | _MOE
+            | {
+                "intermediate_size": 128,
+                "moe_intermediate_size": 32,
+                "num_experts": NUM_EXPERTS,
+                "norm_topk_prob": False,
+                "decoder_sparse_step": 1,
+                "mlp_only_layers": [],
+            },
+            "5.7.0",
+        ),
+        "mixtral": (
+            _COMMON | _attention() | _MOE | {"intermediate_size": 32, "num_local_experts": NUM_EXPERTS},
+            "5.13.0",
+        ),
+        "qwen2_moe": (
+            _COMMON
+            | _attention()
+            | _MOE
+            | {
+                "intermediate_size": 128,
+                "moe_intermediate_size": 32,
+                "num_experts": NUM_EXPERTS,
+                "shared_expert_intermediate_size": 32,
+                "norm_topk_prob": False,
+                "decoder_sparse_step": 1,
+                "mlp_only_layers": [],
+            },
+            "5.13.0",
+        ),
+        # 3 layers, the first dense; 4 groups of 2 experts of which the router keeps the best 2 groups; MLA heads
+        "deepseek_v3": (
+            _COMMON
+            | _MOE
+            | {
+                "num_hidden_layers": 3,
+                "num_attention_heads": 16,
+                "num_key_value_heads": 8,
+                "intermediate_size": 128,
+                "moe_intermediate_size": 32,
+                "n_routed_experts": NUM_EXPERTS,
+                "n_shared_experts": 1,
+                "n_group": 4,
+                "topk_group": 2,
+                "first_k_dense_replace": 1,
+                "routed_scaling_factor": 1.5,
+                "norm_topk_prob": True,
+                "q_lora_rank": 32,
+                "kv_lora_rank": 16,
+                "qk_rope_head_dim": 4,
+                "qk_nope_head_dim": 4,
+                "v_head_dim": 8,
+            },
+            "5.13.0",
+        ),
+        "gpt_oss": (
+            _COMMON
+            | _attention()
+            | _MOE
+            | {
+                "intermediate_size": 32,
+                "num_local_experts": NUM_EXPERTS,
+                "sliding_window": 8,
+                "layer_types": ["sliding_attention", "full_attention"],
+            },
+            "5.7.0",
+        ),
+        "granitemoe": (
+            _COMMON
+            | _MOE
+            | {"num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 32}
+            | {"num_local_experts": NUM_EXPERTS},
+            "5.21.0",
+        ),
+        "qwen3": (_COMMON | _attention() | {"intermediate_size": 128}, None),
+        "llama": (_COMMON | _attention() | {"intermediate_size": 128}, None),
+    }
+)
+
+# Which family a test that exercises the suite's own instruments (not a family mechanic) uses.
+ROLES: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "quantized_moe": ("qwen3_moe",),  # fake quantization on expert stacks
+        "quantized_dense": ("qwen3",),  # fake quantization on dense MLPs
+        "perturb_expert": ("qwen3_moe", "granitemoe"),  # an expert perturbed on one rank
+        "perturb_expert_bias": ("gpt_oss",),  # families with expert biases
+        "perturb_correction_bias": ("deepseek_v3",),  # a router correction-bias buffer
+        "perturb_router": ("qwen3_moe", "mixtral"),  # a router flipped on one rank
+    }
+)
+
+# Config values beyond the generic shrink, by family: a validator's constraint, or a mechanic switched on.
+OVERRIDES: Mapping[str, dict] = MappingProxyType(
+    {
+        # defaults leave these None (the modeling code reads them unconditionally)
+        "deepseek_ocr2_text": {"mlp_layer_types": ["dense", "sparse", "sparse"]},
+        "hunyuan_v1_moe": {"head_dim": 8},
+        "lfm2_moe": {"layer_types": ["full_attention", "conv", "full_attention"]},
+        "ernie4_5_vl_moe_text": "its 3-D rope pre-rotation indexes past the rotary frequencies at the suite's head "
+        "size (head_dim 8), and an mrope_section override is not taken by the config",
+        "qwen3_omni_moe_talker_text": {"shared_expert_intermediate_size": 32},
+        "qwen4_exp_text": {
+            "indexer_n_heads": 4,
+            "indexer_kv_heads": 1,
+            "indexer_head_dim": 8,
+            "indexer_budget": 16,
+            "indexer_compress_ratio": 4,
+        },
+        # its third layer's residual stream leaks into the code channels (a centered norm): two layers, both MoE
+        "muse_spark_text": {
+            "num_hidden_layers": 2,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "mlp_layer_types": ["sparse", "sparse"],
+        },
+        # validators: Mamba heads x head size = expand x hidden; mrope sections sum to half the rotary dims
+        "granitemoehybrid": {"mamba_d_head": 16},
+        "glm4v_moe_text": {
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.5,
+                "mrope_section": [1, 0, 0],
+            }
+        },
+        "hy_v4_vl_text": {
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [0, 1, 1]}
+        },
+    }
+)
+
+# Parameters whose float32 gradient is noisy in the whole model itself, with their measured noise floor: the
+# largest relative change of the whole model's own gradient when only the batch's summation order changes
+# (full batch vs two halves summed), from upstream_repros/hy_v4_ep_hyper_connection_gradients.py (transformers
+# 5.24.0, torch 2.13.0 CPU; `python ... hy_v4 float32` and `... hy_v4_vl_text float32`). The hyper-connection
+# head's parameters (hc_head.hc_base, hc_fn, hc_scale; the layers' hc scales) sit at 1.5e-5..5.4e-4 there,
+# 20-600x the other parameters' 9.5e-7; their EP error stays within 12x their floor. model_type -> (pattern, floor)
+NOISY_PARAMETERS: Mapping[str, tuple[str, float]] = MappingProxyType(
+    {
+        "hy_v4": (r"(^|\.)hc_head\.|_hc\.", 2.7e-4),
+        "hy_v4_vl_text": (r"(^|\.)hc_head\.|_hc\.", 5.4e-4),
+    }
+)
+
+# Declared families the suite cannot build or run, with the reason.
+NOT_COVERED: Mapping[str, str] = MappingProxyType(
+    {
+        "dots3_note_vision_encoder": "a vision encoder: it embeds pixel patches, not token ids, so no token "
+        "can carry the routing code",
+        "ernie4_5_vl_moe_text": "its 3-D rope pre-rotation indexes past the rotary frequencies at the suite's head "
+        "size (head_dim 8), and an mrope_section override is not taken by the config",
+        "qwen3_omni_moe_talker_text": "the talker has no token embedding (it takes the thinker's hidden states as "
+        "inputs_embeds); the suite feeds token ids",
+        "zaya": "its router is an MLP over a router_hidden_size projection and routes one expert per token; the "
+        "routing code needs an [experts, hidden] router weight and top-2",
+    }
+)
 
 
+# ---------------------------------------------------------------- the generic shrink
+
+
+_EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+_TOP_KS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "moe_k", "top_k_experts")
+_SHARED_EXPERT_COUNTS = ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts")
+# Values a tiny model takes wherever its config class has the key (None included: a mechanic turned on).
+_TINY = {
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": HIDDEN_SIZE,
+    "num_hidden_layers": NUM_LAYERS,
+    "max_position_embeddings": 64,
+    "initializer_range": INITIALIZER_RANGE,
+    "tie_word_embeddings": False,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "swa_num_attention_heads": 16,
+    "swa_num_key_value_heads": 8,
+    "num_sliding_attention_heads": 16,
+    "sliding_window": 8,
+    "n_group": 4,
+    "num_expert_group": 4,
+    "topk_group": 2,
+    "first_k_dense_replace": 1,
+    "num_dense_layers": 1,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "router_jitter_noise": 0.0,  # a random router cannot be compared; the whole model and the shards see none
+    "index_topk": 16,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+# Head sizes, set only where the default is not None (None there means derived, e.g. MLA's head_dim).
+_HEAD_SIZES = {
+    "head_dim": 8,
+    "swa_head_dim": 8,
+    "kv_lora_rank": 16,
+    "q_lora_rank": 32,
+    "o_lora_rank": 16,
+    "qk_rope_head_dim": 4,
+    "qk_nope_head_dim": 4,
+    "v_head_dim": 8,
+    "index_n_heads": 4,
+    "index_head_dim": 8,
+    "indexer_n_heads": 4,
+    "indexer_kv_heads": 4,
+    "indexer_head_dim": 8,
+    "linear_num_key_heads": 8,
+    "linear_num_value_heads": 8,
+    "linear_key_head_dim": 8,
+    "linear_value_head_dim": 8,
+    "linear_head_dim": 8,
+    "linear_num_heads": 8,
+    "mamba_num_heads": 8,
+    "mamba_n_heads": 8,
+    "mamba_head_dim": 8,
+    "mamba_d_head": 8,
+    "router_hidden_size": 16,
+}
+_MLA_DERIVED = ("head_dim", "qk_head_dim")  # MLA computes these from its rope / nope sizes
+
+
+def config_class(model_type: str):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    return CONFIG_MAPPING[model_type]
+
+
+def declared_ep_families() -> list[str]:
+    """Every model_type whose config class carries a non-empty EP plan in the installed release."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING, CONFIG_MAPPING_NAMES
+
+    declared = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecation notes of configs we only look at
+        for model_type in CONFIG_MAPPING_NAMES:
+            try:
+                config_cls = CONFIG_MAPPING[model_type]
+            except (ImportError, AttributeError, KeyError):  # a config needing an extra that is not installed
+                continue
+            if getattr(config_cls, "base_model_ep_plan", None):
+                declared.append(model_type)
+    return sorted(declared)
+
+
+def _one_of_each(types: list, count: int) -> list:
+    """`count` layer types covering each distinct type of the default pattern, in order of first appearance."""
+    distinct = list(dict.fromkeys(types))
+    sparse = [kind for kind in distinct if kind in ("sparse", "moe")]
+    chosen = distinct[:count]
+    # every pattern keeps at least two MoE layers when the default has any
+    while len(chosen) < count:
+        chosen.append(sparse[0] if sparse else types[-1])
+    if sparse and chosen.count(sparse[0]) < 2:
+        chosen[-1] = sparse[0]
+    return chosen
+
+
+def tiny_config_kwargs(model_type: str) -> dict:
+    """The tiny config's keyword arguments: the class's defaults shrunk by key, then the family's overrides."""
+    if model_type in MECHANICS:
+        return dict(MECHANICS[model_type][0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        defaults = config_class(model_type)().to_dict()
+    mla = defaults.get("kv_lora_rank") is not None
+    tiny: dict = {}
+    for key, value in defaults.items():
+        if key in _EXPERT_COUNTS:
+            tiny[key] = NUM_EXPERTS
+        elif key in _TOP_KS:
+            tiny[key] = TOP_K
+        elif key in _SHARED_EXPERT_COUNTS:
+            tiny[key] = 1  # shared experts on: the checkpoints people use have them
+        elif key.startswith("enable_moe"):
+            tiny[key] = True
+        elif key in _TINY:
+            tiny[key] = _TINY[key]
+        elif key in _HEAD_SIZES and value and not (mla and key in _MLA_DERIVED):
+            tiny[key] = _HEAD_SIZES[key]
+        elif "vocab_size" in key and isinstance(value, int):
+            tiny[key] = VOCAB_SIZE
+        elif key.endswith("intermediate_size") or key in ("share_expert_dim", "moe_hidden_size"):
+            size = 32 if any(part in key for part in ("moe", "shared", "expert")) else 128
+            if isinstance(value, list):
+                tiny[key] = [size] * len(value)
+            elif value is not None or key.startswith("moe"):  # an MoE size left None: the MoE block switched on
+                tiny[key] = size
+        elif key in ("layer_types", "mlp_layer_types") and isinstance(value, list):
+            tiny[key] = _one_of_each(value, NUM_LAYERS)
+    if mla:
+        tiny["num_key_value_heads"] = tiny.get("num_attention_heads", 16)  # MLA has no grouped kv heads
+    return tiny | OVERRIDES.get(model_type, {})
+
+
+def tiny_config(model_type: str):
+    return config_class(model_type)(**tiny_config_kwargs(model_type))
+
+
+def model_class(config):
+    """The class the family loads through: the Auto class its config maps to (causal LM first, then the base
+    model); for a sub-config no Auto class maps (a VL model's text part), its modeling module's own class."""
+    from transformers.models.auto import modeling_auto
+
+    for mapping in (modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING, modeling_auto.MODEL_MAPPING):
+        try:
+            return mapping[type(config)]
+        except KeyError:
+            continue
+    module = importlib.import_module(type(config).__module__.replace(".configuration_", ".modeling_"))
+    candidates = [
+        value
+        for value in vars(module).values()
+        if isinstance(value, type)
+        and getattr(value, "config_class", None) is type(config)
+        and not value.__name__.endswith("PreTrainedModel")
+        and value.__name__.endswith(("ForCausalLM", "Model"))
+    ]
+    if not candidates:
+        raise LookupError(f"no model class for {type(config).__name__} in {module.__name__}")
+    return min(candidates, key=lambda cls: (not cls.__name__.endswith("ForCausalLM"), cls.__name__))
+
+
+# ---------------------------------------------------------------- module paths, read
+
+
+def _built_paths(model) -> tuple[str, str, tuple[str, ...]]:
+    """(moe block, experts attribute, expert stacks) of a built model, for a release whose config declares no EP
+    plan for the family (its EP cases skip, but its checkpoint is still built): the first `experts` module of a
+    decoder layer and its stacked [experts, ...] parameters."""
+    pattern = re.compile(r"(?:.*\.)?layers\.\d+\.(?P<block>.*?)\.?(?P<experts>experts)")
+    for name, module in model.named_modules():
+        match = pattern.fullmatch(name)
+        if match is not None:
+            stacks = tuple(
+                param_name
+                for param_name, param in module.named_parameters(recurse=False)
+                if param.dim() >= 2 and param.shape[0] == NUM_EXPERTS
+            )
+            return match["block"] or "", match["experts"], stacks
+    raise LookupError(f"no experts module under layers.N in {type(model).__name__}")
+
+
+def _plan_paths(model_type: str) -> tuple[str, str, tuple[str, ...]] | None:
+    """(moe block, experts attribute, expert stacks) from the EP plan: `layers.*.<block>.<experts>[.<stack>]`;
+    None when the installed release declares no plan for it."""
+    plan = dict(getattr(config_class(model_type), "base_model_ep_plan", None) or {})
+    dispatch = [key for key, style in plan.items() if style == "ep_dispatch_experts"]
+    if not dispatch:
+        return None
+    # one experts module per layer (the first when a layer has several, as a VL model's text/vision MoE)
+    experts_key = dispatch[0]
+    match = re.fullmatch(r"(?:.*\.)?layers\.\*\.(?:(?P<block>.*)\.)?(?P<experts>[^.]+)", experts_key)
+    if match is None:
+        raise LookupError(f"{model_type}: the EP plan's experts key {experts_key!r} is not under layers.*")
+    stacks = tuple(
+        key.removeprefix(experts_key + ".")
+        for key, style in plan.items()
+        if key.startswith(experts_key + ".") and style == "grouped_gemm"
+    )
+    return match["block"], match["experts"], stacks
+
+
+def _read_layout(model, model_type: str, block: str, experts: str) -> tuple[str, tuple[int, ...], str]:
+    """(decoder layers prefix, MoE layer indices, router attribute) of a built model."""
+    suffix = ".".join(part for part in (block, experts) if part)
+    pattern = re.compile(rf"(?P<prefix>(?:.*\.)?layers)\.(?P<layer>\d+)\.{re.escape(suffix)}")
+    found: dict[int, str] = {}
+    prefix = None
+    for name, _ in model.named_modules():
+        match = pattern.fullmatch(name)
+        if match is not None:
+            prefix = prefix or match["prefix"]
+            if match["prefix"] == prefix:
+                found[int(match["layer"])] = name
+    if not found:
+        raise LookupError(f"{model_type}: no module ends in layers.N.{suffix} in {type(model).__name__}")
+    first = model.get_submodule(found[min(found)].rsplit(".", 1)[0])
+    routers = [name for name, child in first.named_children() if name != experts and router_weight(child) is not None]
+    if len(routers) != 1:
+        raise LookupError(
+            f"{model_type}: expected one router beside {suffix} (a child holding a [{NUM_EXPERTS}, {HIDDEN_SIZE}] "
+            f"weight), found {routers or 'none'}"
+        )
+    return prefix, tuple(sorted(found)), routers[0]
+
+
+def router_weight(module):
+    """(name, parameter, transposed) of the [experts, hidden] (or [hidden, experts]) weight a router scores
+    tokens with, searched in the module and its children; None when it holds none."""
+    # a router may also score shared experts (one more row each): the routed experts' rows come first
+    routed_rows = range(NUM_EXPERTS, NUM_EXPERTS + 3)
+    for name, param in module.named_parameters():
+        if param.dim() != 2:
+            continue
+        if param.shape[0] in routed_rows and param.shape[1] == HIDDEN_SIZE:
+            return name, param, False
+        if param.shape[0] == HIDDEN_SIZE and param.shape[1] in routed_rows:
+            return name, param, True
+    return None
+
+
+@functools.cache
 def family(model_type: str) -> Family:
-    try:
-        return FAMILIES[model_type]
-    except KeyError:
-        raise ValueError(f"unknown model family {model_type!r}; known: {sorted(FAMILIES)}") from None
+    """The registry's entry: hand data where there is some, the rest read from the release and a meta-device build."""
+    if model_type in NOT_COVERED:
+        raise ValueError(f"family {model_type!r} is not covered: {NOT_COVERED[model_type]}")
+    if model_type in MECHANICS and MECHANICS[model_type][1] is None:  # a dense family
+        return Family(model_type, MappingProxyType(tiny_config_kwargs(model_type)), deep=True)
+    import torch
+
+    kwargs = tiny_config_kwargs(model_type)
+    config = config_class(model_type)(**kwargs)
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = model_class(config)(config)
+    block, experts, stacks = _plan_paths(model_type) or _built_paths(model)
+    prefix, moe_layers, router = _read_layout(model, model_type, block, experts)
+    top_k = next((kwargs[key] for key in _TOP_KS if key in kwargs), TOP_K)
+    return Family(
+        model_type,
+        MappingProxyType(kwargs),
+        ep_floor=MECHANICS[model_type][1] if model_type in MECHANICS else None,
+        deep=model_type in MECHANICS,
+        layers_prefix=prefix,
+        moe_block=block,
+        router=router,
+        experts=experts,
+        expert_params=stacks,
+        moe_layers=moe_layers,
+        top_k=top_k,
+        noisy_parameters=NOISY_PARAMETERS.get(model_type),
+    )
+
+
+# ---------------------------------------------------------------- what the tests parametrize over
+
+
+def deep_moe() -> list[str]:
+    return sorted(name for name, (_, floor) in MECHANICS.items() if floor is not None)
+
+
+def dense() -> list[str]:
+    return sorted(name for name, (_, floor) in MECHANICS.items() if floor is None)
+
+
+@functools.cache
+def wide_moe() -> list[str]:
+    """Declared EP families beyond the mechanics ones, each run wide and shallow (not-covered ones left out)."""
+    return [name for name in declared_ep_families() if name not in MECHANICS and name not in NOT_COVERED]
+
+
+@functools.cache
+def wide_implementation(model_type: str) -> str | None:
+    """The experts implementation a wide case runs: WIDE_EXPERTS_IMPLEMENTATION, or None (the model's own
+    forward) for a model class that does not let one be set."""
+    model = model_class(tiny_config(model_type))
+    can_set = getattr(model, "_can_set_experts_implementation", None)
+    return WIDE_EXPERTS_IMPLEMENTATION if can_set is None or can_set() else None
+
+
+def role(name: str) -> list[str]:
+    return list(ROLES[name])

@@ -17,6 +17,15 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
+def as_logits(scores: torch.Tensor) -> torch.Tensor:
+    """A router that returns its softmax probabilities (each row a distribution) in place of logits is read as log
+    probabilities: they differ from its logits by a per-token constant, so margins are logit differences."""
+    rows = scores.reshape(-1, scores.shape[-1])
+    if rows.numel() and rows.min() >= 0 and torch.allclose(rows.sum(dim=-1), torch.ones(rows.shape[0]), atol=1e-3):
+        return scores.clamp_min(torch.finfo(torch.float32).tiny).log()
+    return scores
+
+
 class RoutingRecorder:
     def __init__(self, model, family: families.Family):
         self.layers: list[checks.LayerRouting] = []
@@ -38,8 +47,15 @@ class RoutingRecorder:
             with torch.no_grad():
                 output = type(module).forward(module, *args)
         # copies: the tensors may be rewritten in place later
-        logits, weights, experts = (_full(tensor).detach().clone() for tensor in output[:3])
+        if len(output) == 2:  # (scores, logits): the scores are zero but for each token's chosen experts
+            scores, logits = (_full(tensor).detach().clone() for tensor in output)
+            scores = scores.reshape(-1, scores.shape[-1])
+            top_k = int((scores != 0).sum(dim=-1).max().item())
+            weights, experts = scores.topk(top_k, dim=-1)
+        else:
+            logits, weights, experts = (_full(tensor).detach().clone() for tensor in output[:3])
         tokens = logits.numel() // logits.shape[-1]
+        logits = as_logits(logits.float())
         self.layers.append(
             checks.LayerRouting(
                 logits.float().reshape(tokens, -1).cpu(),

@@ -3,8 +3,9 @@ parameter (or buffer) and the rank."""
 
 from __future__ import annotations
 
+import families
 import pytest
-from families import MOE_FAMILIES, NUM_EXPERTS
+from families import NUM_EXPERTS
 from rank_cases import WORLD_SIZES
 from tiny_models import BATCH_SIZE, SEQUENCE_LENGTH
 
@@ -13,17 +14,17 @@ from harness.ranks import RankFailedError
 
 def _expert_message(family: str, parameter: str, world_size: int) -> str:
     """The load check's words for rank_cases.plant_bug's perturbed expert: the second local one, or the only one."""
-    entry = MOE_FAMILIES[family]
+    entry = families.family(family)
     last_rank = world_size - 1
     per_rank = NUM_EXPERTS // world_size
     first = last_rank * per_rank
     perturbed = first + min(1, per_rank - 1)
-    name = f"model.layers.{entry.moe_layers[0]}.{entry.moe_block}.{entry.experts}.{parameter}"
+    name = f"{entry.block_path(entry.moe_layers[0])}.{entry.experts}.{parameter}"
     return f"rank {last_rank} holds experts {first}..{first + per_rank - 1} of {name}, and expert {perturbed} "
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
-@pytest.mark.parametrize("checkpoint", ["qwen3_moe", "granitemoe"], indirect=True)
+@pytest.mark.parametrize("checkpoint", families.role("perturb_expert"), indirect=True)
 def test_expert_perturbed_on_one_rank_fails_the_load_check(run_case, checkpoint, world_size):
     with pytest.raises(RankFailedError) as failure:
         run_case(world_size, checkpoint, "ep", ("load", "logits"), bug="perturb_expert")
@@ -32,29 +33,28 @@ def test_expert_perturbed_on_one_rank_fails_the_load_check(run_case, checkpoint,
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
-@pytest.mark.parametrize("checkpoint", ["gpt_oss"], indirect=True)
+@pytest.mark.parametrize("checkpoint", families.role("perturb_expert_bias"), indirect=True)
 def test_expert_bias_perturbed_on_one_rank_fails_the_load_check(run_case, checkpoint, world_size):
     with pytest.raises(RankFailedError) as failure:
         run_case(world_size, checkpoint, "ep", ("load", "logits"), bug="perturb_expert_bias")
     assert failure.value.rank == world_size - 1
-    assert _expert_message("gpt_oss", "gate_up_proj_bias", world_size) in str(failure.value)
+    assert _expert_message(checkpoint.family, "gate_up_proj_bias", world_size) in str(failure.value)
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
-@pytest.mark.parametrize("checkpoint", ["deepseek_v3"], indirect=True)
+@pytest.mark.parametrize("checkpoint", families.role("perturb_correction_bias"), indirect=True)
 def test_correction_bias_altered_on_one_rank_fails_the_load_check(run_case, checkpoint, world_size):
     """A buffer, not a parameter: the load check compares buffers too."""
     with pytest.raises(RankFailedError) as failure:
         run_case(world_size, checkpoint, "ep", ("load", "logits"), bug="perturb_correction_bias")
     assert failure.value.rank == world_size - 1
-    assert (
-        f"rank {world_size - 1}'s buffer model.layers.1.mlp.gate.e_score_correction_bias differs from the "
-        f"whole model's after loading"
-    ) in str(failure.value)
+    entry = families.family(checkpoint.family)
+    buffer = f"{entry.router_paths()[0]}.e_score_correction_bias"
+    assert f"rank {world_size - 1}'s buffer {buffer} differs from the whole model's after loading" in str(failure.value)
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
-@pytest.mark.parametrize("checkpoint", ["qwen3_moe", "mixtral"], indirect=True)
+@pytest.mark.parametrize("checkpoint", families.role("perturb_router"), indirect=True)
 def test_router_perturbed_on_one_rank_fails_the_routing_check(run_case, checkpoint, world_size):
     """Routing is checked before gradients: the flip is reported as such, not as the gradient error it causes."""
     with pytest.raises(RankFailedError) as failure:

@@ -1,22 +1,44 @@
-"""Expert parallelism: transformers' EP loading of every MoE family against the whole model, with every
-experts implementation the release offers."""
+"""Expert parallelism: transformers' EP loading of every MoE family against the whole model.
+
+Deep (the mechanics families): every experts implementation the release offers, both dtypes, 2/4/8 ranks.
+Wide (every other family the release declares an EP plan for): one implementation, float32, 2 ranks."""
 
 from __future__ import annotations
 
+import families
 import pytest
-from families import MOE_FAMILIES, NUM_EXPERTS
+from families import NUM_EXPERTS
 from rank_cases import DTYPES, WORLD_SIZES
 from tf_adapter import PORTABLE_EXPERTS_IMPLEMENTATIONS
 
 from harness.ranks import RankFailedError
 
-MOE = sorted(MOE_FAMILIES)
+DEEP = families.deep_moe()
+# One parameter set per wide family: its own marks, so `-m deep` / `-m wide` choose the depth.
+WIDE = [
+    pytest.param(name, families.wide_implementation(name), 2, "float32", marks=pytest.mark.wide)
+    for name in families.wide_moe()
+]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
-@pytest.mark.parametrize("experts_implementation", PORTABLE_EXPERTS_IMPLEMENTATIONS)
-@pytest.mark.parametrize("checkpoint", MOE, indirect=True)
+def _deep_and_wide(test):
+    """The full cross over the mechanics families, then one case per wide family, under one test name."""
+    deep = [
+        pytest.param(name, implementation, world_size, dtype, marks=pytest.mark.deep)
+        for name in DEEP
+        for implementation in PORTABLE_EXPERTS_IMPLEMENTATIONS
+        for world_size in WORLD_SIZES
+        for dtype in DTYPES
+    ]
+    return pytest.mark.parametrize(
+        ("checkpoint", "experts_implementation", "world_size", "dtype"),
+        deep + WIDE,
+        indirect=["checkpoint"],
+        ids=lambda value: "default" if value is None else None,  # a model that lets no implementation be set
+    )(test)
+
+
+@_deep_and_wide
 def test_ep_load_and_logits(run_case, checkpoint, experts_implementation, world_size, dtype):
     """Each rank holds its contiguous 1/world of the experts and the rest whole (weights, biases, buffers);
     logits match."""
@@ -25,10 +47,7 @@ def test_ep_load_and_logits(run_case, checkpoint, experts_implementation, world_
     )
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
-@pytest.mark.parametrize("experts_implementation", PORTABLE_EXPERTS_IMPLEMENTATIONS)
-@pytest.mark.parametrize("checkpoint", MOE, indirect=True)
+@_deep_and_wide
 def test_ep_gradients(run_case, checkpoint, experts_implementation, world_size, dtype):
     """Routing identical in every MoE layer (checked first), then every gradient within the dtype's bound."""
     run_case(world_size, checkpoint, "ep", ("gradients",), dtype=dtype, experts_implementation=experts_implementation)
@@ -37,7 +56,7 @@ def test_ep_gradients(run_case, checkpoint, experts_implementation, world_size, 
 # Fake quantization exercises the suite's own STE hooks on expert stacks, not a family mechanic: one family.
 @pytest.mark.parametrize("recipe", ["fp8", "nvfp4"])
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
-@pytest.mark.parametrize("checkpoint", ["qwen3_moe"], indirect=True)
+@pytest.mark.parametrize("checkpoint", families.role("quantized_moe"), indirect=True)
 def test_ep_quantized_gradients(run_case, checkpoint, world_size, recipe):
     """Expert weights fake-quantized (STE): same quantized weights, routing and gradients as the whole model."""
     run_case(world_size, checkpoint, "ep", ("quantized", "gradients"), quant=recipe)
@@ -49,18 +68,18 @@ LOCAL_SCALE_WORLD_SIZES = [size for size in WORLD_SIZES if size < NUM_EXPERTS]
 
 
 @pytest.mark.parametrize("world_size", LOCAL_SCALE_WORLD_SIZES)
-@pytest.mark.parametrize("checkpoint", ["qwen3_moe"], indirect=True)
+@pytest.mark.parametrize("checkpoint", families.role("quantized_moe"), indirect=True)
 def test_ep_nvfp4_scale_over_local_shard_fails_the_gradient_check(run_case, checkpoint, world_size):
     with pytest.raises(RankFailedError, match="gradients differ from the whole model's"):
         run_case(world_size, checkpoint, "ep", ("gradients",), quant="nvfp4", quant_scope="local_shard")
 
 
 @pytest.mark.parametrize("world_size", LOCAL_SCALE_WORLD_SIZES)
-@pytest.mark.parametrize("checkpoint", ["qwen3_moe"], indirect=True)
+@pytest.mark.parametrize("checkpoint", families.role("quantized_moe"), indirect=True)
 def test_ep_nvfp4_scale_over_local_shard_is_named_by_the_quantized_check(run_case, checkpoint, world_size):
     """Before the gradients, the quantized-weights check names the layer, the matrix and the experts."""
     with pytest.raises(RankFailedError, match="quantized weights differ") as failure:
         run_case(world_size, checkpoint, "ep", ("quantized", "gradients"), quant="nvfp4", quant_scope="local_shard")
-    assert "nvfp4-quantized model.layers.0.mlp.experts.gate_up_proj differs from the whole model's for experts" in str(
-        failure.value
-    )
+    entry = families.family(checkpoint.family)
+    stack = f"{entry.block_path(entry.moe_layers[0])}.{entry.experts}.gate_up_proj"
+    assert f"nvfp4-quantized {stack} differs from the whole model's for experts" in str(failure.value)

@@ -1,16 +1,17 @@
 """FSDP2: transformers' FSDP2 loading and torch's bare fully_shard of the dense families, and FSDP2 + EP of
-every MoE family, against the whole model."""
+every MoE family (deep: the mechanics families on 2/4/8 ranks and both dtypes; wide: every other declared
+family on 2 ranks, float32), against the whole model."""
 
 from __future__ import annotations
 
+import families
 import pytest
-from families import DENSE_FAMILIES, MOE_FAMILIES
 from rank_cases import DTYPES, WORLD_SIZES
 
 # "fsdp": from_pretrained(..., distributed_config=DistributedConfig(fsdp_size=N));
 # "fully_shard": the whole model loaded, then fully_shard on each decoder layer and the root.
 SHARDERS = ("fsdp", "fully_shard")
-DENSE = sorted(DENSE_FAMILIES)
+DENSE = families.dense()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -35,15 +36,23 @@ def test_fsdp_dense_gradients(run_case, checkpoint, world_size, sharder, dtype):
 @pytest.mark.parametrize("recipe", ["fp8", "nvfp4"])
 @pytest.mark.parametrize("sharder", SHARDERS)
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
-@pytest.mark.parametrize("checkpoint", ["qwen3"], indirect=True)
+@pytest.mark.parametrize("checkpoint", families.role("quantized_dense"), indirect=True)
 def test_fsdp_dense_quantized_gradients(run_case, checkpoint, world_size, sharder, recipe):
     """MLP weights fake-quantized (STE) after FSDP's all-gather: same quantized weights and gradients."""
     run_case(world_size, checkpoint, sharder, ("quantized", "gradients"), quant=recipe)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("world_size", WORLD_SIZES)
-@pytest.mark.parametrize("checkpoint", sorted(MOE_FAMILIES), indirect=True)
+@pytest.mark.parametrize(
+    ("checkpoint", "world_size", "dtype"),
+    [
+        pytest.param(name, world_size, dtype, marks=pytest.mark.deep)
+        for name in families.deep_moe()
+        for world_size in WORLD_SIZES
+        for dtype in DTYPES
+    ]
+    + [pytest.param(name, 2, "float32", marks=pytest.mark.wide) for name in families.wide_moe()],
+    indirect=["checkpoint"],
+)
 def test_fsdp_ep_moe(run_case, checkpoint, world_size, dtype):
     """A MoE under FSDP2 + EP: load, logits, routing, then gradients."""
     run_case(world_size, checkpoint, "fsdp_ep", ("load", "logits", "gradients"), dtype=dtype)

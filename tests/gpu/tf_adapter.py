@@ -93,7 +93,7 @@ def missing_feature(layout_name: str, family=None, experts_implementation: str |
     installed = transformers_version()
     if layout.floor is not None and installed < Version(layout.floor):
         return f"needs transformers>={layout.floor} for {layout.feature} (installed: {installed})"
-    if family is not None and layout.experts_sharded and installed < Version(family.ep_floor):
+    if family is not None and layout.experts_sharded and family.ep_floor and installed < Version(family.ep_floor):
         return (
             f"needs transformers>={family.ep_floor} for expert parallelism of {family.model_type} "
             f"(installed: {installed})"
@@ -150,23 +150,36 @@ def _implementation_kwargs(experts_implementation: str | None) -> dict:
     return {} if experts_implementation is None else {"experts_implementation": experts_implementation}
 
 
-def load_whole(checkpoint: str, dtype: torch.dtype, device: torch.device, experts_implementation: str | None = None):
-    """The reference: the same checkpoint loaded whole on this rank's device."""
-    from transformers import AutoModelForCausalLM
+def model_class(checkpoint: str):
+    """The class a checkpoint loads through: the Auto class its config maps to (families.model_class)."""
+    import families
+    from transformers import AutoConfig
 
-    return AutoModelForCausalLM.from_pretrained(
-        checkpoint, dtype=dtype, **_implementation_kwargs(experts_implementation)
-    ).to(device)
+    return families.model_class(AutoConfig.from_pretrained(checkpoint))
+
+
+def load_whole(checkpoint: str, dtype: torch.dtype, device: torch.device, experts_implementation: str | None = None,
+               cls=None):
+    """The reference: the same checkpoint loaded whole on this rank's device (through `cls` when given)."""
+    return (
+        (cls or model_class(checkpoint))
+        .from_pretrained(checkpoint, dtype=dtype, **_implementation_kwargs(experts_implementation))
+        .to(device)
+    )
 
 
 def load_sharded(
-    checkpoint: str, layout_name: str, world_size: int, dtype: torch.dtype, experts_implementation: str | None = None
+    checkpoint: str,
+    layout_name: str,
+    world_size: int,
+    dtype: torch.dtype,
+    experts_implementation: str | None = None,
+    cls=None,
 ):
     """The checkpoint loaded sharded by transformers itself, on the process group already initialised."""
-    from transformers import AutoModelForCausalLM
     from transformers.distributed.configuration_utils import DistributedConfig
 
     config = DistributedConfig(**distributed_config_kwargs(layout_name, world_size))
-    return AutoModelForCausalLM.from_pretrained(
+    return (cls or model_class(checkpoint)).from_pretrained(
         checkpoint, dtype=dtype, distributed_config=config, **_implementation_kwargs(experts_implementation)
     )

@@ -43,8 +43,8 @@ LOGITS_TOLERANCE = {dtype: {"atol": FACTOR[dtype] * MEASURED_WORST[(dtype, "logi
 # The MoE router is built to decide clearly (see tiny_models.py): in every layer, each token's two
 # chosen experts score more than this above the third, so no dtype's rounding can flip a route ...
 ROUTING_MARGIN_MIN = 2.0
-# ... and the top expert's routing weight stays well under 1, so gradients still flow through the router.
-# (DeepSeek-V3's sigmoid weights, normalized over the top 2 and times its routed scaling factor 1.5, sit at 0.75.)
+# ... and the top expert's share of the chosen experts' routing weights stays well under 1, so gradients still
+# flow through the router (a share: routed scaling factors of 1.5-2.5 multiply both weights alike).
 TOP_WEIGHT_RANGE = (0.45, 0.8)
 
 # Fake-quantized weights are compared exactly (rank_cases.check_quantized_weights): each expert's (or
@@ -57,6 +57,13 @@ def logits_tolerance(dtype_name: str) -> dict[str, float]:
         return LOGITS_TOLERANCE[dtype_name]
     except KeyError:
         raise ValueError(f"no logits tolerance for dtype {dtype_name!r}; known: {sorted(LOGITS_TOLERANCE)}") from None
+
+
+def noisy_parameter_bound(dtype_name: str, noise_floor: float) -> float:
+    """A parameter whose float32 gradient moves by `noise_floor` (relative) when only the whole model's summation
+    order changes (families.NOISY_PARAMETERS, measured there): the same stated factor over its own noise, never
+    tighter than the dtype's bound."""
+    return max(grad_error_bound(dtype_name), FACTOR[dtype_name] * noise_floor)
 
 
 def grad_error_bound(dtype_name: str) -> float:

@@ -86,6 +86,7 @@ def test_an_assertion_on_one_rank_raises_with_that_ranks_traceback():
     error = failure.value
     assert error.rank == 1
     assert error.summary == "raised AssertionError: the answer is 41"
+    assert (error.error_type, error.error_message) == ("AssertionError", "the answer is 41")
     assert str(error).startswith("rank 1 raised AssertionError: the answer is 41")
     assert "in check_the_answer" in error.details and "in fail_on_rank_one" in error.details
 

@@ -4,6 +4,7 @@ render, stay within its size limit, keep its digest readable, and add no markup,
 
 from __future__ import annotations
 
+import html
 import html.parser
 import json
 import os
@@ -357,6 +358,7 @@ def test_every_metric_the_contract_names_appears_in_some_rendering(tmp_path):
         for name, value in (
             (contract.EP_FAMILIES_DECLARED, "qwen3_moe,mixtral_declared_only"),
             (contract.EP_FAMILIES_COVERED, "qwen3_moe"),
+            (contract.EP_FAMILIES_NOT_COVERED, html.escape('{"mixtral_declared_only": "a reason it cannot run"}')),
             (contract.TRANSFORMERS_VERSION, "5.99.1"),
         )
     )
@@ -371,6 +373,7 @@ def test_every_metric_the_contract_names_appears_in_some_rendering(tmp_path):
         contract.LOGITS_ATOL: "6.23e-06",
         contract.PEAK_ALLOCATED_PREFIX: "3.0 GiB",
         contract.EP_FAMILIES_COVERED: "EP families covered: 1 of 2 (transformers 5.99.1)",
+        contract.EP_FAMILIES_NOT_COVERED: "a reason it cannot run",
         contract.EP_FAMILIES_DECLARED: "mixtral_declared_only",
     }
     assert set(shown) >= {*contract.CASE_METRICS, *contract.SUITE_PROPERTIES} - {contract.TRANSFORMERS_VERSION}

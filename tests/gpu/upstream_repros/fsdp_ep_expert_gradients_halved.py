@@ -2,7 +2,8 @@
 expert stack's gradient is exactly 0.5x the whole model's on 2 ranks (its biases too, for GPT-OSS): the
 expert gradients are averaged over the expert-FSDP group once more than the batch split calls for.
 
-Reproduced with transformers 5.20.0, torch 2.13.0 CPU, 2 gloo ranks (ratio 0.5); 5.24.0 gives 1.0.
+Reproduced with transformers 5.20.0 and 5.22.2, torch 2.13.0 CPU, 2 gloo ranks (ratio 0.5); 5.23.0 (the bisect's
+first good release) and 5.24.0 give 1.0.
 Run by hand: python tests/gpu/upstream_repros/fsdp_ep_expert_gradients_halved.py
 """
 

@@ -1,18 +1,20 @@
-"""transformers 5.13-5.19 (EP through enable_expert_parallel + the ep_router plan), every MoE family:
+"""transformers 5.7-5.17 (EP through enable_expert_parallel, from its first release), every MoE family:
 
-- eager experts crash: the ep_router marks other ranks' experts with the sentinel id num_local_experts, and the
+- eager experts crash: the EP router marks other ranks' experts with the sentinel id num_local_experts, and the
   eager experts forward one-hots the ids with num_classes=num_local_experts:
   `RuntimeError: Class values must be smaller than num_classes.`
 - batched_mm experts give a wrong router gradient: the sentinel slots' zeroed scores still reach the router
   (relative error of gate.weight's gradient 0.5-1.1 against the whole model; grouped_mm agrees to 1e-7).
 
-Reproduced with transformers 5.17.0, torch 2.13.0 CPU, 2 gloo ranks; 5.20.0 and 5.24.0 pass.
-Run by hand: python tests/gpu/upstream_repros/ep_experts_implementations_5_13_to_5_19.py eager|batched_mm|grouped_mm
+Reproduced with transformers 5.7.0 and 5.17.0, torch 2.13.0 CPU, 2 gloo ranks; 5.18.0 (the bisect's first good
+release) passes: eager runs, batched_mm's router gradient error is 0.
+Run by hand: python tests/gpu/upstream_repros/ep_experts_implementations_sentinel.py eager|batched_mm|grouped_mm
 """
 
 import os
 import sys
 import tempfile
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -20,13 +22,16 @@ import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 from transformers.distributed.configuration_utils import DistributedConfig
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the suite's tf_adapter
+import tf_adapter
+
 
 def rank_main(rank: int, path: str, implementation: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29641", RANK=str(rank), WORLD_SIZE="2")
     dist.init_process_group("gloo", rank=rank, world_size=2)
     batch = torch.arange(32).reshape(2, 16) % 128
     whole = AutoModelForCausalLM.from_pretrained(path, experts_implementation=implementation)
-    config = DistributedConfig(enable_expert_parallel=True, tp_size=2)
+    config = DistributedConfig(**tf_adapter.distributed_config_kwargs("ep", 2))  # the release's EP arguments
     sharded = AutoModelForCausalLM.from_pretrained(
         path, experts_implementation=implementation, distributed_config=config
     )

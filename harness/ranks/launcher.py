@@ -107,8 +107,9 @@ def handshake(sock: socket.socket, authkey: bytes, timeout_s: float) -> multipro
 
 
 def peer_uid(sock: socket.socket) -> int | None:
-    """The uid of the process at the other end of a Unix socket (Linux SO_PEERCRED; None elsewhere)."""
-    if not hasattr(socket, "SO_PEERCRED"):
+    """The uid of the process at the other end of a Unix socket (Linux SO_PEERCRED); None for a TCP peer (a rank
+    of another host: no uid crosses hosts, the HMAC challenge alone admits it) and where the OS cannot tell."""
+    if not hasattr(socket, "SO_PEERCRED") or sock.family != socket.AF_UNIX:
         return None
     credentials = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", credentials)[1]

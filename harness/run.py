@@ -242,7 +242,7 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
                 record["status"], record["error"], record["error_kind"] = "errored", cause, contract.ERROR_ENGINE
             else:
                 record["status"], record["error"], record["error_kind"] = classify(
-                    cell, exit_code, timed_out and cell.engine == "local", folder / JUNIT_XML)
+                    cell, exit_code, cell.engine == "local" and timed_out, folder / JUNIT_XML)
     except EnvironmentBuildError as error:
         record["error"], record["error_kind"] = f"environment: {error}", contract.ERROR_ENVIRONMENT
     except Interrupted as interrupted:

@@ -131,3 +131,14 @@ def test_circles_are_found(tmp_path, files, expected):
     for name, text in files.items():
         (root / name).write_text(text)
     assert circles(import_graph(root)) == expected
+
+
+def test_every_package_of_harness_ships_in_the_wheel():
+    """setuptools' `packages` is a list written by hand: a new subpackage left out of it imports from a checkout
+    but not from the wheel every workflow job installs."""
+    import tomllib
+
+    pyproject = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    listed = set(pyproject["tool"]["setuptools"]["packages"])
+    found = {module_name(path, PACKAGE) for path in PACKAGE.rglob("__init__.py")}
+    assert found <= listed, f"packages missing from pyproject.toml: {sorted(found - listed)}"

@@ -101,7 +101,7 @@ _COMMON = {
 }
 _MOE = {"num_experts_per_tok": TOP_K}
 
-# model_type -> (config, ep_floor, moe_layers): written out, as the suite's bounds were measured on them
+# model_type -> (config, ep_floor; None for a dense family): written out, as the suite's bounds were measured on them
 MECHANICS: Mapping[str, tuple[dict, str | None]] = MappingProxyType(
     {
         "qwen3_moe": (

@@ -19,6 +19,7 @@ From the floor on it runs, so a release that has a feature and gets it wrong sho
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -150,8 +151,10 @@ def _implementation_kwargs(experts_implementation: str | None) -> dict:
     return {} if experts_implementation is None else {"experts_implementation": experts_implementation}
 
 
+@functools.cache
 def model_class(checkpoint: str):
-    """The class a checkpoint loads through: the Auto class its config maps to (families.model_class)."""
+    """The class a checkpoint loads through: the Auto class its config maps to (families.model_class). Cached:
+    a checkpoint folder is written once per session, and every case of its family asks (the caller and each rank)."""
     import families
     from transformers import AutoConfig
 

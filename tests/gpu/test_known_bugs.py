@@ -240,12 +240,13 @@ def test_a_covered_case_is_xfailed_only_for_the_failure_its_entry_names(pytester
     # in-process: the suite directory is on sys.path
     result = pytester.runpytest("-p", "no:cacheprovider", "-rA", f"--junitxml={junit}")
     result.assert_outcomes(failed=3, xfailed=1, skipped=1)
+    # A summary line carries " - <reason>" only when the terminal is wide enough: every pattern ends open.
     result.stdout.fnmatch_lines_random(
         [
             "XFAIL *::test_the_known_failure - known upstream bug: transformers >=5.13,<5.20: a cause*",
-            "FAILED *::test_another_message",
-            "FAILED *::test_another_exception",
-            "FAILED *::test_fixed",
+            "FAILED *::test_another_message*",
+            "FAILED *::test_another_exception*",
+            "FAILED *::test_fixed*",
             "E * known_bugs.DifferentFailure: failed differently from its known bug (transformers >=5.13,<5.20: "
             "RuntimeError matching 'Class values must be smaller than num_classes'): "
             "RuntimeError: Could not resolve the process group registered under the name 11",

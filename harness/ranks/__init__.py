@@ -1,15 +1,18 @@
 """Running functions on N ranks: the protocol (protocol.py), what a rank does (rank.py), the launcher's side
 (launcher.py), one spawn per call (spawn.py), the zygote (zygote.py), persistent pools (pool.py), nothing
-outliving its launcher (lifecycle.py) and the pytest plugin with the `ranks` fixture (plugin.py)."""
+outliving its launcher (lifecycle.py), checks that fail on every rank together (agree.py) and the pytest
+plugin with the `ranks` fixture (plugin.py)."""
 
+from harness.ranks.agree import together
 from harness.ranks.protocol import (
     DEFAULT_TIMEOUT_S,
     DistributedError,
+    PeerFailure,
     RankFailedError,
     RankResult,
     RankTimeoutError,
 )
 from harness.ranks.spawn import run_distributed
 
-__all__ = ["DEFAULT_TIMEOUT_S", "DistributedError", "RankFailedError", "RankResult", "RankTimeoutError",
-           "run_distributed"]
+__all__ = ["DEFAULT_TIMEOUT_S", "DistributedError", "PeerFailure", "RankFailedError", "RankResult",
+           "RankTimeoutError", "run_distributed", "together"]

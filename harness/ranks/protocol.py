@@ -141,11 +141,17 @@ class Failed:
     seconds: float | None = None
     modules: list[str] = dataclasses.field(default_factory=list)
     alive: bool = True
+    follows_peer: bool = False  # PeerFailure: it failed because another rank did (agree.together)
 
     @classmethod
     def from_exception(cls, error: BaseException, **fields: Any) -> Failed:
         return cls(failed_at=time.time(), error_type=type(error).__qualname__, error_message=first_line(error),
-                   traceback=traceback.format_exc(), **fields)
+                   traceback=traceback.format_exc(), follows_peer=isinstance(error, PeerFailure), **fields)
+
+
+class PeerFailure(Exception):
+    """Raised on a rank whose own check passed while a peer's failed (agree.together): never the reported
+    failure while a rank has one of its own."""
 
 
 # ---------------------------------------------------------------- launcher <-> zygote
@@ -314,12 +320,13 @@ def failure_error(world_size: int, replies: dict[int, Done], failures: dict[int,
     """The error for a launch in which `failures` happened, naming first the rank that failed first.
 
     A rank that died without a word sorts first: its peers' errors (a connection reset) follow from it, and
-    when it died is unknown (only when it was noticed). Then the earliest error; the ranks still running
-    (with their stacks) come last."""
+    when it died is unknown (only when it was noticed). Then the earliest error of a rank's own, then the
+    ranks that stopped because a peer failed; the ranks still running (with their stacks) come last."""
     found = []
     for rank, failure in failures.items():
         if isinstance(failure, Failed):
-            found.append(((1, failure.failed_at), rank, f"raised {failure.error_type}: {failure.error_message}",
+            order = (2 if failure.follows_peer else 1, failure.failed_at)
+            found.append((order, rank, f"raised {failure.error_type}: {failure.error_message}",
                           failure.traceback, failure))
         else:
             details = (f"last Python stack of rank {rank}:\n{failure.last_stack}" if failure.last_stack

@@ -33,6 +33,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
+from harness.ranks import together
+
 WORLD_SIZES = (2, 4, 8)
 DTYPES = ("float32", "bfloat16")
 # in the order they run; "quantized" (the sharded model computed with the whole model's quantized weights)
@@ -117,8 +119,10 @@ def _run_checks(checkpoint: str, case: Case, metrics: dict, model_class: type | 
     if case.bug is not None and rank == world_size - 1:
         plant_bug(sharded, family, case.bug)
 
+    # A check that fails on one rank fails on all (together): its peers would wait in the next collective.
     if "load" in case.checks:
-        check_load(sharded, whole, family, layout, rank, world_size)
+        with together("the load check"):
+            check_load(sharded, whole, family, layout, rank, world_size)
     batch = tiny_models.make_batch().to(device)
     rows = batch_rows(layout, rank, world_size)
     if "logits" in case.checks:
@@ -128,7 +132,8 @@ def _run_checks(checkpoint: str, case: Case, metrics: dict, model_class: type | 
         bound = tolerances.logits_tolerance(case.dtype)
         metrics["max_logits_difference"] = checks.largest_difference(sharded_logits, whole_logits)
         metrics.update({f"logits_{name}": value for name, value in bound.items()})  # the bound, beside it
-        checks.check_tensors_close("logits", sharded_logits, whole_logits, **bound)
+        with together("the logits check"):
+            checks.check_tensors_close("logits", sharded_logits, whole_logits, **bound)
     if "quantized" in case.checks or "gradients" in case.checks:
         compare_training_step(sharded, whole, family, case, layout, batch, rank, world_size, metrics)
 
@@ -320,13 +325,15 @@ def compare_training_step(
     sharded_loss = next_token_loss(model_logits(sharded, batch[rows]), batch[rows])
 
     if "quantized" in case.checks:
-        check_quantized_weights(sharded_quantizer, whole_quantizer, family, layout, rank, world_size)
+        with together("the quantized weights check"):
+            check_quantized_weights(sharded_quantizer, whole_quantizer, family, layout, rank, world_size)
     if family.is_moe:
         # Routing first: a flipped route shows as a large gradient error, but the route is the cause.
         tokens = _token_rows(rows, batch.shape[1])
         if sharded_routing.layers:
             metrics["min_routing_margin"] = min(layer.margin for layer in sharded_routing.layers)
-        checks.check_routing(sharded_routing.layers, whole_routing.rows(tokens))
+        with together("the routing check"):
+            checks.check_routing(sharded_routing.layers, whole_routing.rows(tokens))
     if "gradients" not in case.checks:
         return
 
@@ -362,7 +369,8 @@ def compare_training_step(
         }
     )
     notes = checks.gradient_notes(sharded_grads, whole_grads, errors, bound)
-    checks.check_gradients(errors, bound, notes, own_bounds)
+    with together("the gradient check"):
+        checks.check_gradients(errors, bound, notes, own_bounds)
 
 
 def _token_rows(sequences: slice, sequence_length: int) -> slice:

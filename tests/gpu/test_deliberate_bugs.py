@@ -3,6 +3,8 @@ parameter (or buffer) and the rank."""
 
 from __future__ import annotations
 
+import re
+
 import families
 import pytest
 from families import NUM_EXPERTS
@@ -10,6 +12,14 @@ from rank_cases import WORLD_SIZES
 from tiny_models import BATCH_SIZE, SEQUENCE_LENGTH
 
 from harness.ranks import RankFailedError
+
+
+def _failed_together(failure, world_size: int) -> None:
+    """The other ranks stopped with the failing one (harness.ranks.together) instead of waiting for it in the
+    next collective: every rank answered, so the rank pool serves the next test."""
+    others = failure.value.other_failures
+    assert len(others) == world_size - 1, others
+    assert all(re.match(r"rank \d+ raised PeerFailure: ", other) for other in others), others
 
 
 def _expert_message(family: str, parameter: str, world_size: int) -> str:
@@ -29,6 +39,7 @@ def test_expert_perturbed_on_one_rank_fails_the_load_check(run_case, checkpoint,
     with pytest.raises(RankFailedError) as failure:
         run_case(world_size, checkpoint, "ep", ("load", "logits"), bug="perturb_expert")
     assert failure.value.rank == world_size - 1
+    _failed_together(failure, world_size)
     assert _expert_message(checkpoint.family, "gate_up_proj", world_size) in str(failure.value)
 
 
@@ -38,6 +49,7 @@ def test_expert_bias_perturbed_on_one_rank_fails_the_load_check(run_case, checkp
     with pytest.raises(RankFailedError) as failure:
         run_case(world_size, checkpoint, "ep", ("load", "logits"), bug="perturb_expert_bias")
     assert failure.value.rank == world_size - 1
+    _failed_together(failure, world_size)
     assert _expert_message(checkpoint.family, "gate_up_proj_bias", world_size) in str(failure.value)
 
 
@@ -48,6 +60,7 @@ def test_correction_bias_altered_on_one_rank_fails_the_load_check(run_case, chec
     with pytest.raises(RankFailedError) as failure:
         run_case(world_size, checkpoint, "ep", ("load", "logits"), bug="perturb_correction_bias")
     assert failure.value.rank == world_size - 1
+    _failed_together(failure, world_size)
     entry = families.family(checkpoint.family)
     buffer = f"{entry.router_paths()[0]}.e_score_correction_bias"
     assert f"rank {world_size - 1}'s buffer {buffer} differs from the whole model's after loading" in str(failure.value)
@@ -60,6 +73,7 @@ def test_router_perturbed_on_one_rank_fails_the_routing_check(run_case, checkpoi
     with pytest.raises(RankFailedError) as failure:
         run_case(world_size, checkpoint, "ep", ("gradients",), bug="perturb_router")
     assert failure.value.rank == world_size - 1
+    _failed_together(failure, world_size)
     tokens = BATCH_SIZE * SEQUENCE_LENGTH  # expert parallelism: every rank routes the whole batch
     assert failure.value.summary.startswith("raised AssertionError: routing differs: layer 1 sends ")
     assert failure.value.summary.endswith(f" of {tokens} tokens to other experts than the whole model")

@@ -159,6 +159,23 @@ def raise_on_rank_one():
     dist.barrier()
 
 
+def raise_on_rank_one_together(first_to_report):
+    """raise_on_rank_one with its check inside `together`; `first_to_report` is the rank whose failure reaches
+    the launcher first (the other waits a little after agreeing): it must not decide which error is reported."""
+    import torch.distributed as dist
+
+    from harness.ranks import together
+
+    try:
+        with together("the answer check"):
+            if dist.get_rank() == 1:
+                raise AssertionError("the answer is 41")
+        dist.barrier()
+    finally:
+        if dist.get_rank() != first_to_report:
+            time.sleep(0.2)
+
+
 def raise_on_rank_one_alone():
     """Fails on rank 1 with no collective after it: every rank answers, and the pool can serve on."""
     import torch.distributed as dist
@@ -357,6 +374,20 @@ def test_an_orderly_failure_keeps_the_pool(launcher):
         launcher(2, raise_on_rank_one_alone, timeout=60, device="cpu")
     assert failure.value.other_failures == []
     assert pids(launcher) == before  # every rank answered and the probe collective passed
+
+
+@pytest.mark.parametrize("first_to_report", [0, 1])
+def test_a_check_that_fails_together_keeps_the_pool_and_reports_the_failing_ranks_error(launcher, first_to_report):
+    """The check of raise_on_rank_one inside `together`: rank 0 stops with rank 1 instead of waiting for it in
+    the barrier, so every rank answers and the pool serves on; rank 1's own error is the one reported."""
+    before, replaced = pids(launcher), launcher.pools_replaced
+    with pytest.raises(RankFailedError, match=r"^rank 1 raised AssertionError: the answer is 41") as failure:
+        launcher(2, raise_on_rank_one_together, first_to_report, timeout=60, device="cpu")
+    assert failure.value.error_type == "AssertionError"
+    assert failure.value.other_failures == [
+        "rank 0 raised PeerFailure: rank 0 passed the answer check; stopped with rank 1, which failed it"]
+    assert pids(launcher) == before
+    assert launcher.pools_replaced == replaced
 
 
 def test_a_hang_on_a_warm_pool_reports_the_hung_ranks_stack():

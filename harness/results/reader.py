@@ -544,6 +544,11 @@ def parse_xml(data: bytes) -> ET.Element:
     return builder.close()
 
 
+def read_junit_tests(path: Path) -> tuple[TestResult, ...]:
+    """The tests of one junit.xml, read as a cell's are (none when it cannot be read)."""
+    return _read_junit(path).tests
+
+
 def _read_junit(path: Path) -> _Junit:
     """Tests of one junit.xml; a file that cannot be read gives no tests and the Problem."""
     try:

@@ -47,6 +47,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seeds", default="1,2,3", help="comma-separated --random-order seeds (default 1,2,3)")
     parser.add_argument("--shards", type=int, default=1, help="split the no-pool run into this many (default 1)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
+    parser.add_argument("--keep", type=Path, metavar="DIR", help="keep each run's JUnit, timing and log in DIR")
     parser.add_argument("--merge", type=Path, nargs="+", metavar="IN",
                         help="compare the verdicts of earlier OUT.json files")
     args = parser.parse_args(ours)
@@ -177,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_all(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-orders-") as scratch:
+        if args.keep:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            scratch = args.keep
         ids = collect(args.pytest_args)
         runs = plan(args, ids, Path(scratch))
         execute(runs, args.pytest_args, args.jobs)

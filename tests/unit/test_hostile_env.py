@@ -21,8 +21,6 @@ CELL = Cell(gpu="cpu", gpus=2, torch="0.0.1", transformers="0.0.2", matrix="test
 AXES = "axes: {gpu: [GPU], gpus: [1], torch: ['2.11.0'], transformers: ['5.9.0']}\n"
 
 
-
-
 # ---------------------------------------------------------------- 1. a planted .pth with its manifest re-recorded
 
 

@@ -31,17 +31,18 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-from harness.results.reader import read_junit_tests  # noqa: E402  (the checkout's harness, not an installed one)
+sys.path[:0] = [str(REPO), str(Path(__file__).resolve().parent)]  # the checkout's harness; bench_pool beside
+from bench_pool import SUITE_COMMAND, pools_started, read_timing, split_pytest_args, suite_environ  # noqa: E402
 
-SUITE_OPTIONS = ["-m", "pytest", "-p", "harness.ranks.plugin", "-q", "-p", "no:cacheprovider"]
-SUITE = [*SUITE_OPTIONS, "tests/gpu"]
+from harness.results.reader import read_junit_tests  # noqa: E402
+
+SUITE = SUITE_COMMAND
+SUITE_OPTIONS = [arg for arg in SUITE_COMMAND if arg != "tests/gpu"]  # a no-pool shard names its node ids
 BASELINE = "no-pool"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    argv = sys.argv[1:] if argv is None else argv
-    ours, pytest_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    ours, pytest_args = split_pytest_args(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("json", type=Path, help="where to write the figures")
     parser.add_argument("--seeds", default="1,2,3", help="comma-separated --random-order seeds (default 1,2,3)")
@@ -63,8 +64,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def collect(pytest_args: list[str]) -> list[str]:
     """The suite's node ids, in collection order."""
-    completed = subprocess.run([sys.executable, *SUITE, "--collect-only", *pytest_args], cwd=REPO, env=_environ(),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    completed = subprocess.run([sys.executable, *SUITE, "--collect-only", *pytest_args], cwd=REPO,
+                               env=suite_environ(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     ids = [line for line in completed.stdout.splitlines() if "::" in line and not line.startswith(" ")]
     if completed.returncode != 0 or not ids:
         sys.exit(f"bench_orders: collecting the suite failed (exit {completed.returncode}):\n"
@@ -93,11 +94,11 @@ def execute(runs: list[dict[str, Any]], pytest_args: list[str], jobs: int) -> No
         while waiting and len(running) < jobs:
             run = waiting.pop(0)
             command = [sys.executable, *run["args"], f"--junitxml={run['junit']}", *pytest_args]
-            environ = {**_environ(), "HARNESS_RANKS_TIMING": str(run["timing"])}
             print(f"[{run['name']}] started", file=sys.stderr, flush=True)
             run["started"] = time.perf_counter()
-            run["process"] = subprocess.Popen(command, cwd=REPO, env=environ, stdout=run["log"].open("w"),
-                                              stderr=subprocess.STDOUT)
+            with run["log"].open("w") as log:  # the child holds its own copy of the descriptor
+                run["process"] = subprocess.Popen(command, cwd=REPO, env=suite_environ(run["timing"]), stdout=log,
+                                                  stderr=subprocess.STDOUT)
             running.append(run)
         time.sleep(1)
         for run in [run for run in running if run["process"].poll() is not None]:
@@ -111,7 +112,7 @@ def verdicts(runs: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
     """Per group (a seed, or the no-pool shards together): test id -> outcome."""
     found: dict[str, dict[str, str]] = {}
     for run in runs:
-        tests = read_junit_tests(run["junit"]) if run["junit"].exists() else ()
+        tests = read_junit_tests(run["junit"])  # none when pytest never wrote it
         found.setdefault(run["group"], {}).update({test.test_id: test.outcome.value for test in tests})
     return found
 
@@ -132,11 +133,11 @@ def summarize(runs: list[dict[str, Any]], found: dict[str, dict[str, str]], list
               ids: list[str]) -> dict[str, Any]:
     groups: dict[str, dict[str, Any]] = {}
     for run in runs:
-        calls = [json.loads(line) for line in run["timing"].read_text().splitlines()] if run["timing"].exists() else []
+        calls = read_timing(run["timing"])
         group = groups.setdefault(run["group"], {"runs": [], "pools_started": 0, "calls": 0})
         group["runs"].append({"name": run["name"], "wall_s": run["wall_s"], "exit_code": run["exit_code"]})
         group["calls"] += len(calls)
-        group["pools_started"] += sum(1 for call in calls if call["pool_start_s"] > 0)
+        group["pools_started"] += pools_started(calls)
     for name, group in groups.items():
         if name == BASELINE:  # spawned ranks write no timing lines: every call starts its own
             group["pools_started"] = group["calls"] = None
@@ -193,10 +194,6 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"[{run['name']}] broke:\n{run['log'].read_text()[-3000:]}", file=sys.stderr)
     report["broken_runs"] = broken
     return report
-
-
-def _environ() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
 
 if __name__ == "__main__":

@@ -42,10 +42,33 @@ GOALS = {"speedup": 5.0, "wall_over_work": 1.5}
 OUTCOME = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|rerun|warnings?)\b")
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def split_pytest_args(argv: list[str] | None) -> tuple[list[str], list[str]]:
+    """(the benchmark's arguments, pytest's): everything after the first `--` goes to pytest untouched
+    (argparse would read `-k` as its own)."""
     argv = sys.argv[1:] if argv is None else argv
-    # Everything after the first `--` goes to pytest untouched (argparse would read `-k` as its own).
-    ours, pytest_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    return (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+
+
+def suite_environ(timing: Path | None = None, **extra: str) -> dict[str, str]:
+    """The caller's environment with this checkout's harness first on the path (and the pool's timing file)."""
+    environ = {**os.environ, **extra,
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    if timing is not None:
+        environ["HARNESS_RANKS_TIMING"] = str(timing)
+    return environ
+
+
+def read_timing(timing: Path) -> list[dict[str, Any]]:
+    """The pool's HARNESS_RANKS_TIMING lines, one per call (none when ranks were spawned per call)."""
+    return [json.loads(line) for line in timing.read_text().splitlines()] if timing.exists() else []
+
+
+def pools_started(calls: list[dict[str, Any]]) -> int:
+    return sum(1 for call in calls if call["pool_start_s"] > 0)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ours, pytest_args = split_pytest_args(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("json", type=Path, help="where to write the figures (rewritten after each mode)")
     parser.add_argument("--modes", default="off,on", help=f"comma-separated, of {', '.join(MODES)} (default off,on)")
@@ -60,8 +83,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def suite(mode: str, pytest_args: list[str], timing: Path) -> tuple[subprocess.CompletedProcess, float]:
     """Run the suite once; its output and wall time."""
-    environ = {**os.environ, "HARNESS_RANKS_POOL": MODES[mode], "HARNESS_RANKS_TIMING": str(timing),
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    environ = suite_environ(timing, HARNESS_RANKS_POOL=MODES[mode])
     command = [sys.executable, *SUITE_COMMAND, *pytest_args]
     print(f"[{mode}] {' '.join(command[1:])}", file=sys.stderr, flush=True)
     started = time.perf_counter()
@@ -79,12 +101,12 @@ def run_suite(mode: str, pytest_args: list[str], scratch: Path) -> dict[str, Any
                "outcomes": {kind.rstrip("s") if kind in ("errors", "warnings") else kind: int(count)
                             for count, kind in OUTCOME.findall(summary)},
                "pool_line": next((line for line in lines if line.startswith("rank pool: ") and "calls" in line), None)}
-    calls = [json.loads(line) for line in timing.read_text().splitlines()] if timing.exists() else []
+    calls = read_timing(timing)
     if calls:
         figures.update(calls=len(calls), work_s=sum(call["work_s"] or 0.0 for call in calls),
                        calls_s=sum(call["call_s"] for call in calls),
                        pool_start_s=sum(call["pool_start_s"] for call in calls),
-                       pools_started=sum(1 for call in calls if call["pool_start_s"] > 0))
+                       pools_started=pools_started(calls))
     if completed.returncode not in (0, 1):  # 1: tests failed; anything else: the run itself broke
         print(completed.stdout[-4000:], file=sys.stderr)
     return figures

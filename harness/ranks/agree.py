@@ -6,8 +6,9 @@ the launcher then waits out the peer grace, kills the ranks and forks a new set 
 ranks with their own error, the others with `PeerFailure`, which the launcher reports after the real ones
 (protocol.failure_error). The rank set answers whole and is kept for the next test.
 
-Only for checks whose code runs no collective of its own: a rank that raises inside a collective is a
-different failure, and the launcher's grace and stacks are what report it.
+Only for checks whose collectives (a DTensor gathered to compare it) every rank reaches before any can raise:
+a rank that raises between collectives of its own is a different failure, and the launcher's grace and stacks
+are what report it.
 """
 
 from __future__ import annotations

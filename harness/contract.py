@@ -61,13 +61,26 @@ ROUTING_MARGIN = "min_routing_margin"
 LOGITS_DIFFERENCE = "max_logits_difference"
 LOGITS_ATOL = "logits_atol"
 PEAK_ALLOCATED_PREFIX = "peak_allocated_mib."  # + the rank
+CASE_METRICS = (GRAD_ERROR, GRAD_BOUND, GRAD_ERROR_PARAM, ROUTING_MARGIN, LOGITS_DIFFERENCE, LOGITS_ATOL)
 # The rank pool's note on a test whose calls left a rank unlike a fresh one: "pool replaced after TEST: why".
 POOL_REPLACED = "rank_pool_replaced"
-CASE_METRICS = (GRAD_ERROR, GRAD_BOUND, GRAD_ERROR_PARAM, ROUTING_MARGIN, LOGITS_DIFFERENCE, LOGITS_ATOL)
+# The ranks fixture: a case that launched records its world size (before launching, so a failed case has it too);
+# a case skipped because the host has too few GPUs or ranks records, before it skips, what it needed and what the
+# host has (a count and its unit). Reports count "not run" from these, never from the skip's words.
+WORLD_SIZE = "world_size"
+NEEDS_WORLD_SIZE = "needs_world_size"
+HOST_RANKS = "host_ranks"
+HOST_RANK_UNIT = "host_rank_unit"
+RANK_UNIT_GPUS = "GPUs"  # NCCL, one GPU per rank
+RANK_UNIT_CPU = "ranks"  # gloo on CPU (HARNESS_CPU_RANKS)
+RANK_UNITS = (RANK_UNIT_GPUS, RANK_UNIT_CPU)
+# The model family a suite case ran (tests/gpu: rank_cases); EP coverage counts a family where one of its
+# distributed cases ran.
+FAMILY = "family"
 
 # What the suite records once per run (record_testsuite_property).
 EP_FAMILIES_DECLARED = "ep_families_declared"  # comma-separated model_type names
-EP_FAMILIES_COVERED = "ep_families_covered"
+EP_FAMILIES_COVERED = "ep_families_covered"  # those the suite can run; reports count one where a case of it ran
 EP_FAMILIES_NOT_COVERED = "ep_families_not_covered"  # a JSON object: model_type -> why the suite cannot run it
 TRANSFORMERS_VERSION = "transformers_version"
 SUITE_PROPERTIES = (EP_FAMILIES_DECLARED, EP_FAMILIES_COVERED, EP_FAMILIES_NOT_COVERED, TRANSFORMERS_VERSION)

@@ -6,7 +6,10 @@ options (`--no-ranks-pool`) exist when the command line is parsed.
 - `ranks.run(world_size, fn, *args)` runs `fn(*args)` on `world_size` ranks (NCCL with one GPU each when
   CUDA is there, gloo on CPU) and returns each rank's value in rank order. A test parametrized with
   `world_size` is skipped before it starts when there are too few GPUs ("needs N GPUs") or CPU ranks
-  ("needs N ranks"; HARNESS_CPU_RANKS sets how many, 2 when unset).
+  ("needs N ranks"; HARNESS_CPU_RANKS sets how many, 2 when unset). Before it skips, it records what it needed
+  and what the host has as JUnit properties (contract.NEEDS_WORLD_SIZE, HOST_RANKS, HOST_RANK_UNIT): reports
+  count such a case as not run from these, never from the skip's words. A case that launches records
+  contract.WORLD_SIZE first, so a failed case has it too.
 - Each rank's peak allocator memory on GPU becomes the JUnit properties `peak_allocated_mib.rankR` and
   `peak_reserved_mib.rankR`; `ranks.record(name=value, ...)` records the case's own metrics, through
   `record_property` (pytest writes them with `-o junit_family=xunit1`).
@@ -28,7 +31,16 @@ from typing import Any
 
 import pytest
 
-from harness.contract import POOL_REPLACED, RUNNING_TEST_ENV
+from harness.contract import (
+    HOST_RANK_UNIT,
+    HOST_RANKS,
+    NEEDS_WORLD_SIZE,
+    POOL_REPLACED,
+    RANK_UNIT_CPU,
+    RANK_UNIT_GPUS,
+    RUNNING_TEST_ENV,
+    WORLD_SIZE,
+)
 from harness.ranks.hosts import HostsConfig
 from harness.ranks.pool import PoolLauncher
 from harness.ranks.protocol import DEFAULT_TIMEOUT_S, HostLostError, RankResult
@@ -158,26 +170,30 @@ def available_ranks() -> tuple[int, str]:
     except ImportError:
         torch = None
     if torch is not None and torch.cuda.is_available():
-        return torch.cuda.device_count(), "GPUs"
+        return torch.cuda.device_count(), RANK_UNIT_GPUS
     value = os.environ.get(CPU_RANKS_ENV, "").strip()
     if not value:
-        return DEFAULT_CPU_RANKS, "ranks"
+        return DEFAULT_CPU_RANKS, RANK_UNIT_CPU
     try:
         count = int(value)
     except ValueError:
         raise pytest.UsageError(f"{CPU_RANKS_ENV} must be a whole number of CPU ranks, got {value!r}") from None
     if count < 1:
         raise pytest.UsageError(f"{CPU_RANKS_ENV} must be at least 1, got {count}")
-    return count, "ranks"
+    return count, RANK_UNIT_CPU
 
 
-def skip_reason(world_size: int) -> str | None:
-    """`needs N GPUs` / `needs N ranks` when this machine has fewer, else None."""
+def skip_if_too_few_ranks(world_size: int, record_property: Callable[[str, object], None]) -> None:
+    """Skip the test with `needs N GPUs` / `needs N ranks` when this machine has fewer; first record, as data,
+    what it needed and what the host has (a skipped test's properties still reach junit.xml)."""
     count, unit = available_ranks()
     if world_size <= count:
-        return None
-    hint = f"{count} visible" if unit == "GPUs" else f"{CPU_RANKS_ENV}={count}"
-    return f"needs {world_size} {unit} ({hint})"
+        return
+    record_property(NEEDS_WORLD_SIZE, world_size)
+    record_property(HOST_RANKS, count)
+    record_property(HOST_RANK_UNIT, unit)
+    hint = f"{count} visible" if unit == RANK_UNIT_GPUS else f"{CPU_RANKS_ENV}={count}"
+    pytest.skip(f"needs {world_size} {unit} ({hint})")
 
 
 def configured_test_timeout(item: pytest.Item) -> float | None:
@@ -216,21 +232,20 @@ class Ranks:
         self._session = session
 
     def require(self, world_size: int) -> None:
-        """Skip the test when this machine cannot run `world_size` ranks."""
-        reason = skip_reason(world_size)
-        if reason is not None:
-            pytest.skip(reason)
+        """Skip the test when this machine cannot run `world_size` ranks, recording why as data."""
+        skip_if_too_few_ranks(world_size, self._record_property)
 
     def run(self, world_size: int, fn: Callable[..., Any], *args: Any) -> list[Any]:
         """`fn(*args)` on every rank; each rank's return value, in rank order."""
         self.require(world_size)
+        # Before the launch: a case that ran and failed is still a distributed case that ran.
+        self._record_property(WORLD_SIZE, world_size)
         try:
             results = self._launcher(world_size, fn, *args, timeout=self.timeout_s)
         except HostLostError as lost:
             if self._session is not None:  # a cell across hosts cannot go on without one: stop after this test
                 self._session.shouldstop = str(lost)
             raise
-        self._record_property("world_size", world_size)
         for result in results:
             if result.peak_allocated_mib is not None:
                 self._record_property(f"peak_allocated_mib.rank{result.rank}", round(result.peak_allocated_mib, 1))
@@ -249,8 +264,6 @@ def ranks(request: pytest.FixtureRequest, record_property) -> Ranks:
     """Runs picklable module-level functions on N ranks; see `Ranks`."""
     callspec = getattr(request.node, "callspec", None)
     if callspec is not None and "world_size" in callspec.params:
-        reason = skip_reason(callspec.params["world_size"])
-        if reason is not None:
-            pytest.skip(reason)
+        skip_if_too_few_ranks(callspec.params["world_size"], record_property)
     launcher = request.config.stash.get(LAUNCHER_KEY, run_distributed)
     return Ranks(launcher, record_property, launch_timeout(request.node), request.session)

@@ -95,6 +95,8 @@ def run_case(request, ranks, tmp_path):
     import rank_cases
     import tf_adapter
 
+    from harness import contract
+
     def run(world_size: int, checkpoint: Checkpoint, layout: str, checks: tuple[str, ...], **options) -> dict:
         case = rank_cases.Case(checkpoint.family, layout, checks, **options)
         reason = tf_adapter.missing_feature(layout, families.family(case.family), case.experts_implementation)
@@ -102,6 +104,10 @@ def run_case(request, ranks, tmp_path):
             pytest.skip(reason)
         metrics_dir = tmp_path / f"metrics-{len(list(tmp_path.glob('metrics-*')))}"
         metrics_dir.mkdir()
+        # The family before the launch, as ranks.run records the world size: a case that ran and failed (even
+        # before any rank wrote its metrics) still counts its family as run; one skipped for ranks does not.
+        ranks.require(world_size)
+        ranks.record(**{contract.FAMILY: case.family})
         try:
             with known_bugs.expecting(request, known_bugs.known_bug(case)):
                 metrics = rank_cases.summarize(

@@ -72,8 +72,7 @@ def run_case(checkpoint: str, case: Case, metrics_dir: str | None = None, model_
     imports its modeling module, so the rank pool sees that import as part of a fresh rank's state, not as a
     module first imported during the call (which would retire the pool at every new family)."""
     rank = dist.get_rank()
-    metrics = {
-        "family": case.family,
+    metrics = {  # the family is recorded by the suite's run_case before the launch
         "layout": case.layout,
         "dtype": case.dtype,
         "experts_implementation": case.experts_implementation or "default",

@@ -197,6 +197,49 @@ def test_the_fixture_skips_world_sizes_beyond_the_cpu_ranks_and_records_properti
         assert prop in xml
 
 
+NOT_RUN_TESTS = """
+import pytest
+
+
+def fail_on_rank_one(rank):
+    assert rank != 1, "rank 1 disagrees"
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_parametrized(ranks, world_size):
+    pass
+
+
+def test_asks_for_more_ranks_inside(ranks):
+    ranks.run(4, fail_on_rank_one)
+
+
+def test_fails_on_its_ranks(ranks):
+    ranks.run(2, fail_on_rank_one)
+"""
+
+
+def test_what_the_host_could_not_run_is_recorded_as_data_and_a_failed_launch_keeps_its_world_size(
+        pytester, monkeypatch):
+    import xml.etree.ElementTree as ET
+
+    monkeypatch.setenv("HARNESS_CPU_RANKS", "2")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    pytester.makeconftest(FAKE_LAUNCHER_CONFTEST)
+    pytester.makepyfile(test_not_run=NOT_RUN_TESTS)
+    junit = pytester.path / "junit.xml"
+    pytester.runpytest("-o", "junit_family=xunit1", f"--junitxml={junit}").assert_outcomes(
+        passed=1, skipped=2, failed=1)
+    recorded = {case.get("name"): {prop.get("name"): prop.get("value") for prop in case.iter("property")}
+                for case in ET.parse(junit).getroot().iter("testcase")}
+    # skipped in the fixture (a world_size parameter) and in ranks.run: the same properties, both ways
+    assert recorded["test_parametrized[3]"] == {"needs_world_size": "3", "host_ranks": "2", "host_rank_unit": "ranks"}
+    assert recorded["test_asks_for_more_ranks_inside"] == {
+        "needs_world_size": "4", "host_ranks": "2", "host_rank_unit": "ranks"}
+    assert recorded["test_fails_on_its_ranks"] == {"world_size": "2"}  # recorded before the launch that failed
+    assert recorded["test_parametrized[2]"] == {}
+
+
 def test_a_bad_cpu_rank_count_is_a_usage_error(pytester, monkeypatch):
     monkeypatch.setenv("HARNESS_CPU_RANKS", "two")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")

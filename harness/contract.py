@@ -34,8 +34,10 @@ HOST_MEMORY_JSON = "memory.host{index}.json"  # host I's own memory.json; harnes
 RUNNING_TEST = "running-test.txt"
 RUNNING_TEST_ENV = "HARNESS_RUNNING_TEST_FILE"
 
-# env.json "status"
-STATUSES = ("passed", "failed", "errored")
+# env.json "status". not_run: nothing failed, but no distributed case (world size 2 or more) ran while some
+# were skipped for too few GPUs or ranks (the typed properties below say so): neither passed nor failed.
+STATUS_NOT_RUN = "not_run"
+STATUSES = ("passed", "failed", "errored", STATUS_NOT_RUN)
 
 # env.json "error_kind": why a cell errored, as data (bisect and triage read it; "error" is its words for people).
 ERROR_ENVIRONMENT = "environment"  # the cell's packages could not be installed

@@ -195,7 +195,7 @@ def render_nightly(kind: str, *, marker: str, sha: str, run_url: str | None, reg
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TerminalRow:
-    status: str  # passed | failed | errored: the colour and the row's first word
+    status: str  # passed | failed | errored | not_run: the colour and the row's first word ("NOT RUN")
     cell_id: str
     values: tuple[str, ...]  # under TerminalTable.header
 

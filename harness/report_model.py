@@ -148,21 +148,36 @@ class XfailedCase:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Coverage:
-    """`EP families covered: N of M (transformers X)` of one cell, from its suite properties."""
+    """`EP families covered: N of M (transformers X)` of one cell: M from its suite properties, N the declared
+    families of which a distributed case ran in this cell (a case skipped for too few ranks covers nothing)."""
 
     cell_id: str
-    covered: tuple[str, ...]
+    covered: tuple[str, ...]  # declared and ran here
     declared: tuple[str, ...]
     transformers: str | None
     reasons: tuple[tuple[str, str], ...] = ()  # (model_type, why not covered), as the suite listed them
+    runnable: tuple[str, ...] = ()  # the declared families the suite can build (its ep_families_covered)
+
+    @classmethod
+    def of(cls, cell: CellResult) -> Coverage:
+        declared = cell.suite.ep_families_declared or ()
+        ran = set(cell.ran_families)
+        return cls(cell_id=cell.id, covered=tuple(name for name in declared if name in ran), declared=declared,
+                   transformers=cell.suite.transformers_version, reasons=cell.suite.ep_families_not_covered,
+                   runnable=cell.suite.ep_families_covered or ())
 
     @property
     def missing(self) -> tuple[tuple[str, str], ...]:
-        """Each declared family the cell did not cover, with its reason ("no reason recorded" when none came)."""
+        """Each declared family the cell did not cover, with its reason: the suite's, else that none of its cases
+        ran here (a family the suite can build), else "no reason recorded"."""
         listed = dict(self.reasons)
         return tuple(
-            (name, listed.get(name, "no reason recorded")) for name in self.declared if name not in self.covered
+            (name, listed.get(name) or self._unlisted_reason(name)) for name in self.declared
+            if name not in self.covered
         )
+
+    def _unlisted_reason(self, name: str) -> str:
+        return "none of its distributed cases ran in this cell" if name in self.runnable else "no reason recorded"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -183,6 +198,7 @@ class Report:
     counts: Counts
     failed_cells: int
     errored_cells: int
+    not_run_cells: int  # nothing failed in them, but nothing distributed ran either
     sha: str | None
     sha_dirty: bool  # some cell ran with local changes on top of sha
     matrix: str | None
@@ -203,6 +219,11 @@ class Report:
     @property
     def failing_cells(self) -> int:
         return self.failed_cells + self.errored_cells
+
+    @property
+    def cells_with_cases_not_run(self) -> tuple[CellResult, ...]:
+        """Cells that ran nothing distributed, and cells where some cases could not run for too few GPUs or ranks."""
+        return tuple(cell for cell in self.cells if cell.status is CellStatus.NOT_RUN or cell.not_run.cases)
 
     def red_class(self, cell_id: str, test_id: str | None) -> RedClass | None:
         return self.red_classes.get((cell_id, test_id)) if self.red_classes is not None else None
@@ -234,6 +255,7 @@ def build_report(
         counts=result_set.counts,
         failed_cells=len(result_set.cells_with(CellStatus.FAILED)),
         errored_cells=len(result_set.cells_with(CellStatus.ERRORED)),
+        not_run_cells=len(result_set.cells_with(CellStatus.NOT_RUN)),
         sha=sha,
         sha_dirty=result_set.git_dirty and sha == result_set.git_sha,
         matrix=matrix_name,
@@ -243,15 +265,11 @@ def build_report(
         metrics=metrics,
         xfailed=tuple(XfailedCase(test_id=test.test_id, cell_id=cell.id, reason=test.message or "no reason given")
                       for cell in cells for test in cell.tests if test.outcome is Outcome.XFAILED),
-        coverage=tuple(
-            Coverage(cell_id=cell.id, covered=cell.suite.ep_families_covered or (),
-                     declared=cell.suite.ep_families_declared or (), transformers=cell.suite.transformers_version,
-                     reasons=cell.suite.ep_families_not_covered)
-            for cell in cells if cell.suite.ep_families_declared is not None
-        ),
+        coverage=tuple(Coverage.of(cell) for cell in cells if cell.suite.ep_families_declared is not None),
+        # A cell that ran nothing distributed has nothing to reproduce here: it needs a larger host.
         reproductions=tuple(
             Reproduction(cell_id=cell.id, command=cell.reproduce_command())
-            for cell in cells if cell.status is not CellStatus.PASSED
+            for cell in cells if cell.status in (CellStatus.FAILED, CellStatus.ERRORED)
         ),
         comparison=compare(result_set, baseline) if baseline is not None else None,
         notes=tuple(Note(cell_id=cell.id, text=str(problem))

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import harness
 from harness import __version__, contract, env_cache, memory, preflight
-from harness.contract import ENV_JSON, JUNIT_XML, RUNNING_TEST, RUNNING_TEST_ENV, EnvRecord
+from harness.contract import ENV_JSON, JUNIT_XML, RUNNING_TEST, RUNNING_TEST_ENV, STATUS_NOT_RUN, EnvRecord
 from harness.engines import hostmemory
 from harness.env import EnvironmentBuildError, ensure_environment, env_root, plan_environment, probe_versions
 from harness.errors import ConfigError, HostMismatchError
@@ -36,6 +36,7 @@ from harness.matrix import DEFAULT_MATRIX, Cell, Matrix, load_matrix, load_runne
 from harness.project import git, project_root, resolve, shipped_matrices_dir
 from harness.ranks import lifecycle
 from harness.ranks.lifecycle import CELL_TOKEN_ENV, kill_cell_processes
+from harness.results import nothing_distributed_ran, read_junit_tests
 
 # Memory other processes may hold on a cell's GPUs before the cell refuses to start.
 BUSY_THRESHOLD_MIB = float(os.environ.get("HARNESS_BUSY_THRESHOLD_MIB", "2048"))
@@ -44,6 +45,9 @@ INTERRUPT_GRACE_SECONDS = 20
 # When harness itself is interrupted (SIGTERM, Ctrl-C) pytest gets SIGINT and this long before SIGKILL.
 STOP_GRACE_SECONDS = 3
 PLUGIN = "harness.ranks.plugin"
+# harness run's exit status when no cell failed or errored but some ran nothing distributed (status not_run):
+# not green, and told apart from 1 (failed or errored) and from the FatalErrors' 2-5.
+EXIT_NOT_RUN = 6
 
 
 class Interrupted(BaseException):  # a signal, like KeyboardInterrupt: `except Exception` lets it through
@@ -107,7 +111,14 @@ def command(args) -> int:
         return 128 + interrupted.signum
     print_table([outcome.folder for outcome in outcomes])
     print_where(results_root)
-    return 0 if all(outcome.status == "passed" for outcome in outcomes) else 1
+    return exit_status([outcome.status for outcome in outcomes])
+
+
+def exit_status(statuses: list[str]) -> int:
+    """1 when a cell failed or errored; EXIT_NOT_RUN when none did but one ran nothing distributed; else 0."""
+    if any(status not in ("passed", STATUS_NOT_RUN) for status in statuses):
+        return 1
+    return EXIT_NOT_RUN if STATUS_NOT_RUN in statuses else 0
 
 
 @contextlib.contextmanager
@@ -359,7 +370,8 @@ PYTEST_EXITS = {2: ("interrupted", contract.ERROR_INTERRUPTED), 3: ("internal er
 
 def classify(cell: Cell, exit_code: int | None, timed_out: bool, junit: Path) -> tuple[str, str | None, str | None]:
     """(status, error, error_kind) from how pytest ended. Failed tests are 'failed'; anything else abnormal
-    is 'errored'."""
+    is 'errored'; a clean run where cases were skipped for too few GPUs or ranks and no distributed case ran is
+    'not_run' (from the cases' typed properties in junit.xml, read as the reports read them)."""
     if timed_out:
         return "errored", f"timed out after {cell.timeout_minutes} min; killed", contract.ERROR_TIMEOUT
     if exit_code is not None and exit_code < 0:
@@ -367,7 +379,7 @@ def classify(cell: Cell, exit_code: int | None, timed_out: bool, junit: Path) ->
     if not junit.is_file() or junit.stat().st_size == 0:
         return "errored", f"pytest exited {exit_code} and wrote no junit.xml", contract.ERROR_NO_JUNIT
     if exit_code == 0:
-        return "passed", None, None
+        return (STATUS_NOT_RUN if nothing_distributed_ran(read_junit_tests(junit)) else "passed"), None, None
     if exit_code == 1:
         return "failed", None, None
     words, kind = PYTEST_EXITS.get(exit_code, ("unexpected exit", contract.ERROR_PYTEST))

@@ -12,8 +12,8 @@ from typing import TextIO
 
 COLUMNS = 80  # what every line of the terminal rendering fits, whatever the window is
 
-# SGR codes: red, green, yellow, bold.
-_STYLES = {"failed": "31", "passed": "32", "errored": "33", "flaky": "33", "bold": "1"}
+# SGR codes: red, green, yellow, magenta (neither green nor red: nothing distributed ran), bold.
+_STYLES = {"failed": "31", "passed": "32", "errored": "33", "flaky": "33", "not_run": "35", "bold": "1"}
 
 
 def wants_color(stream: TextIO) -> bool:

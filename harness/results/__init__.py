@@ -35,6 +35,7 @@ from harness.results.model import (
     Counts,
     GpuMemory,
     Labelled,
+    NotRun,
     Number,
     Outcome,
     Problem,
@@ -43,9 +44,17 @@ from harness.results.model import (
     TestResult,
     finite,
     natural_key,
+    nothing_distributed_ran,
     number,
 )
-from harness.results.reader import find_cell_folders, load_results, parse_xml, paused_gc, read_cell
+from harness.results.reader import (
+    find_cell_folders,
+    load_results,
+    parse_xml,
+    paused_gc,
+    read_cell,
+    read_junit_tests,
+)
 
 __all__ = [
     "CONTRACT_FILES",
@@ -65,6 +74,7 @@ __all__ = [
     "GpuMemory",
     "Labelled",
     "MemoryChange",
+    "NotRun",
     "Number",
     "Outcome",
     "Problem",
@@ -83,9 +93,11 @@ __all__ = [
     "load_results",
     "natural_key",
     "nightly_regressions",
+    "nothing_distributed_ran",
     "number",
     "parse_xml",
     "paused_gc",
     "read_cell",
+    "read_junit_tests",
     "test_key",
 ]

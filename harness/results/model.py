@@ -3,9 +3,8 @@ every later stage (digest, comparison, report). Nothing here reads a file."""
 
 from __future__ import annotations
 
-import json
-
 import hashlib
+import json
 import math
 import re
 import shlex
@@ -17,14 +16,21 @@ from harness.contract import (
     EP_FAMILIES_COVERED,
     EP_FAMILIES_DECLARED,
     EP_FAMILIES_NOT_COVERED,
+    FAMILY,
     GRAD_BOUND,
     GRAD_ERROR,
     GRAD_ERROR_PARAM,
+    HOST_RANK_UNIT,
+    HOST_RANKS,
     LOGITS_ATOL,
     LOGITS_DIFFERENCE,
+    NEEDS_WORLD_SIZE,
     PEAK_ALLOCATED_PREFIX,
+    RANK_UNITS,
     ROUTING_MARGIN,
+    STATUS_NOT_RUN,
     TRANSFORMERS_VERSION,
+    WORLD_SIZE,
 )
 
 # Magnitudes outside this range are shown, never computed with: a log scale, round() or a sum of them
@@ -36,6 +42,10 @@ _K_IDENT = re.compile(r"^[\w:+\-.\[\]\\/]+$")
 _K_KEYWORDS = {"and", "or", "not", "True", "False", "None"}
 _K_NAME_CHARS = 200  # longer names make a command nobody pastes
 _K_NAMES = 8
+# A world size or a host's rank count read from junit.xml: a whole number up to this (GB200 NVL72 racks hold
+# 72 GPUs; a cell of many hosts a few thousand). Anything else reads as not recorded.
+LARGEST_WORLD = 1_000_000
+FAMILY_CHARS = 100  # a model_type name
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +93,18 @@ def finite(value: Number | None) -> float | None:
     return value if isinstance(value, float) else None
 
 
+def whole_number(raw: str | None, smallest: int) -> int | None:
+    """A recorded count (a world size, a host's GPUs or ranks): decimal digits from `smallest` to LARGEST_WORLD,
+    else None. The text is untrusted: "2.0", "-1", "1e9" and a thousand digits all read as not recorded."""
+    if raw is None:
+        return None
+    text = raw.strip()
+    if not text or len(text) > len(str(LARGEST_WORLD)) or not (text.isascii() and text.isdigit()):
+        return None
+    value = int(text)
+    return value if smallest <= value <= LARGEST_WORLD else None
+
+
 class Outcome(str, Enum):
     PASSED = "passed"
     FAILED = "failed"
@@ -100,6 +122,7 @@ class CellStatus(str, Enum):
     PASSED = "passed"
     FAILED = "failed"  # tests failed
     ERRORED = "errored"  # no usable junit.xml, or env.json says the cell itself broke
+    NOT_RUN = STATUS_NOT_RUN  # nothing failed, but no distributed case ran: the host had too few GPUs or ranks
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +156,16 @@ class TestResult:
     logits_difference: Number | None = field(init=False, compare=False, repr=False)
     logits_atol: Number | None = field(init=False, compare=False, repr=False)
     peak_allocated_mib: Number | None = field(init=False, compare=False, repr=False)  # largest over ranks
+    # What the ranks fixture recorded: the world size a case launched on, or the one it needed and what the host
+    # had when it was skipped for too few GPUs or ranks; and the family a suite case ran.
+    world_size: int | None = field(init=False, compare=False, repr=False)
+    needs_world_size: int | None = field(init=False, compare=False, repr=False)
+    host_ranks: int | None = field(init=False, compare=False, repr=False)
+    host_rank_unit: str | None = field(init=False, compare=False, repr=False)  # one of contract.RANK_UNITS
+    family: str | None = field(init=False, compare=False, repr=False)
+    # Skipped for too few GPUs or ranks: the property is there, whatever its value (a garbled number still
+    # says the case did not run).
+    not_run_for_ranks: bool = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         values = dict(self.properties)
@@ -146,6 +179,20 @@ class TestResult:
         object.__setattr__(self, "logits_difference", number(values.get(LOGITS_DIFFERENCE)))
         object.__setattr__(self, "logits_atol", number(values.get(LOGITS_ATOL)))
         object.__setattr__(self, "peak_allocated_mib", odd[0] if odd else (max(usable) if usable else None))
+        object.__setattr__(self, "world_size", whole_number(values.get(WORLD_SIZE), 1))
+        object.__setattr__(self, "needs_world_size", whole_number(values.get(NEEDS_WORLD_SIZE), 1))
+        object.__setattr__(self, "host_ranks", whole_number(values.get(HOST_RANKS), 0))
+        unit = values.get(HOST_RANK_UNIT)
+        object.__setattr__(self, "host_rank_unit", unit if unit in RANK_UNITS else None)
+        family = values.get(FAMILY)
+        object.__setattr__(self, "family", family if family and len(family) <= FAMILY_CHARS else None)
+        skipped = self.outcome is Outcome.SKIPPED
+        object.__setattr__(self, "not_run_for_ranks", skipped and NEEDS_WORLD_SIZE in values)
+
+    @property
+    def ran_distributed(self) -> bool:
+        """It launched on two ranks or more (passed, failed or xfailed: it ran)."""
+        return self.outcome is not Outcome.SKIPPED and self.world_size is not None and self.world_size >= 2
 
     @property
     def has_metrics(self) -> bool:
@@ -254,6 +301,43 @@ class Counts:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class NotRun:
+    """A cell's cases skipped because its host had too few GPUs or ranks, read from their typed properties:
+    how many, the world sizes they needed and what the host had (None where no usable number was recorded)."""
+
+    cases: int = 0
+    smallest_world: int | None = None
+    largest_world: int | None = None
+    host_ranks: int | None = None
+    host_rank_unit: str | None = None  # one of contract.RANK_UNITS
+
+    @classmethod
+    def of(cls, tests: Iterable[TestResult]) -> NotRun:
+        skipped = [test for test in tests if test.not_run_for_ranks]
+        needed = [test.needs_world_size for test in skipped if test.needs_world_size is not None]
+        # Every case of a cell sees the same host; the first that recorded it speaks for them.
+        host = next((test for test in skipped if test.host_ranks is not None), None)
+        return cls(
+            cases=len(skipped),
+            smallest_world=min(needed, default=None),
+            largest_world=max(needed, default=None),
+            host_ranks=host.host_ranks if host else None,
+            host_rank_unit=next((test.host_rank_unit for test in skipped if test.host_rank_unit), None),
+        )
+
+
+def nothing_distributed_ran(tests: Iterable[TestResult]) -> bool:
+    """Some case was skipped for too few GPUs or ranks and none launched on two ranks or more: the host ran only
+    what it could, which is not what a cell is for (the status NOT_RUN; `harness run` decides it with this too)."""
+    any_not_run = False
+    for test in tests:
+        if test.ran_distributed:
+            return False
+        any_not_run = any_not_run or test.not_run_for_ranks
+    return any_not_run
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CellResult:
     info: CellInfo
     status: CellStatus
@@ -278,10 +362,15 @@ class CellResult:
     folder: str = ""
     counts: Counts = field(init=False, compare=False)  # from `tests`
     failing_tests: tuple[TestResult, ...] = field(init=False, compare=False, repr=False)
+    not_run: NotRun = field(init=False, compare=False)  # from `tests`: what the host could not run
+    ran_families: tuple[str, ...] = field(init=False, compare=False)  # families with a distributed case that ran
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "counts", Counts.of(self.tests))
         object.__setattr__(self, "failing_tests", tuple(test for test in self.tests if test.outcome.is_failing))
+        object.__setattr__(self, "not_run", NotRun.of(self.tests))
+        families = {test.family for test in self.tests if test.family and test.ran_distributed}
+        object.__setattr__(self, "ran_families", tuple(sorted(families)))
 
     @property
     def id(self) -> str:

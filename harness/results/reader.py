@@ -37,6 +37,7 @@ from harness.contract import (
     PYTEST_LOG,
     RUNNING_TEST,
     SCHEMA,
+    STATUS_NOT_RUN,
     STATUSES,
 )
 from harness.errors import ConfigError
@@ -55,6 +56,7 @@ from harness.results.model import (
     capped,
     finite,
     natural_key,
+    nothing_distributed_ran,
     number,
 )
 
@@ -191,7 +193,7 @@ def _read_cell(folder: Path) -> CellResult:
     exit_code = env_fields.integer("exit_code")
     tests = _with_stopped_test(junit, _read_running_test(folder / RUNNING_TEST))
     status, reason = _cell_status(
-        env_status, env_fields.text("error"), exit_code, junit.problem, Counts.of(tests)
+        env_status, env_fields.text("error"), exit_code, junit.problem, Counts.of(tests), nothing_distributed_ran(tests)
     )
     memory, memory_note = _read_memory(memory_doc, problems)
     duration_s = env_fields.number("duration_s")
@@ -226,6 +228,7 @@ def _cell_status(
     exit_code: int | None,
     junit_problem: Problem | None,
     counts: Counts,
+    nothing_distributed: bool,
 ) -> tuple[CellStatus, str | None]:
     if env_status == "errored":
         return CellStatus.ERRORED, env_error or "env.json says errored and gives no reason"
@@ -237,6 +240,9 @@ def _cell_status(
         return CellStatus.FAILED, None
     if env_status == "failed":
         return CellStatus.FAILED, f"pytest exited with code {exit_code} but junit.xml records no failure"
+    # Either one saying so is enough: a cell that ran nothing distributed is never read as green.
+    if env_status == STATUS_NOT_RUN or nothing_distributed:
+        return CellStatus.NOT_RUN, None
     return CellStatus.PASSED, None
 
 

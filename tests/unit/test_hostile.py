@@ -353,6 +353,7 @@ def test_every_metric_the_contract_names_appears_in_some_rendering(tmp_path):
     values = {name: f"{index + 1}.2345e-0{index + 1}" for index, name in enumerate(contract.CASE_METRICS)}
     values[contract.GRAD_ERROR_PARAM] = "model.layers.1.mlp.experts.gate_up_proj"
     values[contract.PEAK_ALLOCATED_PREFIX + "0"] = "3072"
+    values[contract.WORLD_SIZE], values[contract.FAMILY] = "2", "qwen3_moe"  # a distributed case of it ran: covered
     suite = "".join(
         f'<property name="{name}" value="{value}"/>'
         for name, value in (

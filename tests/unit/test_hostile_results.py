@@ -96,3 +96,41 @@ def test_a_cell_folder_name_that_is_not_utf8_renders_in_every_format(tmp_path):
     cell.folder.encode("utf-8")
     rendered = render_all(results, tmp_path)
     assert all("ada-2gpu-torch2.11.0-tf5.9.0-" in text for text in rendered.values())
+
+
+def junit_case(properties: dict[str, str], result: str) -> str:
+    listed = "".join(f'<property name="{name}" value="{value}"/>' for name, value in properties.items())
+    return ('<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" time="1.0">'
+            f'<testcase classname="t" name="test_case" time="0.5"><properties>{listed}</properties>{result}'
+            '</testcase></testsuite></testsuites>')
+
+
+SKIP = '<skipped type="pytest.skip" message="needs 4 GPUs"/>'
+
+
+@pytest.mark.parametrize("value", ["9" * 1000, "-2", "2.0", "1e9", "nan", " ", "0x10", "２", "1000001"])
+def test_a_garbled_world_size_is_not_a_number_but_the_case_still_did_not_run(tmp_path, value):
+    folder = tmp_path / "results" / CELL
+    env_json(folder)
+    properties = {"needs_world_size": value, "host_ranks": value, "host_rank_unit": "&lt;script&gt;x"}
+    (folder / "junit.xml").write_text(junit_case(properties, SKIP))
+    [cell] = load_results([tmp_path / "results"]).cells
+    assert cell.status is CellStatus.NOT_RUN  # the property is there: the case was skipped for too few ranks
+    assert (cell.not_run.cases, cell.not_run.smallest_world, cell.not_run.host_ranks) == (1, None, None)
+    assert cell.not_run.host_rank_unit is None  # only GPUs or ranks
+    rendered = render_all(tmp_path / "results", tmp_path)
+    said = "nothing distributed ran: 1 case needs more GPUs or ranks, more than this host has"
+    assert all(said in " ".join(text.split()) for text in rendered.values())  # the terminal wraps it
+    assert not any("<script>" in text for text in rendered.values())
+
+
+@pytest.mark.parametrize("value", ["1e9", "2.5", "-2", "two", "9" * 100])
+def test_a_garbled_world_size_on_a_case_that_ran_does_not_make_it_distributed(tmp_path, value):
+    folder = tmp_path / "results" / CELL
+    env_json(folder)
+    (folder / "junit.xml").write_text(junit_case({"world_size": value, "family": "x" * 10_000}, ""))
+    [cell] = load_results([tmp_path / "results"]).cells
+    [test] = cell.tests
+    assert test.world_size is None and not test.ran_distributed
+    assert test.family is None and cell.ran_families == ()  # a family name is short
+    render_all(tmp_path / "results", tmp_path)

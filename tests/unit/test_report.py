@@ -17,6 +17,7 @@ from harness.cli import main
 from harness.contract import COMMENT_LIMIT, COMMENT_MARKER
 from harness.filters import code_span, fence_for, html_text, markdown_text, one_line
 from harness.report import render
+from harness.report_model import build_report
 from harness.results import (
     CellInfo,
     CellResult,
@@ -25,11 +26,13 @@ from harness.results import (
     GpuMemory,
     Outcome,
     ResultSet,
+    SuiteInfo,
     TestResult,
     decode_digest,
     digest,
     load_baseline,
     load_results,
+    nothing_distributed_ran,
 )
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -71,7 +74,7 @@ def test_golden_stage(expected, build):
 def test_every_sample_cell_folder_holds_its_pytest_log():
     # The crashed cell's log tail is in the expected output; a log lost on the way to git must fail here.
     folders = [path.parent for path in (GOLDEN / "samples").rglob("env.json")]
-    assert len(folders) == 10
+    assert len(folders) == 12
     assert all((folder / "pytest.log").is_file() for folder in folders)
 
 
@@ -97,15 +100,27 @@ def make_test(index: int, outcome: Outcome = Outcome.PASSED, *, name: str | None
                       properties=tuple((key, str(value)) for key, value in properties.items()))
 
 
+def not_run_test(index: int, needs: int = 4, host: int = 1, unit: str = "GPUs") -> TestResult:
+    """A case the ranks fixture skipped for too few GPUs or ranks, with the properties it records."""
+    return make_test(index, Outcome.SKIPPED, message=f"needs {needs} {unit}", needs_world_size=needs,
+                     host_ranks=host, host_rank_unit=unit)
+
+
+def ran_test(index: int, family: str, outcome: Outcome = Outcome.PASSED, world_size: int = 2) -> TestResult:
+    return make_test(index, outcome, world_size=world_size, family=family)
+
+
 def cell(cell_id: str, *tests: TestResult, status: CellStatus | None = None, reason: str | None = None,
-         peaks: tuple[float | None, ...] = (), gpu: str = "h200", torch: str = "2.11.0") -> CellResult:
+         peaks: tuple[float | None, ...] = (), gpu: str = "h200", torch: str = "2.11.0",
+         suite: SuiteInfo | None = None) -> CellResult:
     counts = Counts.of(tests)
     if status is None:
         status = CellStatus.FAILED if counts.failed or counts.errored else CellStatus.PASSED
+        status = CellStatus.NOT_RUN if status is CellStatus.PASSED and nothing_distributed_ran(tests) else status
     memory = tuple(GpuMemory(index=index, peak_used_mib=peak, total_mib=143771.0)
                    for index, peak in enumerate(peaks))
     info = CellInfo(id=cell_id, gpu=gpu, gpus=len(peaks) or 2, torch=torch, transformers="5.18.0")
-    return CellResult(info=info, status=status, reason=reason, tests=tests, memory=memory,
+    return CellResult(info=info, status=status, reason=reason, tests=tests, memory=memory, suite=suite or SuiteInfo(),
                       duration_s=61.0, reproduce=f"harness run --cell '{cell_id}'")
 
 
@@ -223,6 +238,14 @@ def test_code_span_in_a_table_escapes_pipes():
       cell("c", make_test(0))), "❌ **1 of 3 cells failed, 1 errored**"),
     ((cell("a", status=CellStatus.ERRORED, reason="r"), cell("b", make_test(0))),
      "💥 **1 of 2 cells errored**"),
+    ((cell("a", not_run_test(0)),), "⏸️ **nothing distributed ran in the only cell**"),
+    ((cell("a", not_run_test(0)), cell("b", not_run_test(0))), "⏸️ **nothing distributed ran in any of 2 cells**"),
+    ((cell("a", not_run_test(0)), cell("b", make_test(0))),
+     "⏸️ **nothing distributed ran in 1 of 2 cells; the others passed**"),
+    ((cell("a", make_test(0, Outcome.FAILED, message="m")), cell("b", not_run_test(0))),
+     "❌ **1 of 2 cells failed, 1 ran nothing distributed**"),
+    ((cell("a", status=CellStatus.ERRORED, reason="r"), cell("b", not_run_test(0))),
+     "💥 **1 of 2 cells errored, 1 ran nothing distributed**"),
 ])
 def test_verdict_line_comes_right_after_the_marker(cells, verdict):
     lines = render(ResultSet(cells), "pr-comment", sha="0123456789abcdef", matrix_name="pr").splitlines()
@@ -238,6 +261,45 @@ def test_a_run_with_local_changes_says_so_beside_its_commit(fmt):
     assert "with local changes" not in render(ResultSet((clean,)), fmt)
     # Another commit given on the command line is not the one the changes were made on.
     assert "with local changes" not in render(ResultSet((dirty,)), fmt, sha="fedcba9876543210")
+
+
+FORMATS = ("pr-comment", "summary", "terminal", "html")
+
+
+def flat(text: str) -> str:
+    """The text with every run of white space one space: the terminal wraps long lines."""
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_cell_that_ran_nothing_distributed_is_never_called_passed(fmt):
+    text = render(ResultSet((cell("ada-1gpu", make_test(0), not_run_test(1, 2), not_run_test(2, 8)),)), fmt)
+    assert "nothing distributed ran in the only cell" in text
+    assert "nothing distributed ran: 2 cases need 2-8 GPUs, this host has 1" in flat(text)
+    assert "passed**" not in text and "cell passed" not in text and "✅" not in text
+    assert "NOT RUN" in text if fmt == "terminal" else "⏸️" in text
+    assert "Reproduce" not in text and "reproduce:" not in text  # it needs a larger host, not a rerun here
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_cell_where_some_distributed_cases_ran_passes_and_says_what_it_could_not_run(fmt):
+    partly = cell("h200-2gpu", ran_test(0, "mixtral"), not_run_test(1, needs=8, host=2))
+    assert partly.status is CellStatus.PASSED
+    text = render(ResultSet((partly,)), fmt)
+    assert "the only cell passed" in text
+    assert "h200-2gpu" in text and "1 case not run: it needs 8 GPUs, this host has 2" in flat(text)
+
+
+def test_coverage_counts_a_family_only_where_one_of_its_distributed_cases_ran():
+    suite = SuiteInfo(ep_families_declared=("alpha", "beta", "gamma", "delta"),
+                      ep_families_covered=("alpha", "beta", "gamma"), ep_families_not_covered=(("delta", "no plan"),))
+    skipped_beta = dataclasses.replace(not_run_test(1), properties=(*not_run_test(1).properties, ("family", "beta")))
+    tests = (ran_test(0, "alpha", Outcome.FAILED), skipped_beta, ran_test(2, "gamma", world_size=1))
+    [coverage] = build_report(ResultSet((cell("c", *tests, suite=suite),))).coverage
+    assert coverage.covered == ("alpha",)  # a failed case ran; a skipped one and a world of 1 cover nothing
+    assert coverage.missing == (("beta", "none of its distributed cases ran in this cell"),
+                                ("gamma", "none of its distributed cases ran in this cell"), ("delta", "no plan"))
+    assert "EP families covered: 1 of 4" in render(ResultSet((cell("c", *tests, suite=suite),)), "terminal")
 
 
 def test_flaky_tests_are_shown_in_the_verdict_and_listed():

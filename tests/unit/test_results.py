@@ -18,6 +18,7 @@ from harness.results import (
     BaselineUnreadable,
     CellResult,
     CellStatus,
+    NotRun,
     Outcome,
     ResultSet,
     TestResult,
@@ -92,7 +93,7 @@ def test_failure_keeps_first_line_and_the_end_of_the_traceback():
     routing = next(t for t in read_cell(ADA).tests if t.test_id.endswith("::test_ep_routing"))
     assert routing.message == ("routing differs: layer 1 sends 1 of 32 tokens to other experts "
                                "than the whole model")
-    assert routing.excerpt.endswith("tests/gpu/test_ep.py:43: AssertionError")
+    assert routing.excerpt.endswith("tests/gpu/test_ep.py:45: AssertionError")
     assert routing.property_value("min_routing_margin") == "0.18"
 
 
@@ -107,6 +108,63 @@ def test_skips_xfail_and_properties_from_a_passing_cell():
     assert gradients.number("grad_error_bound") == pytest.approx(3e-2)
     assert gradients.peak_allocated_mib == pytest.approx(4216.0)  # the larger of rank0 and rank1
     assert (cell.status, cell.memory, cell.memory_note) == (CellStatus.PASSED, (), "cpu cell: no GPU")
+
+
+def test_a_cell_where_nothing_distributed_ran_is_not_run_and_says_what_it_needed():
+    cell = read_cell(SAMPLES / "notrun" / "cpu-1rank-torch2.13.0-tf5.24.0")
+    assert (cell.status, cell.reason) == (CellStatus.NOT_RUN, None)
+    assert cell.not_run == NotRun(cases=12, smallest_world=2, largest_world=8, host_ranks=1, host_rank_unit="ranks")
+    assert cell.ran_families == ()
+    assert cell.counts.failed == cell.counts.errored == 0 and cell.counts.passed > 0  # what one rank can run, ran
+
+
+def test_a_cell_where_some_distributed_cases_ran_passes_and_counts_the_others():
+    cell = read_cell(CPU)
+    assert cell.status is CellStatus.PASSED
+    assert cell.not_run == NotRun(cases=7, smallest_world=4, largest_world=8, host_ranks=2, host_rank_unit="ranks")
+    assert cell.ran_families == ("mixtral", "qwen3_moe")  # gpt_oss has no distributed case in the sample suite
+
+
+def test_a_failed_distributed_case_counts_as_run_and_its_family_as_covered():
+    failed = next(test for test in read_cell(ADA).tests if test.name == "test_ep_gradients[2-bf16]")
+    assert (failed.outcome, failed.world_size, failed.family) == (Outcome.FAILED, 2, "qwen3_moe")
+    assert failed.ran_distributed and not failed.not_run_for_ranks
+
+
+def junit_of(*cases: str) -> str:
+    """A junit.xml of the given <testcase> bodies (their results and properties), one test each."""
+    entries = "".join(f'<testcase classname="tests.gpu.test_ep" name="test_{index}" file="tests/gpu/test_ep.py" '
+                      f'time="0.1">{case}</testcase>' for index, case in enumerate(cases))
+    return f'<?xml version="1.0"?><testsuites><testsuite name="pytest">{entries}</testsuite></testsuites>'
+
+
+def props(**values: object) -> str:
+    return "<properties>" + "".join(f'<property name="{name}" value="{value}"/>' for name, value in values.items()) + \
+        "</properties>"
+
+
+SKIPPED_FOR_RANKS = props(needs_world_size=4, host_ranks=1, host_rank_unit="GPUs") + \
+    '<skipped type="pytest.skip" message="needs 4 GPUs (1 visible)"/>'
+RAN_ON_TWO = props(world_size=2, family="mixtral")
+
+
+@pytest.mark.parametrize(("env_status", "exit_code", "cases", "status"), [
+    ("passed", 0, [SKIPPED_FOR_RANKS, ""], "not_run"),  # the folder says passed; its cases say otherwise
+    ("not_run", 0, [SKIPPED_FOR_RANKS, ""], "not_run"),
+    ("not_run", 0, [""], "not_run"),  # env.json alone is enough never to read green
+    ("passed", 0, [SKIPPED_FOR_RANKS, RAN_ON_TWO], "passed"),
+    ("passed", 0, [SKIPPED_FOR_RANKS, RAN_ON_TWO + '<skipped type="pytest.xfail" message="known"/>'], "passed"),
+    ("failed", 1, [SKIPPED_FOR_RANKS, '<failure message="one is not two"/>'], "failed"),  # red wins
+    ("passed", 0, [props(world_size=1), ""], "passed"),  # nothing skipped for ranks: nothing it could not run
+    # a skip for another reason (a release floor) says nothing about the host, whatever its words
+    ("passed", 0, ['<skipped type="pytest.skip" message="needs 4 GPUs"/>'], "passed"),
+    # a case that recorded a world size and then skipped did not run
+    ("passed", 0, [SKIPPED_FOR_RANKS, props(world_size=2) + '<skipped type="pytest.skip" message="m"/>'], "not_run"),
+])
+def test_not_run_comes_from_the_typed_properties(tmp_path, env_status, exit_code, cases, status):
+    folder = write_cell(tmp_path / "ada-1gpu-torch2.11.0-tf5.9.0", junit=junit_of(*cases),
+                        env=env_json(status=env_status, exit_code=exit_code))
+    assert read_cell(folder).status.value == status
 
 
 def test_crashed_cell_without_junit_is_errored_with_the_log_tail():

@@ -51,16 +51,31 @@ SUITES = {
     "empty": """
         x = 1
     """,
+    # The ranks fixture with a trivial function: on one rank both world sizes skip before any rank starts.
+    "distributed": """
+        import pytest
+
+        def plus_one(value):
+            return value + 1
+
+        @pytest.mark.parametrize("world_size", [2, 4])
+        def test_on_ranks(ranks, world_size):
+            assert ranks.run(world_size, plus_one, 1) == [2] * world_size
+
+        def test_in_one_process():
+            pass
+    """,
 }
 
 
-def write_matrix(tmp_path: Path, suite: str, *, torch: str = TORCH, timeout_minutes: float = 5) -> str:
+def write_matrix(tmp_path: Path, suite: str, *, torch: str = TORCH, timeout_minutes: float = 5,
+                 ranks: int = 2) -> str:
     suite_dir = tmp_path / f"suite_{suite}"
     suite_dir.mkdir(exist_ok=True)
     (suite_dir / f"test_{suite}.py").write_text(textwrap.dedent(SUITES[suite]))
     path = tmp_path / f"{suite}.yaml"
     path.write_text(textwrap.dedent(f"""
-        axes: {{gpu: [cpu], gpus: [2], torch: ["{torch}"], transformers: ["{TRANSFORMERS}"]}}
+        axes: {{gpu: [cpu], gpus: [{ranks}], torch: ["{torch}"], transformers: ["{TRANSFORMERS}"]}}
         suite: ["{suite_dir}"]
         timeout_minutes: {timeout_minutes}
         test_timeout_seconds: 120
@@ -68,8 +83,8 @@ def write_matrix(tmp_path: Path, suite: str, *, torch: str = TORCH, timeout_minu
     return str(path)
 
 
-def cell_folder(results: Path, torch: str = TORCH) -> Path:
-    return results / f"cpu-2rank-torch{torch}-tf{TRANSFORMERS}"
+def cell_folder(results: Path, torch: str = TORCH, ranks: int = 2) -> Path:
+    return results / f"cpu-{ranks}rank-torch{torch}-tf{TRANSFORMERS}"
 
 
 def read_env(folder: Path) -> dict:
@@ -134,6 +149,52 @@ def test_failing_cell_is_failed_and_exits_1(tmp_path):
     assert run(tmp_path, write_matrix(tmp_path, "failing")) == 1
     env = read_env(cell_folder(tmp_path / "results"))
     assert env["status"] == "failed" and env["exit_code"] == 1
+
+
+def test_a_one_rank_cell_that_ran_nothing_distributed_is_not_run_and_not_green(tmp_path, capsys):
+    """HARNESS_CPU_RANKS=1 (a cpu cell of 1 rank): the ranks fixture skips both world sizes, the rest passes."""
+    matrix = write_matrix(tmp_path, "distributed", ranks=1)
+    assert run(tmp_path, matrix, "--", "--no-ranks-pool") == harness.run.EXIT_NOT_RUN
+    folder = cell_folder(tmp_path / "results", ranks=1)
+    env = read_env(folder)
+    assert (env["status"], env["exit_code"], env["error"]) == ("not_run", 0, None)
+    table = capsys.readouterr().out
+    assert f"NOT RUN {folder.name}" in table and "harness: nothing distributed ran in the only cell" in table
+    assert "nothing distributed ran: 2 cases need 2-4 ranks, this host has 1" in " ".join(table.split())
+    comment = tmp_path / "comment.md"
+    assert main(["report", str(tmp_path / "results"), "--format", "pr-comment", "-o", str(comment)]) == 0
+    text = comment.read_text()
+    assert "⏸️ **nothing distributed ran in the only cell**" in text and "passed**" not in text
+    assert "nothing distributed ran: 2 cases need 2-4 ranks, this host has 1" in text
+
+
+@pytest.mark.parametrize(("statuses", "code"), [
+    (["passed", "passed"], 0),
+    (["passed", "not_run"], harness.run.EXIT_NOT_RUN),
+    (["not_run", "not_run"], harness.run.EXIT_NOT_RUN),  # a matrix of cells that ran nothing is not green
+    (["not_run", "failed"], 1),
+    (["errored", "not_run"], 1),
+])
+def test_exit_status_is_1_for_red_and_its_own_code_for_not_run(statuses, code):
+    assert harness.run.exit_status(statuses) == code
+
+
+JUNIT_CASE = ('<?xml version="1.0"?><testsuites><testsuite name="pytest"><testcase classname="t" name="test_{0}">'
+              '<properties><property name="{1}" value="2"/></properties>{2}</testcase></testsuite></testsuites>')
+
+
+@pytest.mark.parametrize(("prop", "result", "status"), [
+    ("needs_world_size", '<skipped type="pytest.skip" message="needs 2 GPUs (1 visible)"/>', "not_run"),
+    ("world_size", "", "passed"),
+    # the words alone decide nothing: a skip without the property is an ordinary skip
+    ("dtype", '<skipped type="pytest.skip" message="needs 2 GPUs (1 visible)"/>', "passed"),
+])
+def test_classify_reads_not_run_from_the_typed_properties(tmp_path, prop, result, status):
+    junit = tmp_path / "junit.xml"
+    junit.write_text(JUNIT_CASE.format("case", prop, result))
+    cell = harness.run.load_matrix(write_matrix(tmp_path, "passing")).cells[0]
+    assert harness.run.classify(cell, 0, False, junit) == (status, None, None)
+    assert harness.run.classify(cell, 1, False, junit)[0] == "failed"  # pytest's red stays red
 
 
 def test_crashing_pytest_is_errored(tmp_path):

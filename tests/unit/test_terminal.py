@@ -48,6 +48,17 @@ def test_colour_marks_statuses_and_the_verdict_but_never_changes_the_text():
     assert not any(ANSI.search(line) for line in plain)
 
 
+def test_a_cell_that_ran_nothing_distributed_reads_not_run_in_its_own_colour():
+    painted = render(load_results([str(RUN.parent / "notrun")]), "terminal", color=True).splitlines()
+    plain = [ANSI.sub("", line) for line in painted]
+    assert plain[0].startswith("harness: nothing distributed ran in any of 2 cells")
+    assert painted[0].startswith("harness: \x1b[35mnothing distributed ran")  # neither green nor red
+    assert "\x1b[35mNOT RUN\x1b[0m ada-1gpu-torch2.11.0-tf5.24.0" in painted
+    assert "NOT RUN cpu-1rank-torch2.13.0-tf5.24.0" in plain
+    assert not any(line.startswith(("PASSED", "harness: all", "harness: the only")) for line in plain)
+    assert all(len(line) <= COLUMNS for line in plain if not line.startswith("EP families"))
+
+
 class Tty(io.StringIO):
     def isatty(self) -> bool:
         return True

@@ -14,6 +14,8 @@ samples/run/       the run under test, laid out as downloaded artifacts:
                    artifact-name/cell-id/... for most cells, artifact-name/... (the artifact folder
                    is the cell folder) for one
 samples/baseline/  the run before it, as plain results/<cell-id>/ folders
+samples/notrun/    a run on one-GPU (one-rank) hosts: every distributed case skipped for too few GPUs or ranks,
+                   nothing failed, so each cell is not_run
 expected/          per stage: the model the reader builds (model-*.json), the digest a comment
                    carries (digest-run.json), and what `harness report` renders for GOLDEN_CASES
 """
@@ -47,6 +49,9 @@ GOLDEN_CASES = (
     ("report.html", "run", None, "html"),
     ("pr-comment-vs-baseline.md", "run", "baseline", "pr-comment"),
     ("terminal-vs-baseline.txt", "run", "baseline", "terminal"),
+    ("pr-comment-notrun.md", "notrun", None, "pr-comment"),
+    ("terminal-notrun.txt", "notrun", None, "terminal"),
+    ("report-notrun.html", "notrun", None, "html"),
 )
 
 SUITE_CONFTEST = '''
@@ -61,9 +66,19 @@ FLAGS = set(os.environ.get("SAMPLE_FLAGS", "").split(","))
 STATE = os.environ["SAMPLE_STATE"]
 
 
-def needs(world):
+def needs(world, record_property):
     if world > GPUS:
+        # as harness's ranks fixture does: what the case needed and what the host has, before the skip
+        record_property("needs_world_size", world)
+        record_property("host_ranks", GPUS)
+        record_property("host_rank_unit", "ranks" if CPU else "GPUs")
         pytest.skip(f"needs {world} CPU ranks" if CPU else f"needs {world} GPUs")
+
+
+def launched(record_property, world, family):
+    """What harness's ranks fixture and the suite record before a case's ranks start."""
+    record_property("world_size", world)
+    record_property("family", family)
 
 
 def first_attempt(name):
@@ -75,13 +90,12 @@ def first_attempt(name):
     return True
 
 
-def record_measurements(record_property, world, error, bound, margin, peak_mib):
+def record_measurements(record_property, error, bound, margin, peak_mib, world):
     record_property("max_rel_grad_error", error)
     record_property("grad_error_bound", bound)
     record_property("min_routing_margin", margin)
     for rank in range(world):
         record_property(f"peak_allocated_mib.rank{rank}", peak_mib + 16 * rank)
-    record_property("world_size", world)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -97,8 +111,8 @@ def ep_coverage(record_testsuite_property):
 
 
 @pytest.fixture
-def process_group(world):
-    needs(world)
+def process_group(world, record_property):
+    needs(world, record_property)
     if "broken-fixture" in FLAGS:
         raise RuntimeError("NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)")
     yield "gloo" if CPU else "nccl"
@@ -109,23 +123,25 @@ import os
 import signal
 
 import pytest
-from conftest import FLAGS, needs, record_measurements
+from conftest import FLAGS, launched, needs, record_measurements
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])
-def test_ep_load(world):
-    needs(world)
+def test_ep_load(world, record_property):
+    needs(world, record_property)
+    launched(record_property, world, "qwen3_moe")
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_ep_gradients(world, dtype, record_property):
-    needs(world)
+    needs(world, record_property)
+    launched(record_property, world, "qwen3_moe")
     bound = {"bf16": 3e-2, "fp32": 1e-4}[dtype]
     error = {"bf16": 4.2e-3, "fp32": 2.5e-6}[dtype] * world / 2
     if "grad-over-bound" in FLAGS and dtype == "bf16":
         error = 4.1e-2
-    record_measurements(record_property, world, error, bound, 0.21, 1800.0 * world)
+    record_measurements(record_property, error, bound, 0.21, 1800.0 * world, world)
     record_property("dtype", dtype)
     assert error <= bound, f"gradient error {error:.2e} above bound {bound:.0e} ({dtype}, {world} ranks)"
 
@@ -157,21 +173,23 @@ SUITE_FSDP = '''
 import os
 
 import pytest
-from conftest import CPU, FLAGS, first_attempt, needs, record_measurements
+from conftest import CPU, FLAGS, first_attempt, launched, needs, record_measurements
 
 HOSTILE_ID = "pipe|tick`<script>alert(1)</script>@octocat"
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_fsdp_gradients(world, process_group, record_property):
-    needs(world)
-    record_measurements(record_property, world, 1.1e-3 * world, 3e-2, 0.25, 2100.0 * world)
+    launched(record_property, world, "mixtral")
+    record_measurements(record_property, 1.1e-3 * world, 3e-2, 0.25, 2100.0 * world, world)
 
 
 @pytest.mark.skipif("nvfp4-floor" in FLAGS, reason="needs torch>=2.14 for nvfp4 fake quant")
 def test_fsdp_nvfp4(record_property):
+    needs(2, record_property)
+    launched(record_property, 2, "mixtral")
     error = float("inf") if "grad-inf" in FLAGS else 1.9e-2  # what the suite records for a non-finite gradient
-    record_measurements(record_property, 2, error, 3e-2, 0.25, 2300.0)
+    record_measurements(record_property, error, 3e-2, 0.25, 2300.0, 2)
     assert error <= 3e-2, f"gradient error {error} above bound 3e-02"
 
 
@@ -256,10 +274,17 @@ BASELINE = (
 )
 
 
+# One-GPU (one-rank) hosts: the distributed cases skip for too few GPUs or ranks, the rest pass.
+NOTRUN = (
+    Sample(cell_id="ada-1gpu-torch2.11.0-tf5.24.0", peaks_mib=(2048.0,), duration_s=21.0, matrix="pr"),
+    Sample(cell_id="cpu-1rank-torch2.13.0-tf5.24.0", duration_s=9.5, matrix="pr"),
+)
+
+
 def build_samples() -> None:
     scratch = Path(tempfile.gettempdir()) / "harness-golden"  # a fixed path keeps pytest.log stable
     try:
-        for name, samples, sha in (("run", RUN, SHA), ("baseline", BASELINE, BASELINE_SHA)):
+        for name, samples, sha in (("run", RUN, SHA), ("baseline", BASELINE, BASELINE_SHA), ("notrun", NOTRUN, SHA)):
             shutil.rmtree(SAMPLES / name, ignore_errors=True)
             for sample in samples:
                 folder = SAMPLES / name / sample.artifact / ("" if sample.cell_is_artifact else sample.cell_id)
@@ -291,7 +316,7 @@ def run_sample(sample: Sample, folder: Path, scratch: Path, sha: str) -> None:
     if junit.is_file():
         text = pin_junit(junit.read_text())
         (folder / "junit.xml").write_text(text[: len(text) // 2] if sample.truncate_junit else text)
-    record = env_record(sample, done.returncode, junit.is_file(), sha)
+    record = env_record(sample, done.returncode, junit, sha)
     (folder / "env.json").write_text(json.dumps(record, indent=2) + "\n")
     (folder / "memory.json").write_text(json.dumps(memory_record(sample), indent=2) + "\n")
 
@@ -313,13 +338,17 @@ def pin_log(text: str, scratch: Path) -> str:
     return re.sub(r" in [0-9.]+s", " in 1.00s", text)
 
 
-def env_record(sample: Sample, exit_code: int, wrote_junit: bool, sha: str) -> dict:
+def env_record(sample: Sample, exit_code: int, junit: Path, sha: str) -> dict:
+    from harness.results import nothing_distributed_ran, read_junit_tests
+
     if exit_code < 0:
         status, error = "errored", f"pytest crashed: killed by signal {signal.Signals(-exit_code).name}"
-    elif not wrote_junit:
+    elif not junit.is_file():
         status, error = "errored", f"pytest exited {exit_code} and wrote no junit.xml"
+    elif exit_code == 0:  # as harness run's classify decides it, from the cases' typed properties
+        status, error = ("not_run" if nothing_distributed_ran(read_junit_tests(junit)) else "passed"), None
     else:
-        status, error = ("passed" if exit_code == 0 else "failed"), None
+        status, error = "failed", None
     cell = sample.cell
     is_cpu = cell["gpu"] == "cpu"
     gpus = [{"index": index, "name": GPU_MODELS[cell["gpu"]][0], "uuid": f"GPU-{cell['gpu']}-{index:04d}"}
@@ -369,7 +398,7 @@ def render_case(results: str, baseline: str | None, fmt: str) -> str:
 
 
 # The middle stages, each its own file, so a reader change is one focused diff: samples -> model -> digest.
-MODEL_CASES = (("model-run.json", "run"), ("model-baseline.json", "baseline"))
+MODEL_CASES = (("model-run.json", "run"), ("model-baseline.json", "baseline"), ("model-notrun.json", "notrun"))
 
 
 def model_document(results: str) -> str:

@@ -61,9 +61,17 @@ GRAD_BOUND = "grad_error_bound"
 GRAD_ERROR_PARAM = "max_rel_grad_error_param"  # the parameter whose gradient had the largest error
 ROUTING_MARGIN = "min_routing_margin"
 LOGITS_DIFFERENCE = "max_logits_difference"
-LOGITS_ATOL = "logits_atol"
+LOGITS_ATOL = "logits_atol"  # the logits' bound: largest |sharded - float64| allowed
+# The whole model's own distance from the float64 reference, in the case's dtype on this machine: the rounding
+# the bounds above are a stated multiple of (tests/gpu/tolerances.py), recorded beside them.
+WHOLE_GRAD_ERROR = "whole_rel_grad_error"
+WHOLE_LOGITS_DIFFERENCE = "whole_logits_difference"
 PEAK_ALLOCATED_PREFIX = "peak_allocated_mib."  # + the rank
-CASE_METRICS = (GRAD_ERROR, GRAD_BOUND, GRAD_ERROR_PARAM, ROUTING_MARGIN, LOGITS_DIFFERENCE, LOGITS_ATOL)
+CASE_METRICS = (GRAD_ERROR, GRAD_BOUND, GRAD_ERROR_PARAM, ROUTING_MARGIN, LOGITS_DIFFERENCE, LOGITS_ATOL,
+                WHOLE_GRAD_ERROR, WHOLE_LOGITS_DIFFERENCE)
+# A case that plants a defect on purpose (a deliberate-bug or negative test) names it: its error over the bound is
+# the expected outcome, not noise a correct run left (tests/gpu/noise_table.py leaves it out).
+PLANTED_DEFECT = "planted_defect"
 # The rank pool's note on a test whose calls left a rank unlike a fresh one: "pool replaced after TEST: why".
 POOL_REPLACED = "rank_pool_replaced"
 # The ranks fixture: a case that launched records its world size (before launching, so a failed case has it too);

@@ -91,41 +91,59 @@ def run_case(request, ranks, tmp_path):
     failure its entry names only (known_bugs.expecting).
     """
     import families
-    import known_bugs
     import rank_cases
     import tf_adapter
-
-    from harness import contract
 
     def run(world_size: int, checkpoint: Checkpoint, layout: str, checks: tuple[str, ...], **options) -> dict:
         case = rank_cases.Case(checkpoint.family, layout, checks, **options)
         reason = tf_adapter.missing_feature(layout, families.family(case.family), case.experts_implementation)
         if reason is not None:
             pytest.skip(reason)
-        metrics_dir = tmp_path / f"metrics-{len(list(tmp_path.glob('metrics-*')))}"
-        metrics_dir.mkdir()
-        # The family before the launch, as ranks.run records the world size: a case that ran and failed (even
-        # before any rank wrote its metrics) still counts its family as run; one skipped for ranks does not.
-        ranks.require(world_size)
-        ranks.record(**{contract.FAMILY: case.family})
-        try:
-            with known_bugs.expecting(request, known_bugs.known_bug(case)):
-                metrics = rank_cases.summarize(
-                    ranks.run(
-                        world_size,
-                        rank_cases.run_case,
-                        checkpoint.path,
-                        case,
-                        str(metrics_dir),
-                        tf_adapter.model_class(checkpoint.path),
-                    )
-                )
-        except BaseException:
-            measured = rank_cases.read_metrics(str(metrics_dir))
-            if measured:
-                ranks.record(**rank_cases.summarize(measured))
-            raise
-        ranks.record(**metrics)
-        return metrics
+        return _run_recorded(request, ranks, tmp_path, world_size, checkpoint, case, rank_cases.run_case)
 
     return run
+
+
+@pytest.fixture
+def run_device_case(request, ranks, tmp_path):
+    """Run a `device_cases.DeviceCase` on one rank (this host's first GPU, or the CPU), recorded and covered by
+    the known-bugs table as `run_case` is."""
+    import device_cases
+    import tf_adapter
+
+    def run(checkpoint: Checkpoint, **options) -> dict:
+        case = device_cases.DeviceCase(checkpoint.family, **options)
+        reason = tf_adapter.missing_experts_implementation(case.experts_implementation)
+        if reason is not None:
+            pytest.skip(reason)
+        return _run_recorded(request, ranks, tmp_path, 1, checkpoint, case, device_cases.run_device_case)
+
+    return run
+
+
+def _run_recorded(request, ranks, tmp_path, world_size: int, checkpoint: Checkpoint, case, function) -> dict:
+    import known_bugs
+    import rank_cases
+    import tf_adapter
+
+    from harness import contract
+
+    metrics_dir = tmp_path / f"metrics-{len(list(tmp_path.glob('metrics-*')))}"
+    metrics_dir.mkdir()
+    # The family before the launch, as ranks.run records the world size: a case that ran and failed (even
+    # before any rank wrote its metrics) still counts its family as run; one skipped for ranks does not.
+    ranks.require(world_size)
+    ranks.record(**{contract.FAMILY: case.family})
+    try:
+        with known_bugs.expecting(request, known_bugs.known_bug(case)):
+            metrics = rank_cases.summarize(
+                ranks.run(world_size, function, checkpoint.path, case, str(metrics_dir),
+                          tf_adapter.model_class(checkpoint.path))
+            )
+    except BaseException:
+        measured = rank_cases.read_metrics(str(metrics_dir))
+        if measured:
+            ranks.record(**rank_cases.summarize(measured))
+        raise
+    ranks.record(**metrics)
+    return metrics

@@ -57,13 +57,6 @@ class Family:
     expert_params: tuple[str, ...] = ()  # stacked [experts, ...] parameters EP shards (empty: a dense family)
     moe_layers: tuple[int, ...] = ()  # indices of the decoder layers that are MoE (the others are dense)
     top_k: int = TOP_K
-    noisy_parameters: tuple[str, float] | None = None  # NOISY_PARAMETERS: (name pattern, measured noise floor)
-
-    def noise_floor(self, name: str) -> float | None:
-        """A parameter's measured float32 gradient noise when the registry lists it as noisy, else None."""
-        if self.noisy_parameters is None or re.search(self.noisy_parameters[0], name) is None:
-            return None
-        return self.noisy_parameters[1]
 
     @property
     def is_moe(self) -> bool:
@@ -195,6 +188,8 @@ ROLES: Mapping[str, tuple[str, ...]] = MappingProxyType(
         "perturb_expert_bias": ("gpt_oss",),  # families with expert biases
         "perturb_correction_bias": ("deepseek_v3",),  # a router correction-bias buffer
         "perturb_router": ("qwen3_moe", "mixtral"),  # a router flipped on one rank
+        "scale_expert_gradient": ("qwen3_moe", "deepseek_v3"),  # one rank's expert gradients 1% off (EP)
+        "scale_shard_gradient": ("qwen3",),  # one rank's FSDP2 shard of a gradient 1% off
     }
 )
 
@@ -234,19 +229,6 @@ OVERRIDES: Mapping[str, dict] = MappingProxyType(
         "hy_v4_vl_text": {
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [0, 1, 1]}
         },
-    }
-)
-
-# Parameters whose float32 gradient is noisy in the whole model itself, with their measured noise floor: the
-# largest relative change of the whole model's own gradient when only the batch's summation order changes
-# (full batch vs two halves summed), from upstream_repros/hy_v4_ep_hyper_connection_gradients.py (transformers
-# 5.24.0, torch 2.13.0 CPU; `python ... hy_v4 float32` and `... hy_v4_vl_text float32`). The hyper-connection
-# head's parameters (hc_head.hc_base, hc_fn, hc_scale; the layers' hc scales) sit at 1.5e-5..5.4e-4 there,
-# 20-600x the other parameters' 9.5e-7; their EP error stays within 12x their floor. model_type -> (pattern, floor)
-NOISY_PARAMETERS: Mapping[str, tuple[str, float]] = MappingProxyType(
-    {
-        "hy_v4": (r"(^|\.)hc_head\.|_hc\.", 2.7e-4),
-        "hy_v4_vl_text": (r"(^|\.)hc_head\.|_hc\.", 5.4e-4),
     }
 )
 
@@ -537,7 +519,6 @@ def family(model_type: str) -> Family:
         expert_params=stacks,
         moe_layers=moe_layers,
         top_k=top_k,
-        noisy_parameters=NOISY_PARAMETERS.get(model_type),
     )
 
 

@@ -1,6 +1,7 @@
 """Prints the suite's measured errors per family x layout x experts implementation x dtype from a results
-junit.xml: the largest logits and gradient errors, their bounds, the margin (bound / error) and the smallest
-routing margin. The bounds in tolerances.py come from these tables.
+junit.xml: the largest logits and gradient errors, their bounds (measured in the run: tolerances.py), the ratio
+of error to bound and the smallest routing margin; then the worst ratio of error to bound per dtype over the
+cases that passed (the room correct runs leave: tolerances.FACTOR was chosen from it).
 
     python tests/gpu/noise_table.py results/<cell>/junit.xml [more junit.xml ...]
 
@@ -15,16 +16,18 @@ import sys
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 
+from harness import contract
+
 KEY = ("family", "layout", "experts_implementation", "dtype")
 COLUMNS = (
     "cases",
     "failed",
     "max logits diff",
-    "logits atol",
-    "logits margin",
+    "logits bound",
+    "logits error/bound",
     "max grad err",
     "grad bound",
-    "grad margin",
+    "grad error/bound",
     "min routing margin",
 )
 
@@ -41,6 +44,10 @@ def read_cases(paths: list[str]) -> list[dict]:
                 with contextlib.suppress(TypeError, ValueError):  # the non-numeric ones stay text
                     properties[name] = float(value)
             properties["failed"] = testcase.find("failure") is not None or testcase.find("error") is not None
+            properties["test"] = testcase.get("name", "")
+            # a correct run: neither failed, nor xfailed (written as skipped), nor planting a defect on purpose
+            clean = not properties["failed"] and testcase.find("skipped") is None
+            properties["passed"] = clean and contract.PLANTED_DEFECT not in properties
             cases.append(properties)
     return cases
 
@@ -59,11 +66,13 @@ def rows(cases: list[dict]) -> list[tuple]:
     table = []
     for key in sorted(groups):
         group = groups[key]
-        logits = _worst([case.get("max_logits_difference") for case in group])
-        atol = _worst([case.get("logits_atol") for case in group])
-        grad = _worst([case.get("max_rel_grad_error") for case in group])
-        bound = _worst([case.get("grad_error_bound") for case in group])
-        margins = [case["min_routing_margin"] for case in group if isinstance(case.get("min_routing_margin"), float)]
+        logits = _worst([case.get(contract.LOGITS_DIFFERENCE) for case in group])
+        atol = _worst([case.get(contract.LOGITS_ATOL) for case in group])
+        grad = _worst([case.get(contract.GRAD_ERROR) for case in group])
+        bound = _worst([case.get(contract.GRAD_BOUND) for case in group])
+        margins = [
+            case[contract.ROUTING_MARGIN] for case in group if isinstance(case.get(contract.ROUTING_MARGIN), float)
+        ]
         table.append(
             (
                 *key,
@@ -71,20 +80,42 @@ def rows(cases: list[dict]) -> list[tuple]:
                 sum(case["failed"] for case in group),
                 logits,
                 atol,
-                _ratio(atol, logits),
+                _worst_ratio(group, contract.LOGITS_DIFFERENCE, contract.LOGITS_ATOL),
                 grad,
                 bound,
-                _ratio(bound, grad),
+                _worst_ratio(group, contract.GRAD_ERROR, contract.GRAD_BOUND),
                 min(margins) if margins else None,
             )
         )
     return table
 
 
-def _ratio(bound: float | None, error: float | None) -> float | None:
+def _ratio(error: float | None, bound: float | None) -> float | None:
     if bound is None or error is None or math.isnan(error):
         return None
-    return math.inf if error == 0 else bound / error
+    return math.inf if bound == 0 else error / bound
+
+
+def _worst_ratio(group: list[dict], error: str, bound: str) -> float | None:
+    """The largest error / bound of one case of the group (each case has its own bound)."""
+    return _worst([ratio for case in group if (ratio := _ratio(case.get(error), case.get(bound))) is not None])
+
+
+def worst_ratios(cases: list[dict]) -> dict[tuple[str, str], tuple[float, str]]:
+    """(dtype, "logits" | "gradients") -> the largest error / bound of a case that passed, with its test."""
+    worst: dict[tuple[str, str], tuple[float, str]] = {}
+    for case in cases:
+        if not case["passed"]:
+            continue
+        for quantity, error, bound in (
+            ("logits", contract.LOGITS_DIFFERENCE, contract.LOGITS_ATOL),
+            ("gradients", contract.GRAD_ERROR, contract.GRAD_BOUND),
+        ):
+            ratio = _ratio(case.get(error), case.get(bound))
+            key = (case["dtype"], quantity)
+            if ratio is not None and ratio > worst.get(key, (-1.0, ""))[0]:
+                worst[key] = (ratio, case["test"])
+    return worst
 
 
 def _cell(value) -> str:
@@ -102,8 +133,12 @@ def main(argv: list[str]) -> int:
     header = (*KEY, *COLUMNS)
     print("| " + " | ".join(header) + " |")
     print("|" + " --- |" * len(header))
-    for row in rows(read_cases(argv)):
+    cases = read_cases(argv)
+    for row in rows(cases):
         print("| " + " | ".join(_cell(value) for value in row) + " |")
+    print()
+    for (dtype, quantity), (ratio, test) in sorted(worst_ratios(cases).items()):
+        print(f"worst error/bound, {dtype} {quantity}: {ratio:.3g} ({test})")
     return 0
 
 

@@ -11,7 +11,12 @@ from families import NUM_EXPERTS
 from rank_cases import WORLD_SIZES
 from tiny_models import BATCH_SIZE, SEQUENCE_LENGTH
 
+from harness.contract import GRAD_BOUND, GRAD_ERROR, GRAD_ERROR_PARAM
 from harness.ranks import RankFailedError
+
+# A 1% error in one rank's gradient must stay at least this far over its bound: bounds from the run's own rounding
+# are tight enough to see subtle defects, not only gross ones (tolerances.py).
+SUBTLE_DEFECT_MARGIN = 100
 
 
 def _failed_together(failure, world_size: int) -> None:
@@ -77,3 +82,36 @@ def test_router_perturbed_on_one_rank_fails_the_routing_check(run_case, checkpoi
     tokens = BATCH_SIZE * SEQUENCE_LENGTH  # expert parallelism: every rank routes the whole batch
     assert failure.value.summary.startswith("raised AssertionError: routing differs: layer 1 sends ")
     assert failure.value.summary.endswith(f" of {tokens} tokens to other experts than the whole model")
+
+
+def _measured(request) -> dict:
+    """What the failing case recorded (its JUnit properties)."""
+    return dict(request.node.user_properties)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("checkpoint", families.role("scale_expert_gradient"), indirect=True)
+def test_expert_gradient_one_percent_off_on_one_rank_fails_far_over_its_bound(request, run_case, checkpoint,
+                                                                               world_size):
+    with pytest.raises(RankFailedError) as failure:
+        run_case(world_size, checkpoint, "ep", ("gradients",), bug="scale_expert_gradient")
+    assert failure.value.rank == world_size - 1
+    _failed_together(failure, world_size)
+    entry = families.family(checkpoint.family)
+    stack = f"{entry.block_path(entry.moe_layers[0])}.{entry.experts}.gate_up_proj"
+    assert failure.value.summary.startswith("raised AssertionError: gradients differ from the whole model's: 1 of ")
+    measured = _measured(request)
+    assert measured[GRAD_ERROR_PARAM] == stack
+    assert measured[GRAD_ERROR] >= SUBTLE_DEFECT_MARGIN * measured[GRAD_BOUND], measured
+
+
+@pytest.mark.parametrize("sharder", ["fsdp", "fully_shard"])
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("checkpoint", families.role("scale_shard_gradient"), indirect=True)
+def test_fsdp_shard_gradient_one_percent_off_on_one_rank_fails_far_over_its_bound(request, run_case, checkpoint,
+                                                                                  world_size, sharder):
+    with pytest.raises(RankFailedError, match="gradients differ from the whole model's: 1 of "):
+        run_case(world_size, checkpoint, sharder, ("gradients",), bug="scale_shard_gradient")
+    measured = _measured(request)
+    assert measured[GRAD_ERROR_PARAM].startswith(f"{families.family(checkpoint.family).layers_prefix}.0."), measured
+    assert measured[GRAD_ERROR] >= SUBTLE_DEFECT_MARGIN * measured[GRAD_BOUND], measured

@@ -99,12 +99,17 @@ def missing_feature(layout_name: str, family=None, experts_implementation: str |
             f"needs transformers>={family.ep_floor} for expert parallelism of {family.model_type} "
             f"(installed: {installed})"
         )
-    if experts_implementation is not None and experts_implementation not in experts_implementations():
-        return (
-            f"transformers {installed} offers no experts_implementation={experts_implementation!r} "
-            f"(offered: {', '.join(experts_implementations())})"
-        )
-    return None
+    return missing_experts_implementation(experts_implementation)
+
+
+def missing_experts_implementation(experts_implementation: str | None) -> str | None:
+    """Why the installed release cannot run `experts_implementation`, or None."""
+    if experts_implementation is None or experts_implementation in experts_implementations():
+        return None
+    return (
+        f"transformers {transformers_version()} offers no experts_implementation={experts_implementation!r} "
+        f"(offered: {', '.join(experts_implementations())})"
+    )
 
 
 # Experts implementations that run everywhere the suite does; deepgemm and sonicmoe need their own CUDA kernels.
@@ -169,6 +174,23 @@ def load_whole(checkpoint: str, dtype: torch.dtype, device: torch.device, expert
         .from_pretrained(checkpoint, dtype=dtype, **_implementation_kwargs(experts_implementation))
         .to(device)
     )
+
+
+def load_eager(checkpoint: str, dtype: torch.dtype, device: torch.device, cls=None):
+    """The whole model with the eager experts loop where the model lets one be set (every release has it; fused
+    kernels such as grouped_mm offer no float64), else its own forward."""
+    cls = cls or model_class(checkpoint)
+    can_set = getattr(cls, "_can_set_experts_implementation", None)
+    settable = "eager" in experts_implementations() and (can_set is None or can_set())
+    return load_whole(checkpoint, dtype, device, "eager" if settable else None, cls)
+
+
+def load_reference(checkpoint: str, dtype: torch.dtype, device: torch.device, cls=None):
+    """The ground truth the bounds are measured against (tolerances.py): the whole model with exactly the case
+    dtype's weights, computed in float64 by the eager experts loop."""
+    from tolerances import REFERENCE_DTYPE
+
+    return load_eager(checkpoint, dtype, device, cls).to(REFERENCE_DTYPE)
 
 
 def load_sharded(

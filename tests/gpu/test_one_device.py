@@ -1,0 +1,68 @@
+"""What one device tests, so a host with one GPU (or one CPU rank) still checks what it can.
+
+- Each mechanics family's whole model on this rank's device, per experts implementation and dtype, against
+  float64: on a GPU, CUDA's grouped_mm, batched_mm and eager kernels against the CPU's rounding; on the CPU the
+  fused implementations against the eager loop (device_cases.py).
+- Fake-quantized training (fp8, nvfp4) on the device: the same quantized bits as the CPU's, gradients within the
+  bound.
+- transformers' EP and FSDP2 loading, and torch's fully_shard, on a mesh of one (world size 1): everything but
+  the collectives, so a one-GPU host still loads and trains through the distributed code.
+
+None of these is distributed: a cell where only they ran says that nothing distributed ran.
+"""
+
+from __future__ import annotations
+
+import families
+import pytest
+from tf_adapter import PORTABLE_EXPERTS_IMPLEMENTATIONS
+
+from harness.ranks.plugin import available_ranks
+
+DEEP_MOE = families.deep_moe()
+DTYPES = ("float32", "bfloat16")
+SHARDERS = ("fsdp", "fully_shard")
+
+
+def _on_gpu() -> bool:
+    return available_ranks()[1] == "GPUs"
+
+
+def _skip_where_the_subject_is_its_own_noise_sample(what: str) -> None:
+    """On the CPU the noise sample is the eager model on the CPU: a subject computed the same way would be compared
+    with itself, a check that cannot fail."""
+    if not _on_gpu():
+        pytest.skip(f"needs a GPU: on the CPU {what} is the noise sample itself")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("experts_implementation", PORTABLE_EXPERTS_IMPLEMENTATIONS)
+@pytest.mark.parametrize("checkpoint", DEEP_MOE, indirect=True)
+def test_experts_implementation_on_this_device(run_device_case, checkpoint, experts_implementation, dtype):
+    """Routing as float64 decides it; logits and gradients within the stated multiple of the CPU's own rounding."""
+    if experts_implementation == "eager":
+        _skip_where_the_subject_is_its_own_noise_sample("the eager model")
+    run_device_case(checkpoint, experts_implementation=experts_implementation, dtype=dtype)
+
+
+@pytest.mark.parametrize("recipe", ["fp8", "nvfp4"])
+@pytest.mark.parametrize("checkpoint", families.role("quantized_moe") + families.role("quantized_dense"), indirect=True)
+def test_quantized_training_on_this_device(run_device_case, checkpoint, recipe):
+    """The device quantizes to the CPU's bits; the fake-quantized model's gradients within the bound."""
+    if not families.family(checkpoint.family).is_moe:
+        _skip_where_the_subject_is_its_own_noise_sample("the dense model")
+    run_device_case(checkpoint, quant=recipe)
+
+
+@pytest.mark.parametrize("layout", ["ep", "fsdp_ep"])
+@pytest.mark.parametrize("checkpoint", DEEP_MOE, indirect=True)
+def test_moe_layouts_on_a_mesh_of_one(run_case, checkpoint, layout):
+    """transformers' expert-parallel loading (alone and under FSDP2) on one rank: load, logits, routing, gradients."""
+    run_case(1, checkpoint, layout, ("load", "logits", "gradients"))
+
+
+@pytest.mark.parametrize("sharder", SHARDERS)
+@pytest.mark.parametrize("checkpoint", families.dense(), indirect=True)
+def test_dense_layouts_on_a_mesh_of_one(run_case, checkpoint, sharder):
+    """FSDP2 loading and torch's fully_shard on one rank: load, logits, gradients."""
+    run_case(1, checkpoint, sharder, ("load", "logits", "gradients"))

@@ -259,3 +259,22 @@ def test_an_error_is_summarized_with_its_own_bound_from_the_rank_where_it_is_wor
     assert (summary["max_rel_grad_error"], summary["grad_error_bound"]) == (1e-6, 2e-6)
     assert (summary["max_rel_grad_error_param"], summary["whole_rel_grad_error"]) == ("b", 2e-7)
     assert summary["whole_logits_difference"] == 3e-6  # beside the NaN, which counts as the worst
+
+
+def test_the_float64_reference_keeps_float64_where_a_model_casts_to_float32():
+    """A router that computes `linear(hidden.float(), weight)` in float32 on purpose, with a float64 weight."""
+    from float64_mode import stay_float64
+
+    weight = torch.randn(4, 8, dtype=torch.float64)
+    hidden = torch.randn(3, 8, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        torch.nn.functional.linear(hidden.float(), weight)
+    with stay_float64():
+        logits = torch.nn.functional.linear(hidden.float(), weight)
+        probabilities = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        moved = logits.to(torch.float32)
+        narrow = torch.ones(2, dtype=torch.float32).float()  # a float32 tensor keeps its own dtype
+    assert (logits.dtype, probabilities.dtype, moved.dtype, narrow.dtype) == (
+        torch.float64, torch.float64, torch.float64, torch.float32
+    )
+    assert torch.equal(logits, hidden @ weight.T)

@@ -111,11 +111,16 @@ def clear_earlier_run(results_root: Path, cell_ids: Iterable[str], pytest_args: 
 
 
 def earlier_was_full_run(folder: Path) -> bool:
-    """Whether the folder holds a run without pytest arguments (its reproduce command has no ` -- `).
-    The file is untrusted: anything unreadable counts as not full."""
+    """Whether the folder holds a run without pytest arguments: env.json's `pytest_args` is empty (in a folder
+    written before that field, its reproduce command has no ` -- `). The file is untrusted: anything unreadable
+    counts as not full."""
     try:
         record = json.loads((folder / ENV_JSON).read_text(encoding="utf-8")[:100_000])
     except (OSError, ValueError):
         return False
-    reproduce = record.get("reproduce") if isinstance(record, dict) else None
+    if not isinstance(record, dict):
+        return False
+    if record.get("pytest_args") is not None:
+        return record["pytest_args"] == []
+    reproduce = record.get("reproduce")
     return isinstance(reproduce, str) and " -- " not in reproduce

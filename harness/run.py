@@ -207,7 +207,7 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
     # An engine's hosts are not this machine: each samples its own GPUs, merged when the job ends.
     gpus = list(host.gpus[: cell.gpus]) if not cell.is_cpu and cell.engine == "local" else []
     record = start_record(cell, host, gpus, started, project=project,
-                          reproduce=reproduce_command(cell, matrix_reference, pytest_args))
+                          reproduce=reproduce_command(cell, matrix_reference), pytest_args=pytest_args)
     log(f"== {cell.id}: results in {folder}")
     memory_report = memory.MemoryReport.unavailable("cpu cell: no GPU" if cell.is_cpu else "no GPU was monitored")
     try:
@@ -437,7 +437,8 @@ def this_command() -> str:
     return typed if Path(typed).name == "harness" else "harness"
 
 
-def start_record(cell: Cell, host: Host, gpus: list, started: float, *, project: Path, reproduce: str) -> dict:
+def start_record(cell: Cell, host: Host, gpus: list, started: float, *, project: Path, reproduce: str,
+                 pytest_args: list[str]) -> dict:
     """env.json as a cell starts (status errored until it says otherwise); its keys are EnvRecord's."""
     record = EnvRecord(
         cell=cell.to_json(),
@@ -446,7 +447,7 @@ def start_record(cell: Cell, host: Host, gpus: list, started: float, *, project:
         gpus=[gpu.to_json() for gpu in gpus], driver=host.driver, host=socket.gethostname(),
         runner=os.environ.get("RUNNER_NAME"), git_sha=git_sha(project), git_dirty=git_dirty(project),
         trigger_sha=os.environ.get("GITHUB_SHA") or None, start=iso(started), reproduce=reproduce,
-        engine=cell.engine,
+        pytest_args=list(pytest_args), engine=cell.engine,
     )
     return record.to_json()
 
@@ -456,11 +457,11 @@ def write_env_json(folder: Path, record: dict) -> None:
     (folder / ENV_JSON).write_text(json.dumps(EnvRecord(**record).to_json(), indent=2) + "\n")
 
 
-def reproduce_command(cell: Cell, matrix_reference: str, pytest_args: list[str]) -> str:
-    """What reruns this cell alone, from the project root: the matrix as it was named, and pytest's arguments."""
+def reproduce_command(cell: Cell, matrix_reference: str) -> str:
+    """What reruns this cell alone, from the project root: the matrix as it was named. pytest's arguments are
+    env.json's `pytest_args`, so a report adds its failing tests to them instead of to a string."""
     matrix = f"--matrix {shlex.quote(matrix_reference)} " if matrix_reference != "local" else ""
-    extra = f" -- {shlex.join(pytest_args)}" if pytest_args else ""
-    return f"harness run {matrix}--cell {shlex.quote(cell.id)}{extra}"
+    return f"harness run {matrix}--cell {shlex.quote(cell.id)}"
 
 
 def git_sha(project: Path) -> str | None:

@@ -3,6 +3,7 @@ holds one run only. Each mistake is one line and exit 2, before anything is buil
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -70,6 +71,20 @@ def test_a_selection_replacing_a_full_run_says_so(tmp_path, capsys, first, said)
     folder = cell_folder(tmp_path / "results")
     message = f"{folder.name}: its full results in {folder} are replaced by this run of pytest -k test_one"
     assert (message in capsys.readouterr().out) is said
+
+
+@pytest.mark.parametrize(("record", "full"), [
+    ({"pytest_args": [], "reproduce": "harness run --cell c"}, True),
+    ({"pytest_args": ["-k", "ep"], "reproduce": "harness run --cell c"}, False),
+    ({"pytest_args": "-k ep", "reproduce": "harness run --cell c"}, False),  # not what harness writes
+    ({"reproduce": "harness run --cell c"}, True),  # written before pytest_args: the recorded command says
+    ({"reproduce": "harness run --cell c -- -k ep"}, False),
+])
+def test_a_full_run_is_one_without_pytest_arguments(tmp_path, record, full):
+    from harness.preflight import earlier_was_full_run
+
+    (tmp_path / "env.json").write_text(json.dumps(record))
+    assert earlier_was_full_run(tmp_path) is full
 
 
 def test_the_render_hint_names_the_harness_that_ran(tmp_path, monkeypatch):

@@ -33,7 +33,7 @@ from harness.engines import hostmemory
 from harness.env import EnvironmentBuildError, ensure_environment, env_root, plan_environment, probe_versions
 from harness.errors import ConfigError, HostMismatchError
 from harness.matrix import DEFAULT_MATRIX, Cell, Matrix, load_matrix, load_runners, select
-from harness.project import git, project_root, resolve, shipped_matrices_dir
+from harness.project import find_project_root, git, resolve, shipped_matrices_dir
 from harness.ranks import lifecycle
 from harness.ranks.lifecycle import CELL_TOKEN_ENV, kill_cell_processes
 
@@ -90,7 +90,8 @@ def command(args) -> int:
                                 f"{summarize_refusals(refused)}; pick others with --cell, or pass --force")
     results_root = results_folder(args.results, matrix.root)
     root = env_root(args.env_dir)
-    preflight.check_project(matrix.root, [(str(matrix.path), cell.suite) for cell in cells])
+    preflight.check_project(matrix.project, [(suite_origin(matrix, named=bool(args.matrix)), cell.suite)
+                                             for cell in cells])
     if args.dry_run:
         print_plan(matrix, cells, host, results_root, root, args.pytest_args, refused)
         return 0
@@ -179,7 +180,16 @@ def default_matrix(host: Host) -> Matrix:
                 torch=installed["torch"].split("+")[0], transformers=installed["transformers"].split("+")[0],
                 labels=runner.labels, timeout_minutes=60, reruns=0, suite=("tests/gpu",))
     return Matrix(name="local", path=shipped_matrices_dir() / "runners.yaml", description="this machine's GPUs",
-                  cells=(cell,), root=project_root(), reference="local")
+                  cells=(cell,), project=find_project_root(), reference="local")
+
+
+def suite_origin(matrix: Matrix, *, named: bool) -> str:
+    """Where the cells' suite entries come from, in words: the embedded default is no file of the user's (on GPUs
+    its suite is written in no file at all, whatever its Matrix.path)."""
+    if not named:
+        return "the embedded default (no --matrix)" if matrix.reference == "local" else \
+            f"the embedded default (no --matrix: {matrix.path})"
+    return str(matrix.path)
 
 
 def unfit_reason(cell: Cell, host: Host) -> str | None:

@@ -42,8 +42,8 @@ def check_project(project: ProjectRoot, suites: Iterable[tuple[str, tuple[str, .
             "no commit")
     for origin, entries in suites:
         # An entry may name a test inside a file (tests/gpu/test_ep.py::test_load): the file must exist.
-        missing = {entry: resolve(entry.split("::")[0], project.path) for entry in entries}
-        missing = {entry: path for entry, path in missing.items() if not path.exists()}
+        looked_for = {entry: resolve(entry.split("::")[0], project.path) for entry in entries}
+        missing = {entry: path for entry, path in looked_for.items() if not path.exists()}
         if missing:
             raise ConfigError(
                 f"suite {', '.join(missing)} of {origin} not found: looked for "

@@ -126,7 +126,10 @@ class EnvRecord:
     start: str | None = None  # ISO 8601, UTC
     end: str | None = None
     duration_s: float | None = None
-    reproduce: str | None = None  # `harness run --matrix M --cell ID`
+    reproduce: str | None = None  # `harness run --matrix M --cell ID`: reruns the cell, its pytest arguments apart
+    # The run's own arguments after `--`, as pytest got them; None: written before this field existed, when
+    # `reproduce` ended with ` -- ARGS`.
+    pytest_args: list[str] | None = None
     engine: str | None = None  # local, slurm, jobset (None: written before engines existed)
     job_id: str | None = None  # the engine's job (Slurm job id, JobSet name)
     hosts: list[str] = field(default_factory=list)  # every host of the cell, host 0 first

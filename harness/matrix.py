@@ -23,7 +23,7 @@ import yaml
 
 from harness.errors import ConfigError
 from harness.index import FLOATING
-from harness.project import project_root, shipped_matrices_dir
+from harness.project import ProjectRoot, find_project_root, project_root, shipped_matrices_dir
 
 AXES = ("gpu", "gpus", "torch", "transformers")
 # Axes a matrix may leave out, and the value a cell then has: `hosts` makes a cell H hosts x `gpus` each.
@@ -140,8 +140,12 @@ class Matrix:
     path: Path
     description: str
     cells: tuple[Cell, ...]
-    root: Path  # the project root: the cells' suite and install paths are relative to it
+    project: ProjectRoot  # the cells' suite and install paths are relative to it
     reference: str  # what `--matrix` takes to find this matrix again from the project root
+
+    @property
+    def root(self) -> Path:
+        return self.project.path
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -288,7 +292,8 @@ def load_matrix(name_or_path: str, runners: Mapping[str, Runner] | None = None,
                 resolve: Callable[[str, str], str] | None = None) -> Matrix:
     """`resolve(package, "latest-N")` names the release a floating version stands for (default: ask the index)."""
     path = resolve_matrix_path(name_or_path).resolve()
-    root = project_root(path) if is_path(name_or_path) else project_root()
+    project = find_project_root(path) if is_path(name_or_path) else find_project_root()
+    root = project.path
     spec = read_yaml(path)
     runners = runners if runners is not None else load_runners(root, beside=path.parent)
     name = path.stem
@@ -300,7 +305,7 @@ def load_matrix(name_or_path: str, runners: Mapping[str, Runner] | None = None,
     if is_path(name_or_path):
         reference = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
     return Matrix(name=name, path=path, description=str(spec.get("description", "")), cells=tuple(cells),
-                  root=root, reference=reference)
+                  project=project, reference=reference)
 
 
 def expand(spec: Any, runners: Mapping[str, Runner], *, name: str, source: str,

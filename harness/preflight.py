@@ -26,7 +26,7 @@ from harness.env import EnvironmentBuildError, plan_environment
 from harness.errors import ConfigError
 from harness.matrix import Cell
 from harness.pins import missing_pins
-from harness.project import git_toplevel, resolve
+from harness.project import ProjectRoot, resolve
 from harness.versions import VersionLookupError
 
 
@@ -34,18 +34,22 @@ def warn(message: str) -> None:
     print(f"harness: warning: {message}", file=sys.stderr, flush=True)
 
 
-def check_project(root: Path, suites: Iterable[tuple[str, tuple[str, ...]]],
+def check_project(project: ProjectRoot, suites: Iterable[tuple[str, tuple[str, ...]]],
                   say: Callable[[str], None] = warn) -> None:
-    """`suites`: (where the matrix comes from, its suite entries) per cell."""
-    in_git = git_toplevel(root) is not None
-    if not in_git:
-        say(f"{root} is not in a git repository: it is taken as the project root and env.json records no commit")
+    """`suites`: (where the cells' suite comes from, in words, and its entries) per cell."""
+    if not project.in_git:
+        say(f"{project.path} is not in a git repository: it is taken as the project root and env.json records "
+            "no commit")
     for origin, entries in suites:
         # An entry may name a test inside a file (tests/gpu/test_ep.py::test_load): the file must exist.
-        missing = [entry for entry in entries if not resolve(entry.split("::")[0], root).exists()]
+        looked_for = {entry: resolve(entry.split("::")[0], project.path) for entry in entries}
+        missing = {entry: path for entry, path in looked_for.items() if not path.exists()}
         if missing:
-            where = f"{root}" if in_git else f"{root} (the working directory: no git repository here)"
-            raise ConfigError(f"{origin}: suite: {', '.join(missing)} not found in the project root {where}")
+            raise ConfigError(
+                f"suite {', '.join(missing)} of {origin} not found: looked for "
+                f"{' and '.join(str(path) for path in missing.values())}, resolving against the project root "
+                f"{project.path} ({project.found_as})"
+            )
 
 
 def pin_problem(cell: Cell, env_dir: Path) -> str | None:
@@ -111,11 +115,16 @@ def clear_earlier_run(results_root: Path, cell_ids: Iterable[str], pytest_args: 
 
 
 def earlier_was_full_run(folder: Path) -> bool:
-    """Whether the folder holds a run without pytest arguments (its reproduce command has no ` -- `).
-    The file is untrusted: anything unreadable counts as not full."""
+    """Whether the folder holds a run without pytest arguments: env.json's `pytest_args` is empty (in a folder
+    written before that field, its reproduce command has no ` -- `). The file is untrusted: anything unreadable
+    counts as not full."""
     try:
         record = json.loads((folder / ENV_JSON).read_text(encoding="utf-8")[:100_000])
     except (OSError, ValueError):
         return False
-    reproduce = record.get("reproduce") if isinstance(record, dict) else None
+    if not isinstance(record, dict):
+        return False
+    if record.get("pytest_args") is not None:
+        return record["pytest_args"] == []
+    reproduce = record.get("reproduce")
     return isinstance(reproduce, str) and " -- " not in reproduce

@@ -8,6 +8,7 @@ data read through importlib.resources, so an installed harness needs no checkout
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.resources
 import subprocess
 from pathlib import Path
@@ -30,14 +31,31 @@ def _shipped(package: str, checkout_folder: str) -> Path:
         return Path(__file__).resolve().parent.parent / checkout_folder
 
 
-def project_root(matrix_file: Path | None = None) -> Path:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ProjectRoot:
+    """The project root and how it was found, so a message about a path resolved against it can say why there."""
+
+    path: Path
+    found_as: str  # e.g. "the git top level of the working directory"
+    in_git: bool
+
+
+def find_project_root(matrix_file: Path | None = None) -> ProjectRoot:
     """The matrix file's repository when it is in one, else the working directory's, else the working
     directory itself."""
     if matrix_file is not None:
         top = git_toplevel(matrix_file.resolve().parent)
         if top is not None:
-            return top
-    return git_toplevel(Path.cwd()) or Path.cwd().resolve()
+            return ProjectRoot(path=top, found_as=f"the git top level of {matrix_file}", in_git=True)
+    top = git_toplevel(Path.cwd())
+    if top is not None:
+        return ProjectRoot(path=top, found_as="the git top level of the working directory", in_git=True)
+    return ProjectRoot(path=Path.cwd().resolve(), found_as="the working directory: no git repository holds it",
+                       in_git=False)
+
+
+def project_root(matrix_file: Path | None = None) -> Path:
+    return find_project_root(matrix_file).path
 
 
 def git_toplevel(folder: Path) -> Path | None:

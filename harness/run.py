@@ -33,7 +33,7 @@ from harness.engines import hostmemory
 from harness.env import EnvironmentBuildError, ensure_environment, env_root, plan_environment, probe_versions
 from harness.errors import ConfigError, HostMismatchError
 from harness.matrix import DEFAULT_MATRIX, Cell, Matrix, load_matrix, load_runners, select
-from harness.project import git, project_root, resolve, shipped_matrices_dir
+from harness.project import find_project_root, git, resolve, shipped_matrices_dir
 from harness.ranks import lifecycle
 from harness.ranks.lifecycle import CELL_TOKEN_ENV, kill_cell_processes
 from harness.results import nothing_distributed_ran, read_junit_tests
@@ -94,7 +94,8 @@ def command(args) -> int:
                                 f"{summarize_refusals(refused)}; pick others with --cell, or pass --force")
     results_root = results_folder(args.results, matrix.root)
     root = env_root(args.env_dir)
-    preflight.check_project(matrix.root, [(str(matrix.path), cell.suite) for cell in cells])
+    preflight.check_project(matrix.project, [(suite_origin(matrix, named=bool(args.matrix)), cell.suite)
+                                             for cell in cells])
     if args.dry_run:
         print_plan(matrix, cells, host, results_root, root, args.pytest_args, refused)
         return 0
@@ -190,7 +191,16 @@ def default_matrix(host: Host) -> Matrix:
                 torch=installed["torch"].split("+")[0], transformers=installed["transformers"].split("+")[0],
                 labels=runner.labels, timeout_minutes=60, reruns=0, suite=("tests/gpu",))
     return Matrix(name="local", path=shipped_matrices_dir() / "runners.yaml", description="this machine's GPUs",
-                  cells=(cell,), root=project_root(), reference="local")
+                  cells=(cell,), project=find_project_root(), reference="local")
+
+
+def suite_origin(matrix: Matrix, *, named: bool) -> str:
+    """Where the cells' suite entries come from, in words: the embedded default is no file of the user's (on GPUs
+    its suite is written in no file at all, whatever its Matrix.path)."""
+    if not named:
+        return "the embedded default (no --matrix)" if matrix.reference == "local" else \
+            f"the embedded default (no --matrix: {matrix.path})"
+    return str(matrix.path)
 
 
 def unfit_reason(cell: Cell, host: Host) -> str | None:
@@ -218,7 +228,7 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
     # An engine's hosts are not this machine: each samples its own GPUs, merged when the job ends.
     gpus = list(host.gpus[: cell.gpus]) if not cell.is_cpu and cell.engine == "local" else []
     record = start_record(cell, host, gpus, started, project=project,
-                          reproduce=reproduce_command(cell, matrix_reference, pytest_args))
+                          reproduce=reproduce_command(cell, matrix_reference), pytest_args=pytest_args)
     log(f"== {cell.id}: results in {folder}")
     memory_report = memory.MemoryReport.unavailable("cpu cell: no GPU" if cell.is_cpu else "no GPU was monitored")
     try:
@@ -449,7 +459,8 @@ def this_command() -> str:
     return typed if Path(typed).name == "harness" else "harness"
 
 
-def start_record(cell: Cell, host: Host, gpus: list, started: float, *, project: Path, reproduce: str) -> dict:
+def start_record(cell: Cell, host: Host, gpus: list, started: float, *, project: Path, reproduce: str,
+                 pytest_args: list[str]) -> dict:
     """env.json as a cell starts (status errored until it says otherwise); its keys are EnvRecord's."""
     record = EnvRecord(
         cell=cell.to_json(),
@@ -458,7 +469,7 @@ def start_record(cell: Cell, host: Host, gpus: list, started: float, *, project:
         gpus=[gpu.to_json() for gpu in gpus], driver=host.driver, host=socket.gethostname(),
         runner=os.environ.get("RUNNER_NAME"), git_sha=git_sha(project), git_dirty=git_dirty(project),
         trigger_sha=os.environ.get("GITHUB_SHA") or None, start=iso(started), reproduce=reproduce,
-        engine=cell.engine,
+        pytest_args=list(pytest_args), engine=cell.engine,
     )
     return record.to_json()
 
@@ -468,11 +479,11 @@ def write_env_json(folder: Path, record: dict) -> None:
     (folder / ENV_JSON).write_text(json.dumps(EnvRecord(**record).to_json(), indent=2) + "\n")
 
 
-def reproduce_command(cell: Cell, matrix_reference: str, pytest_args: list[str]) -> str:
-    """What reruns this cell alone, from the project root: the matrix as it was named, and pytest's arguments."""
+def reproduce_command(cell: Cell, matrix_reference: str) -> str:
+    """What reruns this cell alone, from the project root: the matrix as it was named. pytest's arguments are
+    env.json's `pytest_args`, so a report adds its failing tests to them instead of to a string."""
     matrix = f"--matrix {shlex.quote(matrix_reference)} " if matrix_reference != "local" else ""
-    extra = f" -- {shlex.join(pytest_args)}" if pytest_args else ""
-    return f"harness run {matrix}--cell {shlex.quote(cell.id)}{extra}"
+    return f"harness run {matrix}--cell {shlex.quote(cell.id)}"
 
 
 def git_sha(project: Path) -> str | None:

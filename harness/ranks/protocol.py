@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import sys
 import time
 import traceback
 from typing import Any
@@ -131,6 +132,27 @@ class Done:
 
 
 @dataclasses.dataclass(frozen=True)
+class RaisingFrame:
+    """The innermost Python frame of an exception's traceback: where it was raised (or, for an error raised in
+    C++, the Python line that called into it). `file` is relative to the sys.path entry that holds it
+    (`torch/distributed/tensor/placement_types.py`), so it reads the same in every environment and on every host;
+    `function` is the code's name (not its qualname: Python 3.10 has none)."""
+
+    file: str
+    function: str
+    line: int
+
+    @property
+    def location(self) -> str:
+        """`file:function`: what a known bug's `raised_at` names. The line is left out: it moves between patch
+        releases of the package that raises."""
+        return f"{self.file}:{self.function}"
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} in {self.function}"
+
+
+@dataclasses.dataclass(frozen=True)
 class Failed:
     """The rank raised; it stays alive when the failure left it able to serve (`alive`)."""
 
@@ -142,11 +164,13 @@ class Failed:
     modules: list[str] = dataclasses.field(default_factory=list)
     alive: bool = True
     follows_peer: bool = False  # PeerFailure: it failed because another rank did (agree.together)
+    error_frame: RaisingFrame | None = None  # None: the exception carried no traceback
 
     @classmethod
     def from_exception(cls, error: BaseException, **fields: Any) -> Failed:
         return cls(failed_at=time.time(), error_type=type(error).__qualname__, error_message=first_line(error),
-                   traceback=traceback.format_exc(), follows_peer=isinstance(error, PeerFailure), **fields)
+                   traceback=traceback.format_exc(), follows_peer=isinstance(error, PeerFailure),
+                   error_frame=raising_frame(error), **fields)
 
 
 class PeerFailure(Exception):
@@ -243,14 +267,16 @@ class RankFailedError(DistributedError):
     """A rank raised, or exited without a result. `rank` is the first one that failed; `other_failures` the
     collateral: later errors, and the ranks still running with their stacks. `error_type` / `error_message`:
     what that rank raised (its exception's qualname and first line), as data for whoever matches on it (the
-    suite's known upstream bugs); None when it exited without a word."""
+    suite's known upstream bugs), and `error_frame` where it raised it; None when it exited without a word."""
 
     def __init__(self, rank: int, summary: str, details: str, other_failures: list[str], *,
                  rank_seconds: list[float | None] | None = None, rank_modules: list[str] | None = None,
-                 error_type: str | None = None, error_message: str | None = None):
+                 error_type: str | None = None, error_message: str | None = None,
+                 error_frame: RaisingFrame | None = None):
         self.rank = rank
         self.error_type = error_type
         self.error_message = error_message
+        self.error_frame = error_frame
         self.summary = summary
         self.details = details
         self.other_failures = other_failures
@@ -342,7 +368,8 @@ def failure_error(world_size: int, replies: dict[int, Done], failures: dict[int,
     modules = [name for outcome in (*replies.values(), *failures.values()) for name in getattr(outcome, "modules", ())]
     return RankFailedError(rank, summary, details, others, rank_seconds=seconds, rank_modules=modules,
                            error_type=raised.error_type if raised else None,
-                           error_message=raised.error_message if raised else None)
+                           error_message=raised.error_message if raised else None,
+                           error_frame=raised.error_frame if raised else None)
 
 
 def timeout_error(world_size: int, timeout_s: float, replies: dict[int, Done],
@@ -365,6 +392,31 @@ def describe_exit(exitcode: int | None) -> str:
     return f"with code {exitcode}"
 
 
+NO_MESSAGE = "(no message)"  # the first line of an exception raised without one (a bare `assert`)
+
+
 def first_line(error: BaseException) -> str:
     text = str(error).strip()
-    return text.splitlines()[0] if text else "(no message)"
+    return text.splitlines()[0] if text else NO_MESSAGE
+
+
+def raising_frame(error: BaseException) -> RaisingFrame | None:
+    """Where `error` was raised: its traceback's innermost frame, its file relative to the sys.path entry that
+    holds it (the longest, so a venv's site-packages wins over a folder above it)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return None
+    innermost = frames[-1]
+    return RaisingFrame(file=relative_to_sys_path(innermost.filename), function=innermost.name,
+                        line=innermost.lineno or 0)
+
+
+def relative_to_sys_path(filename: str) -> str:
+    """`filename` relative to the longest sys.path entry it is under, with `/` between parts; its base name
+    where none holds it (an absolute path would name this host's folders)."""
+    path = os.path.abspath(filename)
+    roots = [os.path.abspath(entry or os.curdir) for entry in sys.path]
+    holding = [root for root in roots if path.startswith(root.rstrip(os.sep) + os.sep)]
+    if not holding:
+        return os.path.basename(path)
+    return os.path.relpath(path, max(holding, key=len)).replace(os.sep, "/")

@@ -356,7 +356,8 @@ class CellResult:
     host: str | None = None
     runner: str | None = None
     driver: str | None = None
-    reproduce: str = ""
+    reproduce: str = ""  # `harness run ... --cell ID`; with the run's pytest arguments where pytest_args is None
+    pytest_args: tuple[str, ...] | None = None  # the run's own (None: a folder written before env.json had them)
     log_tail: str | None = None  # end of pytest.log, kept for errored cells
     problems: tuple[Problem, ...] = ()
     folder: str = ""
@@ -377,11 +378,16 @@ class CellResult:
         return self.info.id
 
     def reproduce_command(self) -> str:
-        """`harness run ... --cell ID -- -k 'a or b'` selecting this cell's failing tests."""
+        """`harness run ... --cell ID -- ARGS`: the run's own pytest arguments, with this cell's failing tests
+        added to their -k (`-k '(X) and (a or b)'`, or `-k 'a or b'` where the run had none)."""
         names = sorted({_k_name(test.name) for test in self.failing_tests})
+        selection = " or ".join(names)
         if not names or len(names) > _K_NAMES or any(len(name) > _K_NAME_CHARS for name in names):
-            return self.reproduce
-        return f"{self.reproduce} -- -k {shlex.quote(' or '.join(names))}"
+            selection = ""  # too many or too long to paste: the run's own selection, whole
+        if self.pytest_args is None:  # written before pytest_args: `reproduce` already ends with them, if any
+            return f"{self.reproduce} -- -k {shlex.quote(selection)}" if selection else self.reproduce
+        args = with_selection(self.pytest_args, selection) if selection else list(self.pytest_args)
+        return f"{self.reproduce} -- {shlex.join(args)}" if args else self.reproduce
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,6 +429,20 @@ def capped(text: str, limit: int) -> str:
 def natural_key(text: str) -> tuple[str | int, ...]:
     """Sort `torch2.9.0` before `torch2.11.0` and `2gpu` before `8gpu`."""
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text))
+
+
+def with_selection(pytest_args: Iterable[str], selection: str) -> list[str]:
+    """`pytest_args` selecting only `selection` among what they selected: their last -k (the one pytest obeys)
+    becomes `(X) and (selection)`; without one, `-k selection` is added."""
+    args = list(pytest_args)
+    for index in reversed(range(len(args))):
+        if args[index] == "-k" and index + 1 < len(args):
+            args[index + 1] = f"({args[index + 1]}) and ({selection})"
+            return args
+        if args[index].startswith("-k") and args[index] != "-k":  # -kEXPRESSION
+            args[index] = f"-k({args[index][2:]}) and ({selection})"
+            return args
+    return [*args, "-k", selection]
 
 
 def _k_name(test_name: str) -> str:

@@ -216,6 +216,7 @@ def _read_cell(folder: Path) -> CellResult:
         runner=env_fields.text("runner"),
         driver=env_fields.text("driver"),
         reproduce=_reproduce(env_fields.text("reproduce"), info),
+        pytest_args=env_fields.command_words("pytest_args", PYTEST_ARGS_MAX, PYTEST_ARGS_CHARS),
         log_tail=_read_log_tail(folder / PYTEST_LOG, problems) if status is CellStatus.ERRORED else None,
         problems=tuple(problems),
         folder=_text(str(folder), len(str(folder))),
@@ -275,6 +276,11 @@ def _reproduce(recorded: str | None, info: CellInfo) -> str:
         return recorded
     matrix = f" --matrix {shlex.quote(info.matrix)}" if info.matrix else ""
     return f"harness run{matrix} --cell {shlex.quote(info.id)}"
+
+
+# The run's pytest arguments go into a command shown in a shell block: a few plain, short strings.
+PYTEST_ARGS_MAX = 32
+PYTEST_ARGS_CHARS = 400  # all of them together; _reproduce bounds the recorded command likewise
 
 
 def _text(value: str | None, limit: int = TEXT_CHARS) -> str | None:
@@ -491,6 +497,21 @@ class _Fields:
             self._wrong(key, value, " or ".join(allowed))
             return None
         return value
+
+    def command_words(self, key: str, max_words: int, max_chars: int) -> tuple[str, ...] | None:
+        """A list of words for a command shown in a shell block: printable strings without a backtick, at most
+        `max_words` of `max_chars` in all. None where absent, or (a Problem) where it is anything else."""
+        words = self._get(key, (list,), "a list")
+        if words is None:
+            return None
+        if (
+            len(words) <= max_words
+            and all(isinstance(word, str) and word.isprintable() and "`" not in word for word in words)
+            and sum(len(word) for word in words) <= max_chars
+        ):
+            return tuple(words)
+        self._wrong(key, words, f"at most {max_words} printable strings without a backtick, {max_chars} characters")
+        return None
 
     def string_map(self, key: str) -> dict[str, str | None]:
         entries = self.mapping(key)

@@ -1,12 +1,15 @@
 """Known upstream bugs: cases that fail because torch or transformers is wrong, in one table.
 
 Each entry was reproduced in a few lines outside the suite (tests/gpu/upstream_repros/, run by hand), and
-its version range was bisected with `harness bisect` at both ends (the `bisected` field: each command and
-its answer). The cases it covers are marked `xfail(strict=True)` with a reason starting
-`known upstream bug: `, so the report lists them with their cause, but only for the failure the entry
-names: the failing rank's exception type (`raises`) and a pattern its message matches (`match`). A covered
-case that fails otherwise is red, saying it failed differently from its known bug; one that passes fails
-saying `fixed upstream: remove the entry` (conftest.py). Every range ends at the newest release it was
+its transformers range was bisected with `harness bisect` at both ends (the `bisected` field: each command and
+its answer). An entry holds for the transformers releases AND the torch releases it names (`transformers`,
+`torch`: one PEP 440 specifier set each; `torch_verified` says which torch releases it was run on). The cases
+it covers are marked `xfail(strict=True)` with a reason starting `known upstream bug: `, so the report lists
+them with their cause, but only for the failure the entry names: the failing rank's exception type (`raises`),
+a pattern its message's first line matches (`match`) and, where that message says nothing (a bare `assert`),
+where it was raised (`raised_at`: the failing rank's innermost frame, which travels from the rank as data). A
+covered case that fails otherwise is red, saying it failed differently from its known bug; one that passes
+fails saying `fixed upstream: remove the entry` (conftest.py). Every range ends at the newest release it was
 verified on, so a newer release runs the case and shows whether the bug is still there.
 """
 
@@ -17,11 +20,16 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
 from harness.contract import FIXED_UPSTREAM as FIXED_MESSAGE
 from harness.contract import KNOWN_BUG_PREFIX as REASON_PREFIX  # what the report and triage read
 from harness.ranks import RankFailedError
+from harness.ranks.protocol import NO_MESSAGE, RaisingFrame, first_line, raising_frame
 
 DIFFERENT_MESSAGE = "failed differently from its known bug"
+PACKAGES = ("transformers", "torch")  # every entry names the releases of each it holds for
 
 
 class KnownBugFailure(Exception):
@@ -33,9 +41,24 @@ class DifferentFailure(AssertionError):
 
 
 @dataclass(frozen=True)
+class Failure:
+    """What a case's failure was, as data: the failing rank's exception type (None: it died without one), the
+    first line of its message, and where it was raised (None: unknown)."""
+
+    error_type: str | None
+    message: str
+    raised_at: RaisingFrame | None
+
+    def __str__(self) -> str:
+        where = f" (raised at {self.raised_at})" if self.raised_at else ""
+        return f"{self.error_type or 'no exception'}: {self.message}{where}"
+
+
+@dataclass(frozen=True)
 class KnownBug:
-    package: str  # "transformers" or "torch"
-    versions: str  # a PEP 440 specifier set of the releases that have it, bounded above, e.g. ">=5.13,<5.20"
+    transformers: str  # a PEP 440 specifier set of the transformers releases that have it, bounded above
+    torch: str  # likewise for torch (a release without its local tag: 2.11.0, not 2.11.0+cu130)
+    torch_verified: str  # the torch releases the entry was run on, and where its torch range rests on no run
     layouts: tuple[str, ...]  # tf_adapter.LAYOUTS keys
     checks: tuple[str, ...]  # a case shows the bug when it runs one of these checks
     raises: str  # the failing rank's exception type (qualname), e.g. "RuntimeError"
@@ -46,16 +69,38 @@ class KnownBug:
     families: tuple[str, ...] | None = None  # None: every MoE family
     implementations: tuple[str, ...] | None = None  # experts_implementation; None: every one
     dtypes: tuple[str, ...] | None = None  # None: every dtype
+    # `file:function` of the raising frame (RaisingFrame.location, e.g.
+    # "torch/distributed/tensor/placement_types.py:_reduce_value"): required where `match` accepts an exception
+    # without a message, which alone would take any bare `assert` for this bug.
+    raised_at: str | None = None
+
+    def __post_init__(self) -> None:
+        for package in PACKAGES:
+            _check_specifiers(self, package)
+        if self.raised_at is None and re.search(self.match, NO_MESSAGE):
+            raise ValueError(
+                f"known bug {self.label}: match {self.match!r} accepts an exception without a message "
+                f"({NO_MESSAGE}), so any bare assert would pass for it: name where it is raised "
+                "(raised_at='package/path/file.py:function')"
+            )
+
+    @property
+    def label(self) -> str:
+        """Which entry this is, for an error about the table."""
+        families = ", ".join(self.families) if self.families else "every MoE family"
+        return f"[{families}; {'/'.join(self.layouts)}; {self.raises}; {self.ranges}]"
+
+    @property
+    def ranges(self) -> str:
+        return f"transformers {self.transformers}, torch {self.torch}"
 
     @property
     def reason(self) -> str:
-        return f"{REASON_PREFIX}{self.package} {self.versions}: {self.cause} (reproduced: {self.reproduced})"
+        return f"{REASON_PREFIX}{self.ranges}: {self.cause} (reproduced: {self.reproduced})"
 
     def covers(self, case, installed: dict[str, str]) -> bool:
-        from packaging.specifiers import SpecifierSet
-
         return (
-            installed.get(self.package) in SpecifierSet(self.versions)
+            all(_within(installed.get(package), getattr(self, package)) for package in PACKAGES)
             and case.layout in self.layouts
             and bool(set(case.checks) & set(self.checks))
             and (self.families is None or case.family in self.families)
@@ -64,32 +109,69 @@ class KnownBug:
         )
 
     def explains(self, error: BaseException) -> bool:
-        error_type, message = failure_of(error)
-        return error_type == self.raises and re.search(self.match, message) is not None
+        failure = failure_of(error)
+        return (
+            failure.error_type == self.raises
+            and re.search(self.match, failure.message) is not None
+            and (self.raised_at is None or (failure.raised_at is not None
+                                            and failure.raised_at.location == self.raised_at))
+        )
 
     def verdict(self, error: Exception) -> Exception:
         """What a covered case raises in place of `error`: the bug the xfail expects, or a different failure."""
-        error_type, message = failure_of(error)
+        failure = failure_of(error)
         if self.explains(error):
-            return KnownBugFailure(f"{REASON_PREFIX}{self.package} {self.versions}: {error_type}: {message}")
+            return KnownBugFailure(f"{REASON_PREFIX}{self.ranges}: {failure}")
+        where = f" raised in {self.raised_at}" if self.raised_at else ""
         return DifferentFailure(
-            f"{DIFFERENT_MESSAGE} ({self.package} {self.versions}: {self.raises} matching {self.match!r}): "
-            f"{error_type or 'no exception'}: {message}"
+            f"{DIFFERENT_MESSAGE} ({self.ranges}: {self.raises} matching {self.match!r}{where}): {failure}"
         )
 
 
-def failure_of(error: BaseException) -> tuple[str | None, str]:
-    """(exception type, first line of its message) of the failure itself: for the ranks fixture's error, the
-    first failing rank's own exception as it travelled (type None: the rank died without one)."""
+def _check_specifiers(bug: KnownBug, package: str) -> None:
+    """An empty specifier set would hold for every release: each package's range must say which."""
+    text = getattr(bug, package)
+    try:
+        valid = bool(text.strip()) and SpecifierSet(text) is not None
+    except InvalidSpecifier:
+        valid = False
+    if not valid:
+        raise ValueError(f"known bug {bug.label}: {package}={text!r} is not a PEP 440 range of {package} releases")
+
+
+def _within(version: str | None, specifiers: str) -> bool:
+    try:
+        return version is not None and Version(version) in SpecifierSet(specifiers)
+    except InvalidVersion:
+        return False
+
+
+def failure_of(error: BaseException) -> Failure:
+    """The failure itself: for the ranks fixture's error, the first failing rank's own exception as it travelled
+    (type None: the rank died without one); else the exception raised here."""
     if isinstance(error, RankFailedError):
-        return error.error_type, error.error_message if error.error_message is not None else error.summary
-    text = str(error).strip()
-    return type(error).__qualname__, text.splitlines()[0] if text else ""
+        message = error.error_message if error.error_message is not None else error.summary
+        return Failure(error.error_type, message, error.error_frame)
+    return Failure(type(error).__qualname__, first_line(error), raising_frame(error))
 
 
 # Versions: what `harness bisect` measured at each end (torch 2.13.0 CPU, 2 gloo ranks, fp32); an upper end
 # written `<=` is the newest release verified, not a fix; a lower end at a feature's floor (tf_adapter) is the
 # first release that can run the case at all.
+#
+# torch: every bisect and reproduction ran on torch 2.13.0, so an entry holds for 2.13.0 and for the other torch
+# releases it was run on (torch_verified), no more: a cell of another torch shows its own verdict until someone
+# runs it there and widens the range.
+TORCH_2_13_ONLY = "==2.13.0"
+RUN_ON_2_13_ONLY = "2.13.0 only: every bisect and reproduction above ran on it (CPU, 2 gloo ranks)"
+# The GPU image's torch 2.11.0+cu130 with transformers 5.17.0, 2 gloo ranks (CUDA hidden), 2026-12-02:
+# test_ep_load_and_logits[{qwen3_moe,gpt_oss}-eager-2-float32], test_ep_gradients[qwen3_moe-eager-2-float32] and
+# test_ep_gradients[{qwen3_moe,gpt_oss}-batched_mm-2-float32] each xfailed with this entry's failure.
+TORCH_2_11_AND_2_13 = ">=2.11,<=2.13.0"
+RUN_ON_2_11_AND_2_13 = (
+    "2.13.0 (the bisects) and 2.11.0 (the GPU image, transformers 5.17.0: qwen3_moe and gpt_oss eager logits, "
+    "eager and batched_mm gradients fail this way, 2026-12-02); 2.12 between them not run"
+)
 _EP_SELECTION = (
     '-k "(test_ep_load_and_logits and qwen3_moe-eager-2-float32) or '
     '(test_ep_gradients and qwen3_moe-batched_mm-2-float32)"'
@@ -121,10 +203,25 @@ _NEW_IN_5_24 = _bisect(
     "5.23.0 untestable: pytest collected no tests (no model folders there), exit 2; 1 probe, 45s",
 )
 
+_INKLING_MUSE_BISECTED = (
+    _bisect(
+        "5.17.0",
+        "inkling_text and test_ep_load_and_logits",
+        "first bad: transformers 5.23.0 (last good 5.22.2); 6 probes, 147s",
+    ),
+    _bisect(
+        "5.20.0",
+        "muse_spark_text and test_ep_load_and_logits",
+        "first bad: transformers 5.23.0 (last good 5.22.2); 6 probes, 204s",
+    ),
+    _NEWEST,
+)
+
 _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
-        package="transformers",
-        versions=">=5.23,<=5.24.0",
+        transformers=">=5.23,<=5.24.0",
+        torch=TORCH_2_13_ONLY,
+        torch_verified=RUN_ON_2_13_ONLY,
         layouts=("ep",),
         checks=("gradients",),
         families=("qwen3_vl_moe_text", "qwen3_omni_moe_text"),
@@ -149,8 +246,9 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
-        package="transformers",
-        versions=">=5.20,<=5.24.0",
+        transformers=">=5.20,<=5.24.0",
+        torch=TORCH_2_13_ONLY,
+        torch_verified=RUN_ON_2_13_ONLY,
         layouts=("fsdp_ep",),
         checks=("load",),
         families=("bailing_hybrid", "kimi_linear", "glm5_next_text"),
@@ -173,8 +271,9 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
-        package="transformers",
-        versions=">=5.24,<=5.24.0",
+        transformers=">=5.24,<=5.24.0",
+        torch=TORCH_2_13_ONLY,
+        torch_verified=RUN_ON_2_13_ONLY,
         layouts=("fsdp_ep",),
         checks=("load",),
         families=("gemma4_text", "diffusion_gemma_text"),
@@ -197,8 +296,9 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
-        package="transformers",
-        versions=">=5.24,<=5.24.0",
+        transformers=">=5.24,<=5.24.0",
+        torch=TORCH_2_13_ONLY,
+        torch_verified=RUN_ON_2_13_ONLY,
         layouts=("ep", "fsdp_ep"),
         checks=("load", "gradients"),
         families=("sarvam_moe",),
@@ -214,8 +314,9 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
-        package="transformers",
-        versions=">=5.24,<=5.24.0",
+        transformers=">=5.24,<=5.24.0",
+        torch=TORCH_2_13_ONLY,
+        torch_verified=RUN_ON_2_13_ONLY,
         layouts=("fsdp_ep",),
         checks=("load",),
         families=("lara_mini", "inkling2_loop_text"),
@@ -234,8 +335,9 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
-        package="transformers",
-        versions=">=5.23,<=5.24.0",
+        transformers=">=5.23,<=5.24.0",
+        torch=TORCH_2_13_ONLY,
+        torch_verified=RUN_ON_2_13_ONLY,
         layouts=("ep",),
         checks=("load", "gradients"),
         families=("dots3_note_text",),
@@ -254,8 +356,9 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
-        package="transformers",
-        versions=">=5.23,<=5.24.0",
+        transformers=">=5.23,<=5.24.0",
+        torch=TORCH_2_13_ONLY,
+        torch_verified=RUN_ON_2_13_ONLY,
         layouts=("ep",),
         checks=("load", "gradients"),
         families=("glm5_next_text",),
@@ -274,34 +377,51 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
-        package="transformers",
-        versions=">=5.23,<=5.24.0",
+        transformers=">=5.23,<=5.24.0",
+        torch=TORCH_2_13_ONLY,
+        torch_verified=RUN_ON_2_13_ONLY,
         layouts=("ep",),
         checks=("load", "gradients"),
         families=("inkling_text", "muse_spark_text"),
         raises="AssertionError",
-        match=r"^\(no message\)$",  # torch's DTensor _reduce_value asserts with no message
+        match=r"^\(no message\)$",  # NO_MESSAGE: torch 2.13's _MaskPartial._reduce_value `raise AssertionError`
+        raised_at="torch/distributed/tensor/placement_types.py:_reduce_value",
         cause="a DTensor leaves a TP-sharded module and reaches a plain RMSNorm (InklingRMSNorm, "
-        "MuseSparkRMSNorm): torch's DTensor redistribute asserts in Partial._reduce_value",
+        "MuseSparkRMSNorm): torch 2.13's DTensor redistribute raises a bare AssertionError in "
+        "_MaskPartial._reduce_value (its mask buffer is empty)",
         reproduced="upstream_repros/sharded_load_errors_5_24.py inkling_text|muse_spark_text ep, 5.24.0, "
-        "2 CPU ranks, torch 2.13.0 (torch 2.11 raises 'aten.mul.Tensor got mixed torch.Tensor and DTensor')",
+        "2 CPU ranks, torch 2.13.0: every rank raised at torch/distributed/tensor/placement_types.py:1703 "
+        "_reduce_value, from InklingRMSNorm.forward and MuseSparkRMSNorm._norm (re-run 2026-12-02)",
+        bisected=_INKLING_MUSE_BISECTED,
+    ),
+    KnownBug(
+        transformers=">=5.23,<=5.24.0",
+        torch="==2.11.0",
+        torch_verified="2.11.0 only: these cases' first line there (issue 29, the reproduction's notes; the "
+        "transformers release not recorded); torch 2.11.0 itself raises exactly this RuntimeError for a plain "
+        "tensor times a DTensor (the GPU image, 2026-12-02), where no transformers >=5.23 is installed to re-run "
+        "the families",
+        layouts=("ep",),
+        checks=("load", "gradients"),
+        families=("inkling_text", "muse_spark_text"),
+        raises="RuntimeError",
+        # torch's C++ DTensor dispatch says "aten.mul.Tensor got mixed ...", its Python one "aten.mul.Tensor: got ..."
+        match=r"^aten\.mul\.Tensor:? got mixed torch\.Tensor and DTensor",
+        cause="a DTensor leaves a TP-sharded module and reaches a plain RMSNorm (InklingRMSNorm, "
+        "MuseSparkRMSNorm): on torch 2.11 the norm's weight times the DTensor hidden states is refused as mixed "
+        "torch.Tensor and DTensor",
+        reproduced="the suite's first line on torch 2.11 (issue 29; upstream_repros/sharded_load_errors_5_24.py's "
+        "notes); the mixed multiply alone raises it on torch 2.11.0 (the GPU image, 1 gloo rank, 2026-12-02)",
         bisected=(
-            _bisect(
-                "5.17.0",
-                "inkling_text and test_ep_load_and_logits",
-                "first bad: transformers 5.23.0 (last good 5.22.2); 6 probes, 147s",
-            ),
-            _bisect(
-                "5.20.0",
-                "muse_spark_text and test_ep_load_and_logits",
-                "first bad: transformers 5.23.0 (last good 5.22.2); 6 probes, 204s",
-            ),
-            _NEWEST,
+            "lower end: 5.23.0, where the torch 2.13.0 bisects of the entry above find these families first fail "
+            "(EP shards their dense weights with the TP plan from there); not bisected on torch 2.11",
+            "upper end: 5.24.0, the newest release, as above; not bisected on torch 2.11",
         ),
     ),
     KnownBug(
-        package="transformers",
-        versions=">=5.23,<=5.24.0",
+        transformers=">=5.23,<=5.24.0",
+        torch=TORCH_2_13_ONLY,
+        torch_verified=RUN_ON_2_13_ONLY,
         layouts=("ep",),
         checks=("load", "gradients"),
         families=("openai_privacy_filter",),
@@ -324,8 +444,9 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
 
 KNOWN_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
-        package="transformers",
-        versions=">=5.7,<5.18",
+        transformers=">=5.7,<5.18",
+        torch=TORCH_2_11_AND_2_13,
+        torch_verified=RUN_ON_2_11_AND_2_13,
         layouts=("ep",),
         checks=("logits", "gradients"),
         implementations=("eager",),
@@ -338,8 +459,9 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         bisected=_EP_SENTINEL_BISECTED,
     ),
     KnownBug(
-        package="transformers",
-        versions=">=5.7,<5.18",
+        transformers=">=5.7,<5.18",
+        torch=TORCH_2_11_AND_2_13,
+        torch_verified=RUN_ON_2_11_AND_2_13,
         layouts=("ep",),
         checks=("gradients",),
         implementations=("batched_mm",),
@@ -351,8 +473,9 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         bisected=_EP_SENTINEL_BISECTED,
     ),
     KnownBug(
-        package="transformers",
-        versions=">=5.18,<5.19",
+        transformers=">=5.18,<5.19",
+        torch=TORCH_2_13_ONLY,
+        torch_verified=RUN_ON_2_13_ONLY,
         layouts=("ep",),
         checks=("logits", "gradients"),
         families=("gpt_oss",),
@@ -376,8 +499,9 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
-        package="transformers",
-        versions=">=5.20,<5.23",
+        transformers=">=5.20,<5.23",
+        torch=TORCH_2_13_ONLY,
+        torch_verified=RUN_ON_2_13_ONLY,
         layouts=("fsdp_ep",),
         checks=("gradients",),
         raises="AssertionError",
@@ -395,8 +519,9 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
-        package="transformers",
-        versions=">=5.23,<=5.24.0",
+        transformers=">=5.23,<=5.24.0",
+        torch=TORCH_2_13_ONLY,
+        torch_verified=RUN_ON_2_13_ONLY,
         layouts=("ep",),
         checks=("logits",),
         families=("gpt_oss",),

@@ -13,7 +13,7 @@ from packaging.version import Version
 from rank_cases import Case
 
 from harness import triage
-from harness.ranks.protocol import Died, Failed, failure_error
+from harness.ranks.protocol import NO_MESSAGE, Died, Failed, RaisingFrame, failure_error
 
 pytest_plugins = ["pytester"]
 SUITE_CONFTEST = known_bugs.__file__.replace("known_bugs.py", "conftest.py")
@@ -22,8 +22,9 @@ SUITE_CONFTEST = known_bugs.__file__.replace("known_bugs.py", "conftest.py")
 def a_bug(**fields) -> known_bugs.KnownBug:
     return known_bugs.KnownBug(
         **{
-            "package": "transformers",
-            "versions": ">=5.13,<5.20",
+            "transformers": ">=5.13,<5.20",
+            "torch": ">=2.11,<=2.13.0",
+            "torch_verified": "2.11.0 and 2.13.0",
             "layouts": ("ep",),
             "checks": ("gradients",),
             "raises": "RuntimeError",
@@ -36,25 +37,54 @@ def a_bug(**fields) -> known_bugs.KnownBug:
     )
 
 
-def rank_raised(error_type: str, message: str):
-    """The ranks fixture's error for a launch in which rank 1 raised `error_type: message`."""
-    failure = Failed(failed_at=1.0, error_type=error_type, error_message=message, traceback="Traceback: ...")
+def rank_raised(error_type: str, message: str, raised_at: RaisingFrame | None = None):
+    """The ranks fixture's error for a launch in which rank 1 raised `error_type: message` (at `raised_at`)."""
+    failure = Failed(failed_at=1.0, error_type=error_type, error_message=message, traceback="Traceback: ...",
+                     error_frame=raised_at)
     return failure_error(2, {}, {1: failure}, {})
 
 
-def test_known_bug_covers_its_cases_only_within_its_versions():
+# Where torch 2.13.0 raised the inkling_text / muse_spark_text EP cases' bare AssertionError (the reproduction).
+REDUCE_VALUE = RaisingFrame("torch/distributed/tensor/placement_types.py", "_reduce_value", 1703)
+ELSEWHERE = RaisingFrame("checks.py", "check_gradients", 88)  # a bare assert of the suite's own
+BOTH = {"transformers": "5.19.0", "torch": "2.13.0"}
+
+
+def test_known_bug_covers_its_cases_only_within_its_transformers_and_torch_releases():
     bug = a_bug(implementations=("batched_mm",))
     case = Case(families.deep_moe()[0], "ep", ("gradients",), experts_implementation="batched_mm")
-    assert bug.covers(case, {"transformers": "5.19.0"})
-    assert not bug.covers(case, {"transformers": "5.20.0"})
+    assert bug.covers(case, BOTH)
+    assert bug.covers(case, {"transformers": "5.19.0", "torch": "2.11.0"})
+    assert not bug.covers(case, {**BOTH, "transformers": "5.20.0"})
+    assert not bug.covers(case, {**BOTH, "torch": "2.14.0"})  # a torch nobody ran it on shows its own verdict
+    assert not bug.covers(case, {**BOTH, "torch": "2.10.0"})
+    assert not bug.covers(case, {"transformers": "5.19.0"})  # torch unknown: not covered
     assert not bug.covers(
-        Case(families.deep_moe()[0], "ep", ("load", "logits"), experts_implementation="batched_mm"),
-        {"transformers": "5.19.0"},
+        Case(families.deep_moe()[0], "ep", ("load", "logits"), experts_implementation="batched_mm"), BOTH
     )
-    assert not bug.covers(
-        Case(families.deep_moe()[0], "ep", ("gradients",), experts_implementation="eager"), {"transformers": "5.19.0"}
-    )
-    assert bug.reason.startswith("known upstream bug: transformers >=5.13,<5.20: a cause")
+    assert not bug.covers(Case(families.deep_moe()[0], "ep", ("gradients",), experts_implementation="eager"), BOTH)
+    assert bug.reason.startswith("known upstream bug: transformers >=5.13,<5.20, torch >=2.11,<=2.13.0: a cause")
+
+
+def test_an_entry_names_the_releases_of_both_packages():
+    for package in ("transformers", "torch"):
+        fields = {name: value for name, value in vars(a_bug()).items() if name != package}
+        with pytest.raises(TypeError, match=f"'{package}'"):
+            known_bugs.KnownBug(**fields)
+        with pytest.raises(ValueError, match=rf"known bug \[every MoE family; ep; RuntimeError; .*{package}=''"):
+            a_bug(**{package: ""})  # an empty set would hold for every release
+        with pytest.raises(ValueError, match=rf"{package}='5.13' is not a PEP 440 range"):
+            a_bug(**{package: "5.13"})
+
+
+def test_an_entry_for_an_exception_without_a_message_must_name_where_it_is_raised():
+    with pytest.raises(ValueError, match=r"known bug \[alpha_moe; ep; AssertionError; transformers >=5.23,<=5.24.0, "
+                       r"torch ==2.13.0\]: match .* accepts an exception without a message"):
+        a_bug(transformers=">=5.23,<=5.24.0", torch="==2.13.0", families=("alpha_moe",), raises="AssertionError",
+              match=r"^\(no message\)$")
+    with pytest.raises(ValueError, match="accepts an exception without a message"):
+        a_bug(match=r"")  # a pattern that takes any message takes none too
+    assert a_bug(raises="AssertionError", match=r"^\(no message\)$", raised_at=REDUCE_VALUE.location)
 
 
 def test_a_rank_failure_is_matched_on_the_ranks_own_exception_type_and_message():
@@ -63,9 +93,38 @@ def test_a_rank_failure_is_matched_on_the_ranks_own_exception_type_and_message()
     assert not bug.explains(rank_raised("AssertionError", "Class values must be smaller than num_classes."))
     assert not bug.explains(rank_raised("RuntimeError", "Could not resolve the process group"))
     died = failure_error(2, {}, {0: Died(exit_code=-9, last_stack="")}, {})
-    assert known_bugs.failure_of(died) == (None, "exited by signal SIGKILL without a result")
+    assert known_bugs.failure_of(died) == known_bugs.Failure(None, "exited by signal SIGKILL without a result", None)
     assert not bug.explains(died)
     assert bug.explains(RuntimeError("Class values must be smaller than num_classes.\nmore"))  # not through ranks
+
+
+def test_a_bare_assert_is_the_known_bug_only_where_the_entry_says_it_is_raised():
+    bug = a_bug(raises="AssertionError", match=r"^\(no message\)$", raised_at=REDUCE_VALUE.location)
+    assert bug.explains(rank_raised("AssertionError", NO_MESSAGE, REDUCE_VALUE))
+    # the line is not part of it: it moves between patch releases
+    assert bug.explains(rank_raised("AssertionError", NO_MESSAGE, RaisingFrame(REDUCE_VALUE.file, "_reduce_value", 9)))
+    assert not bug.explains(rank_raised("AssertionError", NO_MESSAGE, ELSEWHERE))  # the suite's own bare assert
+    assert not bug.explains(rank_raised("AssertionError", NO_MESSAGE, RaisingFrame(REDUCE_VALUE.file, "_split", 1)))
+    assert not bug.explains(rank_raised("AssertionError", NO_MESSAGE))  # where unknown: not this bug
+    different = bug.verdict(rank_raised("AssertionError", NO_MESSAGE, ELSEWHERE))
+    assert isinstance(different, known_bugs.DifferentFailure)
+    assert str(different) == (
+        "failed differently from its known bug (transformers >=5.13,<5.20, torch >=2.11,<=2.13.0: AssertionError "
+        r"matching '^\\(no message\\)$' raised in torch/distributed/tensor/placement_types.py:_reduce_value): "
+        "AssertionError: (no message) (raised at checks.py:88 in check_gradients)"
+    )
+
+
+def test_a_bare_assert_raised_here_travels_with_where_it_was_raised():
+    def bare_assert():
+        raise AssertionError  # as torch raises it (an `assert` here would be rewritten by pytest to say more)
+
+    try:
+        bare_assert()
+    except AssertionError as error:
+        failure = known_bugs.failure_of(error)
+    assert (failure.error_type, failure.message) == ("AssertionError", NO_MESSAGE)
+    assert failure.raised_at.location == "test_known_bugs.py:bare_assert"
 
 
 @pytest.mark.parametrize(
@@ -74,11 +133,17 @@ def test_a_rank_failure_is_matched_on_the_ranks_own_exception_type_and_message()
 def test_every_entry_is_bounded_named_and_bisected(bug):
     """No range covers releases nobody ran (a newer release must show its own verdict); every entry names
     the failure it expects and records the bisects that measured its range."""
-    versions = SpecifierSet(bug.versions)
-    assert Version("999.0") not in versions, f"{bug.versions}: bound it at the newest release verified"
-    assert bug.raises and re.compile(bug.match).pattern
-    # both ends: a bisect's command and answer, or why an end has none (a feature's floor, the newest release)
-    assert len(bug.bisected) >= 2 and any(line.startswith("harness bisect ") for line in bug.bisected)
+    for package in ("transformers", "torch"):
+        releases = getattr(bug, package)
+        assert Version("999.0") not in SpecifierSet(releases), f"{package} {releases}: bound it at the newest verified"
+    # a torch range open below says so where it says which torch releases were run
+    assert (Version("0.1") in SpecifierSet(bug.torch)) == ("open below" in bug.torch_verified), bug.torch_verified
+    assert bug.torch_verified and bug.raises and re.compile(bug.match).pattern
+    # both ends of the transformers range: a bisect's command and answer, or why an end has none (a feature's
+    # floor, the newest release, a range measured on another torch)
+    ends = {line.split(": ", 1)[0] for line in bug.bisected if line.startswith(("lower end: ", "upper end: "))}
+    assert any(line.startswith("harness bisect ") for line in bug.bisected) or ends == {"lower end", "upper end"}
+    assert len(bug.bisected) >= 2
     assert all(line.startswith(("harness bisect ", "lower end: ", "upper end: ")) for line in bug.bisected)
 
 
@@ -162,9 +227,15 @@ MEASURED_FAILURES = (
     ),
     (11, "RuntimeError", "mat1 and mat2 shapes cannot be multiplied (128x64 and 32x64)"),
     (11, "RuntimeError", "shape '[128, 32]' is invalid for input of size 8192"),
-    (12, "AssertionError", "(no message)"),
-    (
+    (12, "AssertionError", NO_MESSAGE, REDUCE_VALUE),  # torch 2.13.0
+    (  # torch 2.11.0: the suite's first line
         13,
+        "RuntimeError",
+        "aten.mul.Tensor got mixed torch.Tensor and DTensor, need to convert all torch.Tensor to DTensor before "
+        "calling distributed operators!",
+    ),
+    (
+        14,
         "ValueError",
         "`tp_size=2` was requested, but `OpenAIPrivacyFilterModel` has no `tp_plan`. Pass `tp_plan` in "
         "`DistributedConfig`, add `base_model_tp_plan` to the model's config, or set `tp_size=1`.",
@@ -172,14 +243,18 @@ MEASURED_FAILURES = (
 )
 
 
+# Bare asserts measured elsewhere: the same words as entry 12's failure, raised somewhere else.
+OTHER_BARE_ASSERTS = ((None, "AssertionError", NO_MESSAGE, ELSEWHERE), (None, "AssertionError", NO_MESSAGE))
+
+
 def test_each_entry_names_the_failures_its_bisects_measured():
-    assert {index for index, _, _ in MEASURED_FAILURES} == set(range(len(known_bugs.KNOWN_BUGS)))
+    assert {measured[0] for measured in MEASURED_FAILURES} == set(range(len(known_bugs.KNOWN_BUGS)))
     for index, bug in enumerate(known_bugs.KNOWN_BUGS):
-        own = {(error_type, message) for other, error_type, message in MEASURED_FAILURES if other == index}
-        for other, error_type, message in MEASURED_FAILURES:
-            explained = bug.explains(rank_raised(error_type, message))
-            assert explained == ((error_type, message) in own), (
-                f"entry {index} {'explains' if explained else 'does not explain'} entry {other}'s {message[:60]!r}"
+        own = {measured[1:] for measured in MEASURED_FAILURES if measured[0] == index}
+        for other, *failure in (*MEASURED_FAILURES, *OTHER_BARE_ASSERTS):
+            explained = bug.explains(rank_raised(*failure))
+            assert explained == (tuple(failure) in own), (
+                f"entry {index} {'explains' if explained else 'does not explain'} entry {other}'s {failure[:2]!r}"
             )
 
 
@@ -197,14 +272,25 @@ _suite = sys.modules["suite_conftest"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_suite)
 pytest_runtest_makereport = _suite.pytest_runtest_makereport
 
-BUG = known_bugs.KnownBug(package="transformers", versions=">=5.13,<5.20", layouts=("ep",), checks=("logits",),
-                          raises="RuntimeError", match="Class values must be smaller than num_classes",
-                          cause="a cause", reproduced="a place", bisected=())
+BUG = known_bugs.KnownBug(transformers=">=5.13,<5.20", torch=">=2.11,<=2.13.0", torch_verified="2.11.0, 2.13.0",
+                          layouts=("ep",), checks=("logits",), raises="RuntimeError",
+                          match="Class values must be smaller than num_classes", cause="a cause", reproduced="a place",
+                          bisected=())
+BARE_ASSERT_BUG = known_bugs.KnownBug(
+    transformers=">=5.23,<=5.24.0", torch="==2.13.0", torch_verified="2.13.0", layouts=("ep",), checks=("load",),
+    raises="AssertionError", match=r"^\\(no message\\)$",
+    raised_at="torch/distributed/tensor/placement_types.py:_reduce_value", cause="a bare assert in torch",
+    reproduced="a place", bisected=())
 
 
 @pytest.fixture
 def known(request):
     return lambda: known_bugs.expecting(request, BUG)
+
+
+@pytest.fixture
+def known_bare_assert(request):
+    return lambda: known_bugs.expecting(request, BARE_ASSERT_BUG)
 """
 
 
@@ -213,7 +299,7 @@ def test_a_covered_case_is_xfailed_only_for_the_failure_its_entry_names(pytester
     pytester.makepyfile(
         """
         import pytest
-        from test_known_bugs import rank_raised
+        from test_known_bugs import NO_MESSAGE, REDUCE_VALUE, rank_raised
 
         def test_the_known_failure(known):
             with known():
@@ -234,31 +320,45 @@ def test_a_covered_case_is_xfailed_only_for_the_failure_its_entry_names(pytester
         def test_a_skip_inside_stays_a_skip(known):
             with known():
                 pytest.skip("needs 4 ranks")
+
+        def test_the_known_bare_assert(known_bare_assert):
+            with known_bare_assert():
+                raise rank_raised("AssertionError", NO_MESSAGE, REDUCE_VALUE)
+
+        def test_another_bare_assert(known_bare_assert):
+            with known_bare_assert():
+                raise AssertionError
         """
     )
     junit = pytester.path / "junit.xml"
     # in-process: the suite directory is on sys.path
     result = pytester.runpytest("-p", "no:cacheprovider", "-rA", f"--junitxml={junit}")
-    result.assert_outcomes(failed=3, xfailed=1, skipped=1)
+    result.assert_outcomes(failed=4, xfailed=2, skipped=1)
     # A summary line carries " - <reason>" only when the terminal is wide enough: every pattern ends open.
     result.stdout.fnmatch_lines_random(
         [
-            "XFAIL *::test_the_known_failure - known upstream bug: transformers >=5.13,<5.20: a cause*",
+            "XFAIL *::test_the_known_failure - known upstream bug: transformers >=5.13,<5.20, torch >=2.11,<=2.13.0: "
+            "a cause*",
+            "XFAIL *::test_the_known_bare_assert - known upstream bug: transformers >=5.23,<=5.24.0, torch ==2.13.0: *",
             "FAILED *::test_another_message*",
             "FAILED *::test_another_exception*",
             "FAILED *::test_fixed*",
-            "E * known_bugs.DifferentFailure: failed differently from its known bug (transformers >=5.13,<5.20: "
-            "RuntimeError matching 'Class values must be smaller than num_classes'): "
+            "FAILED *::test_another_bare_assert*",
+            "E * known_bugs.DifferentFailure: failed differently from its known bug (transformers >=5.13,<5.20, "
+            "torch >=2.11,<=2.13.0: RuntimeError matching 'Class values must be smaller than num_classes'): "
             "RuntimeError: Could not resolve the process group registered under the name 11",
             "E * known_bugs.DifferentFailure: failed differently from its known bug (*): "
             "AssertionError: gradients differ from the whole model's: 1 of 9 parameters",
+            "E * known_bugs.DifferentFailure: failed differently from its known bug (* raised in "
+            "torch/distributed/tensor/placement_types.py:_reduce_value): AssertionError: (no message) (raised at "
+            "test_*.py:* in test_another_bare_assert)",
             "[[]XPASS(strict)[]] fixed upstream: remove the entry in tests/gpu/known_bugs.py: known upstream bug:*",
         ]
     )
     # Nightly triage reads the failure's text: a different failure must not pass for the known bug.
     testcases = ElementTree.parse(junit).iter("testcase")
     different = [case for case in testcases if case.get("name").startswith("test_another")]
-    assert len(different) == 2
+    assert len(different) == 3
     for testcase in different:
         failure = testcase.find("failure")
         text = f"{failure.get('message')}\n{failure.text}"

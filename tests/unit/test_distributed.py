@@ -12,6 +12,7 @@ import pytest
 from process_helpers import is_alive, sleep_forever
 
 from harness.ranks import RankFailedError, RankTimeoutError, run_distributed
+from harness.ranks.protocol import NO_MESSAGE, first_line, raising_frame, relative_to_sys_path
 
 pytest.importorskip("torch")
 pytest_plugins = ["pytester"]
@@ -89,11 +90,29 @@ def test_an_assertion_on_one_rank_raises_with_that_ranks_traceback():
     assert (error.error_type, error.error_message) == ("AssertionError", "the answer is 41")
     assert str(error).startswith("rank 1 raised AssertionError: the answer is 41")
     assert "in check_the_answer" in error.details and "in fail_on_rank_one" in error.details
+    # where it raised travels as data: the innermost frame, its file relative to the sys.path entry holding it
+    assert error.error_frame.location == "test_distributed.py:check_the_answer"
+    assert error.error_frame.line == check_the_answer.__code__.co_firstlineno + 1
+
+
+def test_the_raising_frame_is_the_innermost_one_named_by_its_file_within_its_package():
+    import torch.distributed.tensor.placement_types as placement_types
+
+    assert relative_to_sys_path(placement_types.__file__) == "torch/distributed/tensor/placement_types.py"
+    assert relative_to_sys_path("/nowhere/on/sys/path/module.py") == "module.py"
+    try:
+        check_the_answer(41)
+    except AssertionError as error:
+        frame = raising_frame(error)
+    assert (frame.file, frame.function) == ("test_distributed.py", "check_the_answer")
+    assert raising_frame(AssertionError()) is None  # never raised: no traceback
+    assert first_line(AssertionError()) == NO_MESSAGE
 
 
 def test_a_rank_that_dies_without_a_result_is_reported_with_its_exit_code():
-    with pytest.raises(RankFailedError, match=r"^rank 1 exited with code 7 without a result"):
+    with pytest.raises(RankFailedError, match=r"^rank 1 exited with code 7 without a result") as failure:
         run_distributed(2, exit_without_result, timeout=60, device="cpu")
+    assert (failure.value.error_type, failure.value.error_frame) == (None, None)
 
 
 def test_a_rank_that_crashed_is_the_first_failure_not_the_peer_that_lost_it():

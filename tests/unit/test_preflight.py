@@ -3,6 +3,7 @@ holds one run only. Each mistake is one line and exit 2, before anything is buil
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from test_run import cell_folder, run, write_matrix
 
 from harness.cli import main
+from harness.errors import ConfigError
 
 
 def unwritable_folder(tmp_path: Path) -> Path:
@@ -43,9 +45,43 @@ def test_outside_a_git_repository_a_missing_suite_says_where_it_looked(tmp_path,
     assert error == [
         f"harness: warning: {root} is not in a git repository: it is taken as the project root and env.json "
         "records no commit",
-        f"harness: error: {matrix.resolve()}: suite: tests/gpu, tests/more.py::test_one not found in the project "
-        f"root {root} (the working directory: no git repository here)",
+        f"harness: error: suite tests/gpu, tests/more.py::test_one of {matrix.resolve()} not found: looked for "
+        f"{root}/tests/gpu and {root}/tests/more.py, resolving against the project root {root} (the working "
+        "directory: no git repository holds it)",
     ]
+
+
+def test_the_embedded_defaults_missing_suite_names_what_was_searched_not_a_shipped_file(tmp_path, capsys,
+                                                                                         monkeypatch):
+    """Issue 29: `harness run` in a folder outside git blamed the shipped matrix file for the missing suite."""
+    import harness.run
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(harness.run, "detect_host", lambda: harness.run.Host(gpus=(), gpu_type=None, driver=None))
+    monkeypatch.delenv("HARNESS_MATRICES_DIR", raising=False)
+    assert main(["run", "--dry-run"]) == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    root = tmp_path.resolve()
+    assert error.startswith("harness: error: suite tests/gpu of the embedded default (no --matrix: ")
+    assert error.endswith(f" not found: looked for {root}/tests/gpu, resolving against the project root {root} "
+                          "(the working directory: no git repository holds it)")
+
+
+def test_the_embedded_gpu_cell_is_said_to_come_from_the_default_not_from_runners_yaml(tmp_path):
+    from harness.matrix import Matrix
+    from harness.preflight import check_project
+    from harness.project import ProjectRoot
+    from harness.run import suite_origin
+
+    project = ProjectRoot(path=tmp_path, found_as="the git top level of the working directory", in_git=True)
+    local = Matrix(name="local", path=Path("/site-packages/harness/_matrices/runners.yaml"), description="",
+                   cells=(), project=project, reference="local")
+    with pytest.raises(ConfigError) as error:
+        check_project(project, [(suite_origin(local, named=False), ("tests/gpu",))])
+    assert str(error.value) == (
+        f"suite tests/gpu of the embedded default (no --matrix) not found: looked for {tmp_path}/tests/gpu, "
+        f"resolving against the project root {tmp_path} (the git top level of the working directory)"
+    )
 
 
 def test_cells_of_an_earlier_run_are_cleared_and_said_other_folders_stay(tmp_path, capsys):
@@ -70,6 +106,20 @@ def test_a_selection_replacing_a_full_run_says_so(tmp_path, capsys, first, said)
     folder = cell_folder(tmp_path / "results")
     message = f"{folder.name}: its full results in {folder} are replaced by this run of pytest -k test_one"
     assert (message in capsys.readouterr().out) is said
+
+
+@pytest.mark.parametrize(("record", "full"), [
+    ({"pytest_args": [], "reproduce": "harness run --cell c"}, True),
+    ({"pytest_args": ["-k", "ep"], "reproduce": "harness run --cell c"}, False),
+    ({"pytest_args": "-k ep", "reproduce": "harness run --cell c"}, False),  # not what harness writes
+    ({"reproduce": "harness run --cell c"}, True),  # written before pytest_args: the recorded command says
+    ({"reproduce": "harness run --cell c -- -k ep"}, False),
+])
+def test_a_full_run_is_one_without_pytest_arguments(tmp_path, record, full):
+    from harness.preflight import earlier_was_full_run
+
+    (tmp_path / "env.json").write_text(json.dumps(record))
+    assert earlier_was_full_run(tmp_path) is full
 
 
 def test_the_render_hint_names_the_harness_that_ran(tmp_path, monkeypatch):

@@ -223,3 +223,21 @@ def test_a_checkout_on_pythonpath_finds_its_matrices_and_reports(tmp_path):
     done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path,
                           env={"PYTHONPATH": str(checkout)}, check=True)
     assert done.stdout.split() == [str(checkout / "matrices"), str(checkout / "reports")]
+
+
+def test_the_project_root_says_how_it_was_found(tmp_path, monkeypatch):
+    from harness.project import find_project_root
+
+    repository = git_repo(tmp_path / "repository").resolve()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    matrix = repository / "m.yaml"
+    found = find_project_root(matrix)
+    assert (found.path, found.found_as, found.in_git) == (repository, f"the git top level of {matrix}", True)
+    found = find_project_root()
+    assert (found.path, found.found_as, found.in_git) == (
+        elsewhere.resolve(), "the working directory: no git repository holds it", False)
+    monkeypatch.chdir(repository)
+    found = find_project_root(elsewhere / "m.yaml")  # a matrix file outside git: the working directory's repository
+    assert (found.path, found.found_as) == (repository, "the git top level of the working directory")

@@ -302,6 +302,17 @@ def test_coverage_counts_a_family_only_where_one_of_its_distributed_cases_ran():
     assert "EP families covered: 1 of 4" in render(ResultSet((cell("c", *tests, suite=suite),)), "terminal")
 
 
+@pytest.mark.parametrize("fmt", ["pr-comment", "summary", "terminal", "html"])
+def test_the_reproduce_line_of_a_run_with_its_own_k_has_one_separator(fmt):
+    """Issue 29: `-- -k ep -- -k test_a` is not a command pytest takes; the failing tests join the run's -k."""
+    failing = make_test(0, Outcome.FAILED, name="test_a", message="boom")
+    ran = dataclasses.replace(cell("a", failing), pytest_args=("-k", "ep", "-x"))
+    text = render(ResultSet((ran,)), fmt)
+    command = "harness run --cell 'a' -- -k '(ep) and (test_a)' -x"
+    assert (html_text(command) if fmt == "html" else command) in text
+    assert " -- -k ep -- " not in text
+
+
 def test_flaky_tests_are_shown_in_the_verdict_and_listed():
     text = render(ResultSet((cell("a", make_test(0), make_test(1, Outcome.FLAKY)),)), "pr-comment")
     assert "✅ **the only cell passed** · ⚠️ 1 flaky test" in text

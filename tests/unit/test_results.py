@@ -335,11 +335,12 @@ E   ModuleNotFoundError: No module named 'nonexistent'</error></testcase></tests
 # Reproduce commands
 
 
-def cell_with(*tests: TestResult, reproduce: str = "harness run --matrix pr --cell 'c'") -> CellResult:
+def cell_with(*tests: TestResult, reproduce: str = "harness run --matrix pr --cell 'c'",
+              pytest_args: tuple[str, ...] | None = ()) -> CellResult:
     from harness.results import CellInfo
 
     return CellResult(info=CellInfo(id="c"), status=CellStatus.FAILED, tests=tests,
-                      reproduce=reproduce)
+                      reproduce=reproduce, pytest_args=pytest_args)
 
 
 def failed(name: str) -> TestResult:
@@ -353,6 +354,50 @@ def failed(name: str) -> TestResult:
 ])
 def test_reproduce_selects_the_failing_tests(names, expected):
     assert cell_with(*map(failed, names)).reproduce_command() == expected
+    # a folder written before env.json had pytest_args: its recorded command, the same way
+    assert cell_with(*map(failed, names), pytest_args=None).reproduce_command() == expected
+
+
+@pytest.mark.parametrize(("pytest_args", "expected"), [
+    (("-k", "ep_gradients", "-x"), "-- -k '(ep_gradients) and (test_a or test_b)' -x"),
+    (("-kep", "-x"), "-- '-k(ep) and (test_a or test_b)' -x"),
+    (("-k", "a", "-k", "ep and not slow"), "-- -k a -k '(ep and not slow) and (test_a or test_b)'"),  # the last rules
+    (("-x", "tests/gpu/test_ep.py"), "-- -x tests/gpu/test_ep.py -k 'test_a or test_b'"),
+])
+def test_reproduce_keeps_the_runs_own_arguments_and_adds_the_failing_tests_to_its_k(pytest_args, expected):
+    cell = cell_with(failed("test_b"), failed("test_a"), pytest_args=pytest_args)
+    assert cell.reproduce_command() == f"harness run --matrix pr --cell 'c' {expected}"
+    assert cell.reproduce_command().count(" -- ") == 1
+
+
+def test_reproduce_without_failures_or_with_too_many_is_the_runs_own_command():
+    assert cell_with(pytest_args=("-k", "ep")).reproduce_command() == "harness run --matrix pr --cell 'c' -- -k ep"
+    many = [failed(f"test_{n}") for n in range(9)]
+    assert cell_with(*many, pytest_args=("-x",)).reproduce_command() == "harness run --matrix pr --cell 'c' -- -x"
+    assert cell_with(pytest_args=()).reproduce_command() == "harness run --matrix pr --cell 'c'"
+
+
+def test_pytest_args_are_read_from_env_json(tmp_path):
+    cell = read_cell(write_cell(tmp_path / "c", env=env_json(pytest_args=["-k", "ep"])))
+    assert cell.pytest_args == ("-k", "ep")
+    assert not [problem for problem in cell.problems if "pytest_args" in str(problem)]
+    assert read_cell(write_cell(tmp_path / "old", env=env_json())).pytest_args is None  # written before the field
+
+
+@pytest.mark.parametrize("pytest_args", [
+    "-k ep",  # a string, not a list
+    ["-k", 7],
+    ["-k", "`id`"],
+    ["-k", "a\nb"],
+    ["-x"] * 33,
+    ["-k", "a" * 400],
+])
+def test_pytest_args_that_harness_would_not_write_fall_back_to_the_recorded_command(tmp_path, pytest_args):
+    env = env_json(pytest_args=pytest_args, status="failed", exit_code=1)
+    cell = read_cell(write_cell(tmp_path / "c", env=env, junit=JUNIT_OK))
+    assert cell.pytest_args is None
+    assert [problem for problem in cell.problems if "pytest_args" in str(problem)]
+    assert cell.reproduce_command() == "harness run --matrix pr --cell 'ada-2gpu-torch2.11.0-tf5.9.0'"
 
 
 @pytest.mark.parametrize("recorded", ["rm -rf /", "harness run --cell `id`", "harness run\n--cell x", None])

@@ -105,7 +105,7 @@ def test_passing_cell_leaves_a_complete_folder(tmp_path):
     assert env["cell"]["id"] == folder.name
     assert env["versions"]["torch"].startswith(TORCH) and env["versions"]["python"]
     assert env["start"] <= env["end"] and env["duration_s"] >= 0
-    assert "--cell" in env["reproduce"]
+    assert "--cell" in env["reproduce"] and env["pytest_args"] == []
     assert env["git_dirty"] in (True, False, None) and "git_sha" in env
     assert 'name="max_rel_grad_error"' in (folder / "junit.xml").read_text()
     assert "2 passed" in (folder / "pytest.log").read_text()
@@ -141,7 +141,7 @@ def test_git_sha_is_the_commit_checked_out_and_the_trigger_sha_is_recorded_apart
     assert harness.run.git_sha(repo) == head
     cell = harness.run.load_matrix(write_matrix(tmp_path, "passing")).cells[0]
     host = harness.run.Host(gpus=(), gpu_type=None, driver=None)
-    record = harness.run.start_record(cell, host, [], 0.0, project=repo, reproduce="harness run")
+    record = harness.run.start_record(cell, host, [], 0.0, project=repo, reproduce="harness run", pytest_args=[])
     assert (record["git_sha"], record["trigger_sha"], record["git_dirty"]) == (head, "0" * 40, False)
 
 
@@ -195,6 +195,23 @@ def test_classify_reads_not_run_from_the_typed_properties(tmp_path, prop, result
     cell = harness.run.load_matrix(write_matrix(tmp_path, "passing")).cells[0]
     assert harness.run.classify(cell, 0, False, junit) == (status, None, None)
     assert harness.run.classify(cell, 1, False, junit)[0] == "failed"  # pytest's red stays red
+
+
+def test_a_run_with_pytest_args_records_them_and_its_reproduce_line_has_one_separator(tmp_path):
+    """The run's own `-k` is kept and narrowed to the failing tests (issue 29: not `-- -k X -- -k test_broken`)."""
+    from harness.results import load_results
+
+    matrix = write_matrix(tmp_path, "failing")
+    assert run(tmp_path, matrix, "--", "-k", "test_ok or test_broken", "-p", "no:cacheprovider") == 1
+    folder = cell_folder(tmp_path / "results")
+    env = read_env(folder)
+    assert env["pytest_args"] == ["-k", "test_ok or test_broken", "-p", "no:cacheprovider"]
+    assert env["reproduce"] == f"harness run --matrix {matrix} --cell {folder.name}"
+    (cell,) = load_results([tmp_path / "results"]).cells
+    assert cell.reproduce_command() == (
+        f"harness run --matrix {matrix} --cell {folder.name} -- -k '(test_ok or test_broken) and (test_broken)' "
+        "-p no:cacheprovider"
+    )
 
 
 def test_crashing_pytest_is_errored(tmp_path):

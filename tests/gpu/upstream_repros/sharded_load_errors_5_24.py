@@ -25,8 +25,8 @@ Causes, read from the load reports and transformers' code:
   o_proj, whose input is not column-sharded.
 - openai_privacy_filter: the config declares an EP plan but no TP plan, and EP beside replicated dense weights is
   refused from 5.23 on, so EP cannot be used at all.
-- inkling_text (the suite's first line: `RuntimeError: aten.mul.Tensor got mixed torch.Tensor and DTensor`) and
-  muse_spark_text: a DTensor leaves a sharded module and reaches a plain RMSNorm.
+- inkling_text (the suite's first line on torch 2.11: `RuntimeError: aten.mul.Tensor got mixed torch.Tensor and
+  DTensor`) and muse_spark_text: a DTensor leaves a sharded module and reaches a plain RMSNorm.
 
 ep: DistributedConfig(ep_size=2, tp_size=2); fsdp_ep: DistributedConfig(ep_size=2, fsdp_size=2). Each rank loads
 the checkpoint sharded, runs a forward without gradients, then a forward and a backward, and prints the first

@@ -372,6 +372,7 @@ def env_record(sample: Sample, exit_code: int, junit: Path, sha: str) -> dict:
         "end": "2026-01-14T02:30:00+00:00",
         "duration_s": sample.duration_s,
         "reproduce": f"harness run --matrix {sample.matrix} --cell '{sample.cell_id}'",
+        "pytest_args": [],
     }
 
 

@@ -86,9 +86,11 @@ def _compare(checkpoint: str, case: DeviceCase, metrics: dict, model_class: type
     noise = tf_adapter.load_eager(checkpoint, dtype, CPU, model_class)
     truth = tf_adapter.load_reference(checkpoint, dtype, CPU, model_class)
     quantizers = _fake_quantize(case, family, (subject, noise, truth))
-    recorders = [routing.RoutingRecorder(model, family) for model in (subject, truth)] if family.is_moe else []
 
     batch = tiny_models.make_batch()
+    noise.train()
+    other_order = rank_cases.gradients_in_another_order(noise, batch)  # before the recorders listen
+    recorders = [routing.RoutingRecorder(model, family) for model in (subject, truth)] if family.is_moe else []
     losses, logits = [], []
     for model, on in ((subject, device), (noise, CPU), (truth, CPU)):
         model.train()
@@ -107,7 +109,10 @@ def _compare(checkpoint: str, case: DeviceCase, metrics: dict, model_class: type
         {name: None if param.grad is None else param.grad.to(CPU) for name, param in model.named_parameters()}
         for model in (subject, noise, truth)
     ]
-    rank_cases.check_gradients_against_reference(*grads, case.dtype, metrics)
+    subject_grads, noise_grads, truth_grads = grads
+    rank_cases.check_gradients_against_reference(
+        subject_grads, (noise_grads, other_order), truth_grads, case.dtype, metrics
+    )
 
 
 def _fake_quantize(case: DeviceCase, family: families.Family, models) -> list[fake_quant.FakeQuantizer]:

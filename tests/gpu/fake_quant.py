@@ -33,10 +33,17 @@ _E2M1_MIDPOINTS = tuple((low + high) / 2 for low, high in itertools.pairwise(_E2
 _TINY = torch.finfo(torch.float32).tiny
 
 
+def _divided(values: torch.Tensor, constant: float) -> torch.Tensor:
+    """values / constant, correctly rounded on every device: CUDA divides a tensor by a Python number as a
+    multiplication by its reciprocal (one rounding more), so a scale could differ from the CPU's by an ulp and move
+    a quantized value across a rounding boundary. A tensor divisor takes the true division everywhere."""
+    return values / torch.full_like(values, constant)
+
+
 def fp8_rowwise(weight: torch.Tensor) -> torch.Tensor:
     """Quantize-dequantize to e4m3 with one scale per row (last dimension reduced)."""
     values = weight.float()
-    scale = values.abs().amax(dim=-1, keepdim=True).clamp_min(_TINY) / FP8_E4M3_MAX
+    scale = _divided(values.abs().amax(dim=-1, keepdim=True).clamp_min(_TINY), FP8_E4M3_MAX)
     return (values / scale).to(torch.float8_e4m3fn).float() * scale
 
 
@@ -57,11 +64,11 @@ def nvfp4(weight: torch.Tensor, global_amax: torch.Tensor) -> torch.Tensor:
     if columns % NVFP4_BLOCK:
         raise ValueError(f"nvfp4 needs columns divisible by {NVFP4_BLOCK}, got shape {tuple(weight.shape)}")
     values = weight.float()
-    global_scale = global_amax.float().clamp_min(_TINY) / (FP8_E4M3_MAX * FP4_E2M1_MAX)
+    global_scale = _divided(global_amax.float().clamp_min(_TINY), FP8_E4M3_MAX * FP4_E2M1_MAX)
     blocks = values.reshape(*values.shape[:-1], columns // NVFP4_BLOCK, NVFP4_BLOCK)
     global_scale = global_scale.unsqueeze(-1)  # broadcast over the block dimension
     block_amax = blocks.abs().amax(dim=-1, keepdim=True)
-    block_scale = (block_amax / FP4_E2M1_MAX / global_scale).to(torch.float8_e4m3fn).float() * global_scale
+    block_scale = (_divided(block_amax, FP4_E2M1_MAX) / global_scale).to(torch.float8_e4m3fn).float() * global_scale
     quantized = round_to_e2m1(blocks / block_scale.clamp_min(_TINY)) * block_scale
     return quantized.reshape(values.shape)
 

@@ -168,6 +168,12 @@ RUN_ON_2_13_ONLY = "2.13.0 only: every bisect and reproduction above ran on it (
 # test_ep_load_and_logits[{qwen3_moe,gpt_oss}-eager-2-float32], test_ep_gradients[qwen3_moe-eager-2-float32] and
 # test_ep_gradients[{qwen3_moe,gpt_oss}-batched_mm-2-float32] each xfailed with this entry's failure.
 TORCH_2_11_AND_2_13 = ">=2.11,<=2.13.0"
+# The GPU host's own CPU, torch 2.11.0+cu130 with transformers 5.24.0 carried as a wheel, HARNESS_CPU_RANKS=8
+# (the world-2 cases), 2026-12-02: each entry marked so failed there with its own exception type and message.
+RUN_ON_2_11_WITH_5_24 = (
+    "2.13.0 (the bisects) and 2.11.0 (the GPU host's CPU, transformers 5.24.0, gloo: the covered cases failed "
+    "with this entry's type and message, 2026-12-02); 2.12 between them not run"
+)
 RUN_ON_2_11_AND_2_13 = (
     "2.13.0 (the bisects) and 2.11.0 (the GPU image, transformers 5.17.0: qwen3_moe and gpt_oss eager logits, "
     "eager and batched_mm gradients fail this way, 2026-12-02); 2.12 between them not run"
@@ -220,8 +226,8 @@ _INKLING_MUSE_BISECTED = (
 _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
         transformers=">=5.23,<=5.24.0",
-        torch=TORCH_2_13_ONLY,
-        torch_verified=RUN_ON_2_13_ONLY,
+        torch=TORCH_2_11_AND_2_13,
+        torch_verified=RUN_ON_2_11_WITH_5_24,
         layouts=("ep",),
         checks=("gradients",),
         families=("qwen3_vl_moe_text", "qwen3_omni_moe_text"),
@@ -247,8 +253,8 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
     ),
     KnownBug(
         transformers=">=5.20,<=5.24.0",
-        torch=TORCH_2_13_ONLY,
-        torch_verified=RUN_ON_2_13_ONLY,
+        torch=TORCH_2_11_AND_2_13,
+        torch_verified=RUN_ON_2_11_WITH_5_24,
         layouts=("fsdp_ep",),
         checks=("load",),
         families=("bailing_hybrid", "kimi_linear", "glm5_next_text"),
@@ -272,8 +278,8 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
     ),
     KnownBug(
         transformers=">=5.24,<=5.24.0",
-        torch=TORCH_2_13_ONLY,
-        torch_verified=RUN_ON_2_13_ONLY,
+        torch=TORCH_2_11_AND_2_13,
+        torch_verified=RUN_ON_2_11_WITH_5_24,
         layouts=("fsdp_ep",),
         checks=("load",),
         families=("gemma4_text", "diffusion_gemma_text"),
@@ -297,8 +303,8 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
     ),
     KnownBug(
         transformers=">=5.24,<=5.24.0",
-        torch=TORCH_2_13_ONLY,
-        torch_verified=RUN_ON_2_13_ONLY,
+        torch=TORCH_2_11_AND_2_13,
+        torch_verified=RUN_ON_2_11_WITH_5_24,
         layouts=("ep", "fsdp_ep"),
         checks=("load", "gradients"),
         families=("sarvam_moe",),
@@ -315,8 +321,8 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
     ),
     KnownBug(
         transformers=">=5.24,<=5.24.0",
-        torch=TORCH_2_13_ONLY,
-        torch_verified=RUN_ON_2_13_ONLY,
+        torch=TORCH_2_11_AND_2_13,
+        torch_verified=RUN_ON_2_11_WITH_5_24,
         layouts=("fsdp_ep",),
         checks=("load",),
         families=("lara_mini", "inkling2_loop_text"),
@@ -336,8 +342,8 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
     ),
     KnownBug(
         transformers=">=5.23,<=5.24.0",
-        torch=TORCH_2_13_ONLY,
-        torch_verified=RUN_ON_2_13_ONLY,
+        torch=TORCH_2_11_AND_2_13,
+        torch_verified=RUN_ON_2_11_WITH_5_24,
         layouts=("ep",),
         checks=("load", "gradients"),
         families=("dots3_note_text",),
@@ -357,8 +363,8 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
     ),
     KnownBug(
         transformers=">=5.23,<=5.24.0",
-        torch=TORCH_2_13_ONLY,
-        torch_verified=RUN_ON_2_13_ONLY,
+        torch=TORCH_2_11_AND_2_13,
+        torch_verified=RUN_ON_2_11_WITH_5_24,
         layouts=("ep",),
         checks=("load", "gradients"),
         families=("glm5_next_text",),
@@ -382,7 +388,25 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
         torch_verified=RUN_ON_2_13_ONLY,
         layouts=("ep",),
         checks=("load", "gradients"),
-        families=("inkling_text", "muse_spark_text"),
+        families=("inkling_text",),
+        raises="AssertionError",
+        match=r"^\(no message\)$",  # NO_MESSAGE: torch 2.13's _MaskPartial._reduce_value `raise AssertionError`
+        raised_at="torch/distributed/tensor/placement_types.py:_reduce_value",
+        cause="a DTensor leaves a TP-sharded module and reaches a plain RMSNorm (InklingRMSNorm, "
+        "MuseSparkRMSNorm): torch 2.13's DTensor redistribute raises a bare AssertionError in "
+        "_MaskPartial._reduce_value (its mask buffer is empty)",
+        reproduced="upstream_repros/sharded_load_errors_5_24.py inkling_text|muse_spark_text ep, 5.24.0, "
+        "2 CPU ranks, torch 2.13.0: every rank raised at torch/distributed/tensor/placement_types.py:1703 "
+        "_reduce_value, from InklingRMSNorm.forward and MuseSparkRMSNorm._norm (re-run 2026-12-02)",
+        bisected=_INKLING_MUSE_BISECTED,
+    ),
+    KnownBug(
+        transformers=">=5.23,<=5.24.0",
+        torch=TORCH_2_11_AND_2_13,
+        torch_verified=RUN_ON_2_11_WITH_5_24,
+        layouts=("ep",),
+        checks=("load", "gradients"),
+        families=("muse_spark_text",),
         raises="AssertionError",
         match=r"^\(no message\)$",  # NO_MESSAGE: torch 2.13's _MaskPartial._reduce_value `raise AssertionError`
         raised_at="torch/distributed/tensor/placement_types.py:_reduce_value",
@@ -397,21 +421,19 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
         transformers=">=5.23,<=5.24.0",
         torch="==2.11.0",
-        torch_verified="2.11.0 only: these cases' first line there (issue 29, the reproduction's notes; the "
-        "transformers release not recorded); torch 2.11.0 itself raises exactly this RuntimeError for a plain "
-        "tensor times a DTensor (the GPU image, 2026-12-02), where no transformers >=5.23 is installed to re-run "
-        "the families",
+        torch_verified="2.11.0 only: the GPU host's CPU, transformers 5.24.0, gloo: both inkling_text EP cases "
+        "failed with this message, 2026-12-02 (muse_spark_text raised the bare AssertionError there, as on 2.13)",
         layouts=("ep",),
         checks=("load", "gradients"),
-        families=("inkling_text", "muse_spark_text"),
+        families=("inkling_text",),
         raises="RuntimeError",
         # torch's C++ DTensor dispatch says "aten.mul.Tensor got mixed ...", its Python one "aten.mul.Tensor: got ..."
         match=r"^aten\.mul\.Tensor:? got mixed torch\.Tensor and DTensor",
-        cause="a DTensor leaves a TP-sharded module and reaches a plain RMSNorm (InklingRMSNorm, "
-        "MuseSparkRMSNorm): on torch 2.11 the norm's weight times the DTensor hidden states is refused as mixed "
-        "torch.Tensor and DTensor",
-        reproduced="the suite's first line on torch 2.11 (issue 29; upstream_repros/sharded_load_errors_5_24.py's "
-        "notes); the mixed multiply alone raises it on torch 2.11.0 (the GPU image, 1 gloo rank, 2026-12-02)",
+        cause="a DTensor leaves a TP-sharded module and reaches a plain RMSNorm (InklingRMSNorm): on torch 2.11 "
+        "the norm's weight times the DTensor hidden states is refused as mixed torch.Tensor and DTensor",
+        reproduced="the suite on torch 2.11.0 with transformers 5.24.0 (the GPU host's CPU, 2 gloo ranks, "
+        "2026-12-02): test_ep_load_and_logits and test_ep_gradients[inkling_text-grouped_mm-2-float32]; the mixed "
+        "multiply alone raises it on torch 2.11.0 (the GPU image, 1 gloo rank)",
         bisected=(
             "lower end: 5.23.0, where the torch 2.13.0 bisects of the entry above find these families first fail "
             "(EP shards their dense weights with the TP plan from there); not bisected on torch 2.11",
@@ -420,8 +442,8 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
     ),
     KnownBug(
         transformers=">=5.23,<=5.24.0",
-        torch=TORCH_2_13_ONLY,
-        torch_verified=RUN_ON_2_13_ONLY,
+        torch=TORCH_2_11_AND_2_13,
+        torch_verified=RUN_ON_2_11_WITH_5_24,
         layouts=("ep",),
         checks=("load", "gradients"),
         families=("openai_privacy_filter",),
@@ -520,8 +542,8 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
     ),
     KnownBug(
         transformers=">=5.23,<=5.24.0",
-        torch=TORCH_2_13_ONLY,
-        torch_verified=RUN_ON_2_13_ONLY,
+        torch=TORCH_2_11_AND_2_13,
+        torch_verified=RUN_ON_2_11_WITH_5_24,
         layouts=("ep",),
         checks=("logits",),
         families=("gpt_oss",),

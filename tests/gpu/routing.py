@@ -21,7 +21,7 @@ def as_logits(scores: torch.Tensor) -> torch.Tensor:
     """A router that returns its softmax probabilities (each row a distribution) in place of logits is read as log
     probabilities: they differ from its logits by a per-token constant, so margins are logit differences."""
     rows = scores.reshape(-1, scores.shape[-1])
-    if rows.numel() and rows.min() >= 0 and torch.allclose(rows.sum(dim=-1), torch.ones(rows.shape[0]), atol=1e-3):
+    if rows.numel() and rows.min() >= 0 and torch.allclose(rows.sum(dim=-1), rows.new_ones(rows.shape[0]), atol=1e-3):
         return scores.clamp_min(torch.finfo(torch.float32).tiny).log()
     return scores
 

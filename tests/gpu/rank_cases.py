@@ -16,6 +16,7 @@ failing check's measurements (the worst case of all) still reach the report.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from dataclasses import dataclass
@@ -396,16 +397,43 @@ def compare_training_step(
 
 
 def gradients_in_another_order(model, batch: torch.Tensor) -> dict[str, torch.Tensor | None]:
-    """The model's gradients of the same loss with the batch's sequences in reverse order: every sum over tokens
-    runs in another order, so the rounding is sampled a second time (the mean loss is the same number exactly in
-    real arithmetic: the ranks' shares are equal in size). The model's gradients are cleared again."""
+    """A second sample of the model's rounding: the same loss with the batch's sequences in reverse order (every sum
+    over tokens runs in another order; the mean loss is the same number in real arithmetic, the ranks' shares being
+    equal in size), and every leaf module's output moved by up to one unit in the last place (the activations'
+    rounding, which a sharded model's other order of partial sums changes too). Sensitive quantities, such as a
+    gradient that cancels, show their sensitivity here even where the first sample was lucky. The model's gradients
+    are cleared again."""
     reversed_batch = batch.flip(0)
-    next_token_loss(model_logits(model, reversed_batch), reversed_batch).backward()
+    with perturbed_rounding(model):
+        next_token_loss(model_logits(model, reversed_batch), reversed_batch).backward()
     gradients = {
         name: None if param.grad is None else param.grad.detach().clone() for name, param in model.named_parameters()
     }
     model.zero_grad(set_to_none=True)
     return gradients
+
+
+ROUNDING_SAMPLE_SEED = 29
+
+
+@contextlib.contextmanager
+def perturbed_rounding(model):
+    """Every leaf module's floating output times (1 + e), e uniform in [-ulp, ulp] of its dtype (fixed seed)."""
+    generator = torch.Generator().manual_seed(ROUNDING_SAMPLE_SEED)
+
+    def perturb(module, args, output):
+        if not isinstance(output, torch.Tensor) or not output.is_floating_point() or isinstance(output, DTensor):
+            return None
+        noise = torch.rand(output.shape, generator=generator, dtype=torch.float64) * 2 - 1
+        scale = 1 + noise.to(output.device) * torch.finfo(output.dtype).eps
+        return output * scale.to(output.dtype)
+
+    handles = [module.register_forward_hook(perturb) for module in model.modules() if not any(module.children())]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def compare_gradients(

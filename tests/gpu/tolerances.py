@@ -7,13 +7,18 @@ kernels, a GPU's), the family (a parameter whose gradient cancels is far noisier
 dtype, so no constant measured on one machine bounds it on another. The bounds are measured in the run itself:
 
 1. The ground truth is the whole model in float64, holding exactly the case dtype's weights (the whole model
-   cast up, so nothing but the arithmetic differs).
+   cast up, so nothing but the arithmetic differs; where a modeling file casts to float32 on purpose it stays
+   float64: float64_mode.py).
 2. The whole model in the case's dtype, on this machine, with its kernels, shows how far rounding alone moves
-   each quantity from that truth: its own error, per parameter and for the logits.
+   each quantity from that truth: its own error, per parameter and for the logits. For gradients it is sampled
+   twice, and the larger counts: as it is, and again with the batch's sequences reversed and every leaf module's
+   output moved by up to one unit in the last place (rank_cases.gradients_in_another_order). One sample can be
+   lucky: a gradient that cancels (DeepSeek-V4's and HY-V4's hyper-connection scales) moves 1.5e-5..5.4e-4 with
+   the summation order alone, and under ATEN_CPU_CAPABILITY=default the first sample of hy_v4_vl_text's
+   hc_head.hc_scale read 5.7e-5 where the sharded model's was 1.1e-3 (20x); the second read 5.9e-4.
 3. The sharded model's error against the same truth must stay within FACTOR times that error, or within
    FACTOR times a floor of FLOOR_ULPS units in the last place of the dtype, whichever is larger (a gradient
-   that happens to be exactly representable, or an error that is lucky near zero, must not make the bound
-   tighter than rounding can keep).
+   that happens to be exactly representable must not make the bound tighter than rounding can keep).
 
 This is the shape of PyTorch inductor's accuracy check (torch/_dynamo/utils.py, `same()` with an fp64
 reference: the result may be at most a small multiple farther from float64 than eager, plus a floor), applied
@@ -38,7 +43,7 @@ REFERENCE_DTYPE = torch.float64
 # (noise_table.py over the embedded default, torch 2.13.0, transformers 5.24.0, 2 gloo ranks, under each
 # ATEN_CPU_CAPABILITY of an AVX-512 Xeon): the worst ratio of the sharded error to max(whole error, floor) was
 # MEASURED_RATIO below; FACTOR leaves room over it for other kernels (GPUs sum in other orders).
-FACTOR = {"float32": 8.0, "bfloat16": 8.0}
+FACTOR = {"float32": 8.0, "bfloat16": 4.0}
 # The floor, in units in the last place of the dtype (relative): a gradient the whole model computes exactly,
 # or luckily close, still gets the room a few roundings need.
 FLOOR_ULPS = 4

@@ -39,7 +39,7 @@ from typing import Any
 
 from harness.ranks import lifecycle
 from harness.ranks.hostenv import for_host
-from harness.ranks.output import CallCapture
+from harness.ranks.output import CallCapture, flush_streams
 from harness.ranks.protocol import (
     MIB,
     Call,
@@ -128,6 +128,8 @@ def _outcome(state: RankState, payload: bytes, capture: CallCapture | None) -> b
         outcome = Failed.from_exception(error, seconds=time.perf_counter() - started, modules=state.imported())
     if capture is not None:
         outcome = dataclasses.replace(outcome, output=capture.stop())
+    else:
+        flush_streams()  # not captured (pytest -s): the call's output, C's buffer too, is out before its result
     try:
         return pickle.dumps(outcome)
     except BaseException as error:  # a value that does not pickle is this rank's failure

@@ -79,13 +79,6 @@ def pickle_call(world_size: int, fn: Callable[..., Any], args: tuple, device: st
         raise TypeError(f"{caller} needs a module-level function and picklable arguments; {error}") from error
 
 
-def free_port(address: str = "127.0.0.1") -> int:
-    """A TCP port on `address` that nothing listens on now (rank 0's store binds it moments later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((address, 0))
-        return sock.getsockname()[1]
-
-
 def handshake(sock: socket.socket, authkey: bytes, timeout_s: float) -> multiprocessing.connection.Connection | None:
     """The connection of one of our ranks, or None (the socket closed) for anything else: a peer of another
     user, one that fails the HMAC challenge, or one that sends nothing for `timeout_s` (it would otherwise
@@ -143,7 +136,9 @@ class RankSet:
         self.workdir = Path(tempfile.mkdtemp(prefix="harness-pool-"))
         self._authkey = os.urandom(32)
         if placement is None:
-            self.launch = Launch(world_size=world_size, port=free_port(), workdir=str(self.workdir),
+            # Below the ephemeral range: a port the kernel hands out (bind to 0) can go to any process's outgoing
+            # connection before rank 0's store binds it (seen on a busy machine: EADDRINUSE).
+            self.launch = Launch(world_size=world_size, port=port_outside_ephemeral_range(), workdir=str(self.workdir),
                                  collective_timeout_s=collective_timeout_s, device=device,
                                  launcher_pid=os.getpid(), capture=capture)
             # Linux: an abstract socket (no path-length limit, no file left behind), so anyone on the host

@@ -45,9 +45,12 @@ class JunitBudget:
 
     used: int = 0
 
+    @staticmethod
+    def limit(failed: bool) -> int:
+        return RANK_OUTPUT_JUNIT_BYTES if failed else RANK_OUTPUT_JUNIT_BYTES // 2
+
     def take(self, size: int, failed: bool) -> bool:
-        limit = RANK_OUTPUT_JUNIT_BYTES if failed else RANK_OUTPUT_JUNIT_BYTES // 2
-        if self.used + size > limit:
+        if self.used + size > self.limit(failed):
             return False
         self.used += size
         return True
@@ -126,10 +129,9 @@ def attach(item: pytest.Item, when: str, failed: bool) -> None:
     size = sum(len(text.encode()) for _, text in sections)
     budget = item.config.stash.setdefault(BUDGET_KEY, JunitBudget())
     if not budget.take(size, failed):
-        limit_mib = (RANK_OUTPUT_JUNIT_BYTES if failed else RANK_OUTPUT_JUNIT_BYTES // 2) // (1024 * 1024)
         note = (f"[{size:,} bytes the ranks wrote are left out: this session's reports already hold "
                 f"{budget.used:,} bytes of rank output, and {'failing' if failed else 'passing'} tests stop at "
-                f"{limit_mib} MiB]\n")
+                f"{budget.limit(failed):,} bytes]\n")
         sections = [("stderr (ranks)", note)]
     for key, text in sections:
         item.add_report_section(when, key, text)
@@ -140,7 +142,7 @@ def _new_log(config: pytest.Config) -> Path:
     named, ini = config.getoption("ranks_log"), config.getini("ranks_log")
     if named or ini:
         # The command line's path is the caller's (from where pytest started); the ini's, the ini file's.
-        log = Path(named).absolute() if named else (config.inipath or config.rootpath).parent / ini
+        log = Path(named).absolute() if named else (config.inipath.parent if config.inipath else config.rootpath) / ini
         log.parent.mkdir(parents=True, exist_ok=True)
     else:
         folder = Path(tempfile.mkdtemp(prefix="harness-ranks-"))

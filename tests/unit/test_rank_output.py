@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import tempfile
 import textwrap
 import time
 import xml.etree.ElementTree as ET
@@ -425,3 +426,15 @@ def test_past_the_sessions_budget_a_note_stands_for_the_output(pytester, monkeyp
                      for case in ET.parse(junit).getroot().iter("testcase")]
     assert "rank 1 says hello" in first and "left out" not in first
     assert "rank 1 says hello" not in second and "bytes the ranks wrote are left out" in second
+
+
+def test_the_rank_log_is_where_the_ini_says_and_an_empty_temporary_one_is_removed(pytester, monkeypatch):
+    temporary = pytester.path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
+    pytester.runpytest().assert_outcomes(passed=1)
+    assert list(temporary.iterdir()) == []
+    pytester.makeini("[pytest]\nranks_log = logs/ranks.log\n")
+    pytester.runpytest().assert_outcomes(passed=1)
+    assert (pytester.path / "logs" / "ranks.log").is_file()

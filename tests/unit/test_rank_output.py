@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -16,6 +17,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from harness.ranks import RankFailedError, RankTimeoutError, run_distributed
+from harness.ranks.hosts import port_outside_ephemeral_range
 from harness.ranks.output import head_and_tail, merge, read_output, stream_limits
 from harness.ranks.pool import PoolLauncher
 from harness.ranks.protocol import OutputCapture, RankOutput
@@ -329,10 +331,14 @@ def run_session(pytester, monkeypatch, *args: str, pool: str | None = None):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-o", "junit_family=xunit1",
                                            "-o", "junit_logging=all", f"--junitxml={junit}", f"--ranks-log={log}",
                                            *args, timeout=600)
-    cases = {case.get("name").removeprefix("test_").removeprefix("is_"):
-             (without_imports(case.findtext("system-out") or ""), without_imports(case.findtext("system-err") or ""))
-             for case in ET.parse(junit).getroot().iter("testcase")}
-    return result, cases, log
+    return result, junit_outputs(junit), log
+
+
+def junit_outputs(junit) -> dict[str, tuple[str, str]]:
+    """Each test's (system-out, system-err), by its name without test_ (and is_), the suite's import lines left out."""
+    return {case.get("name").removeprefix("test_").removeprefix("is_"):
+            (without_imports(case.findtext("system-out") or ""), without_imports(case.findtext("system-err") or ""))
+            for case in ET.parse(junit).getroot().iter("testcase")}
 
 
 def without_imports(text: str) -> str:
@@ -353,6 +359,17 @@ def test_each_ranks_output_is_its_own_tests_in_junit_and_shows_only_with_a_failu
     result, cases, log = run_session(pytester, monkeypatch, *args, pool=pool)
     result.assert_outcomes(passed=2, failed=4)
     terminal = result.stdout.str() + result.stderr.str()
+    assert_each_test_holds_its_own_output(terminal, cases)
+    if how == "forked pool":
+        quiet = cases["quiet"][0] + cases["quiet"][1]
+        assert "--- rank" not in quiet and "imported by" not in terminal
+        assert "imported by" in log.read_text()  # the zygote's import, outside any call
+        result.stdout.fnmatch_lines([f"rank log: what the ranks wrote outside test calls (* bytes) is in {log}"])
+
+
+def assert_each_test_holds_its_own_output(terminal: str, cases: dict[str, tuple[str, str]]) -> None:
+    """Every rank's output in its own test's system-out / system-err and nowhere else; a failure's on the terminal,
+    a pass's not."""
     for test in ("passes", "quiet"):  # a passing test's output is in its report only
         assert f"{test} print" not in terminal and f"{test} fd2" not in terminal
     # A rank that sent no answer (it died, hung, or the wait for it was interrupted) may leave C's buffer unwritten;
@@ -373,10 +390,33 @@ def test_each_ranks_output_is_its_own_tests_in_junit_and_shows_only_with_a_failu
         assert not any(f"{other} print" in cases[test][0] or f"{other} fd2" in cases[test][1] for other in others)
     quiet = cases["quiet"][0] + cases["quiet"][1]
     assert [line for line in quiet.splitlines() if line and not line.startswith("-")] == []
-    if how == "forked pool":
-        assert "--- rank" not in quiet and "imported by" not in terminal
-        assert "imported by" in log.read_text()  # the zygote's import, outside any call
-        result.stdout.fnmatch_lines([f"rank log: what the ranks wrote outside test calls (* bytes) is in {log}"])
+
+
+def test_a_rank_on_another_host_sends_its_output_through_its_agent(pytester, monkeypatch):
+    """Two hosts on this machine (harness host 0 runs pytest, host 1 an agent), a rank each: rank 1's output comes
+    back in its call's result, or from its agent when it died or hung; outside calls it is in host 1's log."""
+    monkeypatch.setenv("HARNESS_HOSTS_KEY", os.urandom(16).hex())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
+    monkeypatch.delenv("HARNESS_RANKS_POOL", raising=False)
+    pytester.makepyfile(test_suite=SUITE)
+    junit = pytester.path / "junit.xml"
+    host = [sys.executable, "-m", "harness", "host", "--count", "2", "--host0", "127.0.0.1", "--ranks-per-host", "1",
+            "--hub-port", str(port_outside_ephemeral_range("127.0.0.1"))]
+    pytest_command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
+                      "-o", "junit_logging=all", f"--junitxml={junit}"]
+    with (pytester.path / "host1.log").open("w+") as host1_log:
+        agent = subprocess.Popen([*host, "--index", "1"], stdout=host1_log, stderr=subprocess.STDOUT)
+        try:
+            leader = subprocess.run([*host, "--index", "0", "--cpu-ranks", "--cwd", str(pytester.path), "--",
+                                     *pytest_command], capture_output=True, text=True, timeout=600)
+        finally:
+            agent.wait(timeout=60)
+        host1_log.seek(0)
+        host1 = host1_log.read()
+    assert "4 failed, 2 passed" in leader.stdout, leader.stdout[-3000:]
+    assert_each_test_holds_its_own_output(leader.stdout + leader.stderr, junit_outputs(junit))
+    assert "imported by" in host1  # host 1's zygote imported the suite outside any call
 
 
 def test_with_s_the_ranks_write_to_the_terminal_as_they_go(pytester, monkeypatch):

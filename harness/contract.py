@@ -33,6 +33,15 @@ HOST_MEMORY_JSON = "memory.host{index}.json"  # host I's own memory.json; harnes
 # through RUNNING_TEST_ENV.
 RUNNING_TEST = "running-test.txt"
 RUNNING_TEST_ENV = "HARNESS_RUNNING_TEST_FILE"
+# What the ranks wrote outside any test's call (the zygote's imports, a pool's start); what they write in a call
+# is that test's, in junit.xml (harness.ranks.sections).
+RANKS_LOG = "ranks.log"
+# A junit.xml beyond this is not one a suite of thousands of tests writes; parsing 100 MB costs minutes and over
+# a GB of memory, so harness.results refuses it unread.
+JUNIT_BYTES = 32 * 1024 * 1024
+# The ranks' output one session attaches to its test reports (junit.xml's system-out and system-err), at most:
+# a chatty suite still leaves a junit.xml that can be read.
+RANK_OUTPUT_JUNIT_BYTES = JUNIT_BYTES // 2
 
 # env.json "status". not_run: nothing failed, but no distributed case (world size 2 or more) ran while some
 # were skipped for too few GPUs or ranks (the typed properties below say so): neither passed nor failed.

@@ -28,7 +28,15 @@ from pathlib import Path
 
 import harness
 from harness import __version__, contract, env_cache, memory, preflight
-from harness.contract import ENV_JSON, JUNIT_XML, RUNNING_TEST, RUNNING_TEST_ENV, STATUS_NOT_RUN, EnvRecord
+from harness.contract import (
+    ENV_JSON,
+    JUNIT_XML,
+    RANKS_LOG,
+    RUNNING_TEST,
+    RUNNING_TEST_ENV,
+    STATUS_NOT_RUN,
+    EnvRecord,
+)
 from harness.engines import hostmemory
 from harness.env import EnvironmentBuildError, ensure_environment, env_root, plan_environment, probe_versions
 from harness.errors import ConfigError, HostMismatchError
@@ -302,9 +310,12 @@ def run_on_engine(cell: Cell, python: Path, folder: Path, pytest_args: list[str]
 def pytest_command(cell: Cell, python: Path, folder: Path, pytest_args: list[str]) -> list[str]:
     # -p: the ranks plugin's options must exist when pytest parses them, where harness is not installed in
     # the cell's environment (installed, its pytest11 entry point has the same name and is not loaded twice).
+    # A test's captured output, its ranks' included, goes to its testcase in junit.xml (junit_logging) and is
+    # shown with a failure; -r lists every outcome but not the passed tests' output (the P that -rA adds).
     command = [str(python), "-m", "pytest", *cell.suite, "-p", PLUGIN,
-               "-p", "no:cacheprovider", "-o", "junit_family=xunit1", f"--junitxml={folder / 'junit.xml'}",
-               f"--timeout={cell.test_timeout_seconds}", "-rA"]
+               "-p", "no:cacheprovider", "-o", "junit_family=xunit1", "-o", "junit_logging=all",
+               f"--junitxml={folder / JUNIT_XML}", f"--ranks-log={folder / RANKS_LOG}",
+               f"--timeout={cell.test_timeout_seconds}", "-rfEsxXp"]
     if cell.reruns:
         command.append(f"--reruns={cell.reruns}")
     return command + list(pytest_args)

@@ -5,7 +5,8 @@ and forks this host's ranks from it on the hub's request; the ranks then dial th
                  <--Forked/Refused/Exited/Stacks/Heartbeat--------
 
 What only this host knows is put in each rank's spec here: the agent is the process whose death ends the
-ranks, their stack files are written in the agent's folder, and host-local variables (SLURM_*, HOSTNAME,
+ranks, their stack and output files are written in the agent's folder (what they write outside calls goes
+to this host's log, as the agent's own output does), and host-local variables (SLURM_*, HOSTNAME,
 TMPDIR, ...) are this host's. The agent beats every HEARTBEAT_INTERVAL_S from a thread (a zygote importing
 transformers for 20 s must not look like a lost host), and gives up, killing its ranks, when host 0 has been
 silent for HOST_LOST_AFTER_S or closed the connection. Standard library only.
@@ -27,6 +28,7 @@ import time
 
 from harness.ranks import lifecycle
 from harness.ranks.hostenv import for_host
+from harness.ranks.output import output_paths, read_output
 from harness.ranks.protocol import (
     BOOTSTRAP_TIMEOUT_S,
     HEARTBEAT_INTERVAL_S,
@@ -38,7 +40,9 @@ from harness.ranks.protocol import (
     Forked,
     Heartbeat,
     KillRanks,
+    OutputCapture,
     Preload,
+    RankOutput,
     RankSpec,
     Refused,
     StackRequest,
@@ -122,14 +126,16 @@ class Agent:
             self.ranks.update({pid: spec.rank for pid, spec in zip(pids, specs, strict=True)})
             self.send(Forked(pids))
         elif isinstance(message, StackRequest):
-            self.send(Stacks(self._stacks(message)))
+            self.send(Stacks(self._stacks(message), self._outputs(message)))
         elif isinstance(message, KillRanks):
             for pid in message.pids:
                 if pid in self.ranks:  # only what this agent forked
                     lifecycle.signal_group(pid, signal.SIGKILL)
 
     def _localize(self, spec: RankSpec) -> RankSpec:
-        launch = dataclasses.replace(spec.launch, workdir=self.workdir, launcher_pid=os.getpid())
+        # Outside calls this host's ranks write where this agent and its zygote do: the host's own log.
+        capture = None if spec.launch.capture is None else OutputCapture(log=None)
+        launch = dataclasses.replace(spec.launch, workdir=self.workdir, launcher_pid=os.getpid(), capture=capture)
         host_environ = dict(os.environ)
         return dataclasses.replace(spec, launch=launch, environ=for_host(spec.environ, host_environ),
                                    host_environ=host_environ)
@@ -151,6 +157,11 @@ class Agent:
         host = socket.gethostname()
         return {rank: self._read(rank) or f"(no stack written on {host}: the rank did not answer SIGUSR1)"
                 for rank in request.pids}
+
+    def _outputs(self, request: StackRequest) -> dict[int, RankOutput]:
+        """What this host's ranks wrote in their call so far, from their output files here."""
+        return {rank: read_output(output_paths(self.workdir, rank)) for rank, pid in request.pids.items()
+                if self.ranks.get(pid) == rank}
 
     def _read(self, rank: int) -> str:
         try:

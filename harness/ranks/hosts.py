@@ -188,15 +188,15 @@ class Hub:
             raise RuntimeError(f"host {host} ({link.hostname}) cannot fork ranks: {reply.reason}")
         return reply.pids
 
-    def stacks(self, host: int, pids: dict[int, int], signal_first: bool) -> dict[int, str]:
+    def stacks(self, host: int, pids: dict[int, int], signal_first: bool) -> Stacks:
+        """The Python stacks of ranks on `host` (rank -> pid there), and what they wrote in their call."""
         link = self.links.get(host)
         if link is None or link.closed_at is not None:
-            return {rank: f"(host {host} is gone: no stack)" for rank in pids}
+            return Stacks({rank: f"(host {host} is gone: no stack)" for rank in pids})
         try:
-            reply = link.request(StackRequest(pids, signal_first), (Stacks,), AGENT_REPLY_TIMEOUT_S)
+            return link.request(StackRequest(pids, signal_first), (Stacks,), AGENT_REPLY_TIMEOUT_S)
         except HostLostError as lost:
-            return {rank: f"({lost})" for rank in pids}
-        return reply.stacks
+            return Stacks({rank: f"({lost})" for rank in pids})
 
     def kill(self, host: int, pids: list[int]) -> None:
         link = self.links.get(host)

@@ -5,7 +5,8 @@ pool keeps sets between calls.
 
 Deadlines: starting ranks has its own (`BOOTSTRAP_TIMEOUT_S`), and a call's timeout starts when the call
 is sent, so a machine slow to start ranks never turns into a false timeout. On any failure or hang the
-ranks still running are asked for their Python stacks (faulthandler, on SIGUSR1) before they are killed.
+ranks still running are asked for their Python stacks (faulthandler, on SIGUSR1) before they are killed, and
+what the ranks that sent no answer wrote in the call is read from their output files.
 Needs only the standard library; the ranks run harness.ranks.rank.
 """
 
@@ -30,6 +31,7 @@ from typing import Any
 
 from harness.ranks import lifecycle
 from harness.ranks.hosts import Placement, port_outside_ephemeral_range
+from harness.ranks.output import output_paths, read_output
 from harness.ranks.protocol import (
     BOOTSTRAP_TIMEOUT_S,
     DEVICES,
@@ -37,14 +39,18 @@ from harness.ranks.protocol import (
     STACK_DUMP_GRACE_S,
     Call,
     Died,
+    DistributedError,
     Done,
     Failed,
     Hello,
     Launch,
+    OutputCapture,
     Ping,
     Probe,
+    RankOutput,
     RankResult,
     RankSpec,
+    Stacks,
     failure_error,
     timeout_error,
 )
@@ -71,13 +77,6 @@ def pickle_call(world_size: int, fn: Callable[..., Any], args: tuple, device: st
         return pickle.dumps((fn, args))
     except Exception as error:
         raise TypeError(f"{caller} needs a module-level function and picklable arguments; {error}") from error
-
-
-def free_port(address: str = "127.0.0.1") -> int:
-    """A TCP port on `address` that nothing listens on now (rank 0's store binds it moments later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((address, 0))
-        return sock.getsockname()[1]
 
 
 def handshake(sock: socket.socket, authkey: bytes, timeout_s: float) -> multiprocessing.connection.Connection | None:
@@ -117,14 +116,15 @@ def peer_uid(sock: socket.socket) -> int | None:
 
 def to_results(replies: list[Done]) -> list[RankResult]:
     return [RankResult(rank=rank, value=reply.value, peak_allocated_mib=reply.peak_allocated_mib,
-                       peak_reserved_mib=reply.peak_reserved_mib) for rank, reply in enumerate(replies)]
+                       peak_reserved_mib=reply.peak_reserved_mib, output=reply.output)
+            for rank, reply in enumerate(replies)]
 
 
 class RankSet:
     """The ranks of one (world size, device): their sockets, stack files and processes."""
 
     def __init__(self, world_size: int, device: str, collective_timeout_s: float,
-                 placement: Placement | None = None):
+                 placement: Placement | None = None, capture: OutputCapture | None = None):
         self.world_size = world_size
         # Across hosts: which host each rank is on; ranks on other hosts are reached through their agent.
         self.placement = placement
@@ -136,9 +136,11 @@ class RankSet:
         self.workdir = Path(tempfile.mkdtemp(prefix="harness-pool-"))
         self._authkey = os.urandom(32)
         if placement is None:
-            self.launch = Launch(world_size=world_size, port=free_port(), workdir=str(self.workdir),
+            # Below the ephemeral range: a port the kernel hands out (bind to 0) can go to any process's outgoing
+            # connection before rank 0's store binds it (seen on a busy machine: EADDRINUSE).
+            self.launch = Launch(world_size=world_size, port=port_outside_ephemeral_range(), workdir=str(self.workdir),
                                  collective_timeout_s=collective_timeout_s, device=device,
-                                 launcher_pid=os.getpid())
+                                 launcher_pid=os.getpid(), capture=capture)
             # Linux: an abstract socket (no path-length limit, no file left behind), so anyone on the host
             # could connect: the HMAC challenge with a key only the ranks hold comes before anything is unpickled.
             self._address = (f"\0harness-ranks-{uuid.uuid4().hex}" if sys.platform.startswith("linux")
@@ -151,7 +153,7 @@ class RankSet:
                                  workdir=str(self.workdir),
                                  collective_timeout_s=collective_timeout_s, device=device,
                                  launcher_pid=os.getpid(), master_addr=placement.master_addr,
-                                 ranks_per_host=placement.ranks_per_host)
+                                 ranks_per_host=placement.ranks_per_host, capture=capture)
             self._server = socket.create_server(("0.0.0.0", 0))
             self._address = (placement.master_addr, self._server.getsockname()[1])
         self._remote: dict[int, int] = {}  # rank -> its pid on its host (not host 0)
@@ -231,8 +233,17 @@ class RankSet:
         message = pickle.dumps(Call(payload, list(sys.path), environ))
         for rank in range(self.world_size):
             stack_path(self.workdir, rank).write_text("")  # this call's stacks only
+            for path in output_paths(self.workdir, rank) if self.launch.capture is not None else ():
+                path.write_bytes(b"")  # and its output only, even from a rank that dies before it starts
         self._send_all(message)  # a rank that is gone shows as a closed connection when gathered
-        return self._gather(time.monotonic() + timeout_s, timeout_s)
+        try:
+            return self._gather(time.monotonic() + timeout_s, timeout_s)
+        except DistributedError:
+            raise
+        except BaseException as error:  # pytest-timeout or Ctrl-C cut the wait short: what the ranks wrote goes along
+            with contextlib.suppress(Exception):
+                error.rank_outputs = self.outputs(list(range(self.world_size)))
+            raise
 
     def _send_all(self, message: bytes) -> bool:
         sent = True
@@ -283,9 +294,9 @@ class RankSet:
         if running or any(isinstance(f, Died) or not f.alive for f in failures.values()):
             self.intact = False
         if failures:
-            raise failure_error(self.world_size, replies, failures, self.stacks(running))
+            raise failure_error(self.world_size, replies, failures, self.stacks(running), self.outputs(running))
         if running:
-            raise timeout_error(self.world_size, timeout_s, replies, self.stacks(running))
+            raise timeout_error(self.world_size, timeout_s, replies, self.stacks(running), self.outputs(running))
         return [replies[rank] for rank in range(self.world_size)]
 
     def stacks(self, ranks: list[int]) -> dict[int, str]:
@@ -293,7 +304,7 @@ class RankSet:
         other hosts: their agents signal them and send the stacks back."""
         remote = {rank: self._remote[rank] for rank in ranks if rank in self._remote}
         ranks = [rank for rank in ranks if rank not in remote]
-        found = self._remote_stacks(remote, signal_first=True)
+        found = self._ask_agents(remote, signal_first=True).stacks
         for rank in ranks:
             if self.pids[rank] is not None:
                 lifecycle.signal_group(self.pids[rank], signal.SIGUSR1)
@@ -309,15 +320,28 @@ class RankSet:
                       for rank in ranks})
         return found
 
-    def _remote_stacks(self, pids: dict[int, int], signal_first: bool) -> dict[int, str]:
-        found: dict[int, str] = {}
+    def outputs(self, ranks: list[int]) -> dict[int, RankOutput]:
+        """What each of `ranks` wrote in the current call so far, read from its files (ranks on other hosts: by
+        their agents); empty when the ranks do not capture."""
+        if self.launch.capture is None:
+            return {}
+        remote = {rank: self._remote[rank] for rank in ranks if rank in self._remote}
+        found = self._ask_agents(remote, signal_first=False).outputs
+        found.update({rank: read_output(output_paths(self.workdir, rank)) for rank in ranks if rank not in remote})
+        return found
+
+    def _ask_agents(self, pids: dict[int, int], signal_first: bool) -> Stacks:
+        """The stacks and outputs of ranks on other hosts (rank -> pid there), from their hosts' agents."""
+        found = Stacks({}, {})
         if self.placement is None:
             return found
         by_host: dict[int, dict[int, int]] = {}
         for rank, pid in pids.items():
             by_host.setdefault(self.placement.host_of(rank), {})[rank] = pid
         for host, host_pids in by_host.items():
-            found.update(self.placement.hub.stacks(host, host_pids, signal_first))
+            reply = self.placement.hub.stacks(host, host_pids, signal_first)
+            found.stacks.update(reply.stacks)
+            found.outputs.update(reply.outputs)
         return found
 
     def _raise_if_host_lost(self) -> None:
@@ -334,8 +358,9 @@ class RankSet:
     def _died(self, rank: int, wait_s: float) -> Died:
         if rank in self._remote:
             host = self.placement.host_of(rank)
-            stack = self._remote_stacks({rank: self._remote[rank]}, signal_first=False).get(rank, "")
-            return Died(exit_code=self.placement.hub.exit_code(host, self._remote[rank], wait_s), last_stack=stack)
+            left = self._ask_agents({rank: self._remote[rank]}, signal_first=False)
+            return Died(exit_code=self.placement.hub.exit_code(host, self._remote[rank], wait_s),
+                        last_stack=left.stacks.get(rank, ""), output=left.outputs.get(rank))
         exit_code = None
         process = self._processes[rank]
         if process is not None:
@@ -343,7 +368,7 @@ class RankSet:
             exit_code = process.exitcode
         elif self.pids[rank] is not None and self._exit_code_of is not None:
             exit_code = self._exit_code_of(self.pids[rank], wait_s)
-        return Died(exit_code=exit_code, last_stack=self._read_stack(rank))
+        return Died(exit_code=exit_code, last_stack=self._read_stack(rank), output=self.outputs([rank]).get(rank))
 
     def kill(self) -> None:
         """Kill every rank (and what it started) and remove the work folder; safe to call twice."""

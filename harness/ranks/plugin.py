@@ -18,6 +18,8 @@ options (`--no-ranks-pool`) exist when the command line is parsed.
   `HARNESS_RANKS_POOL=spawn` keeps the pool but spawns its ranks. A plugin may put another launcher there.
 - A launch times out a little before the test's pytest-timeout, so a hang fails with every rank's stack
   instead of pytest-timeout's dump of the waiting parent.
+- What the ranks write in a test's calls is that test's: sections of its report, not the terminal (unless
+  `-s`); what they write outside calls goes to the rank log (`--ranks-log`). See harness.ranks.sections.
 
 Needs the standard library and pytest (and torch, to count GPUs).
 """
@@ -25,6 +27,7 @@ Needs the standard library and pytest (and torch, to count GPUs).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -41,9 +44,10 @@ from harness.contract import (
     RUNNING_TEST_ENV,
     WORLD_SIZE,
 )
+from harness.ranks import sections
 from harness.ranks.hosts import HostsConfig
 from harness.ranks.pool import PoolLauncher
-from harness.ranks.protocol import DEFAULT_TIMEOUT_S, HostLostError, RankResult
+from harness.ranks.protocol import DEFAULT_TIMEOUT_S, HostLostError, RankOutput, RankResult
 from harness.ranks.spawn import run_distributed
 
 CPU_RANKS_ENV = "HARNESS_CPU_RANKS"
@@ -71,6 +75,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--no-ranks-pool", action="store_false", dest="ranks_pool",
                     help=f"spawn fresh ranks for every test (as {POOL_ENV}=0)")
     parser.addini("ranks_pool", type="bool", default=True, help=POOL_HELP)
+    group.addoption("--ranks-log", metavar="PATH", default=None, dest="ranks_log", help=sections.RANKS_LOG_HELP)
+    parser.addini("ranks_log", default="", help=sections.RANKS_LOG_HELP)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -78,9 +84,13 @@ def pytest_configure(config: pytest.Config) -> None:
     if mode != "fork" and HostsConfig.from_environment() is not None:
         raise pytest.UsageError("a cell across hosts places its ranks through the forked rank pool; "
                                 f"{POOL_ENV}=0, --no-ranks-pool and {POOL_ENV}=spawn cannot reach other hosts")
-    if mode is None or LAUNCHER_KEY in config.stash:  # off, or another plugin chose the launcher
+    if LAUNCHER_KEY in config.stash:  # another plugin chose the launcher
         return
-    launcher = PoolLauncher(fork=mode == "fork")
+    capture = sections.output_capture(config)
+    if mode is None:
+        config.stash[LAUNCHER_KEY] = functools.partial(run_distributed, capture=capture)
+        return
+    launcher = PoolLauncher(fork=mode == "fork", capture=capture)
     config.stash[POOL_KEY] = launcher
     config.stash[LAUNCHER_KEY] = launcher
 
@@ -116,11 +126,21 @@ def pytest_runtest_logfinish(nodeid: str, location) -> None:
 
 
 @pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    return (yield from sections.attaching(item, "setup"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    return (yield from sections.attaching(item, "call"))
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
     """Once the test's fixtures are gone: a pool its calls left unlike a fresh one is retired, and this test's
     report says why (a section, and the JUnit property POOL_REPLACED)."""
     try:
-        return (yield)
+        return (yield from sections.attaching(item, "teardown"))
     finally:
         launcher = item.config.stash.get(POOL_KEY, None)
         if launcher is not None and "ranks" in getattr(item, "fixturenames", ()):
@@ -135,12 +155,16 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
         terminalreporter.write_line(f"rank pool: {launcher.summary()}")
         for line in launcher.retired_log:
             terminalreporter.write_line(f"rank pool: {line}")
+    log_line = sections.log_summary(config)
+    if log_line is not None:
+        terminalreporter.write_line(log_line)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     launcher = config.stash.get(POOL_KEY, None)
     if launcher is not None:
         launcher.close()
+    sections.remove_empty_log(config)
 
 
 def pool_mode(config: pytest.Config) -> str | None:
@@ -225,11 +249,12 @@ class Ranks:
     """Runs functions on ranks for one test and records their measurements as JUnit properties."""
 
     def __init__(self, launcher: Launcher, record_property: Callable[[str, object], None], timeout_s: float,
-                 session: pytest.Session | None = None):
+                 session: pytest.Session | None = None, item: pytest.Item | None = None):
         self._launcher = launcher
         self._record_property = record_property
         self.timeout_s = timeout_s
         self._session = session
+        self._item = item  # the test whose report gets what the ranks write
 
     def require(self, world_size: int) -> None:
         """Skip the test when this machine cannot run `world_size` ranks, recording why as data."""
@@ -242,16 +267,22 @@ class Ranks:
         self._record_property(WORLD_SIZE, world_size)
         try:
             results = self._launcher(world_size, fn, *args, timeout=self.timeout_s)
-        except HostLostError as lost:
-            if self._session is not None:  # a cell across hosts cannot go on without one: stop after this test
-                self._session.shouldstop = str(lost)
+        except BaseException as error:  # a failure, a hang, an interrupt: what the ranks wrote until then
+            self._keep_output(getattr(error, "rank_outputs", None) or {})
+            if isinstance(error, HostLostError) and self._session is not None:
+                self._session.shouldstop = str(error)  # a cell across hosts cannot go on without one host
             raise
+        self._keep_output({result.rank: result.output for result in results if result.output is not None})
         for result in results:
             if result.peak_allocated_mib is not None:
                 self._record_property(f"peak_allocated_mib.rank{result.rank}", round(result.peak_allocated_mib, 1))
             if result.peak_reserved_mib is not None:
                 self._record_property(f"peak_reserved_mib.rank{result.rank}", round(result.peak_reserved_mib, 1))
         return [result.value for result in results]
+
+    def _keep_output(self, outputs: dict[int, RankOutput]) -> None:
+        if self._item is not None:
+            sections.keep(self._item, outputs)
 
     def record(self, **metrics: object) -> None:
         """Record the case's metrics (max_rel_grad_error=..., grad_error_bound=..., ...) as properties."""
@@ -266,4 +297,4 @@ def ranks(request: pytest.FixtureRequest, record_property) -> Ranks:
     if callspec is not None and "world_size" in callspec.params:
         skip_if_too_few_ranks(callspec.params["world_size"], record_property)
     launcher = request.config.stash.get(LAUNCHER_KEY, run_distributed)
-    return Ranks(launcher, record_property, launch_timeout(request.node), request.session)
+    return Ranks(launcher, record_property, launch_timeout(request.node), request.session, request.node)

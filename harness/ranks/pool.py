@@ -36,6 +36,7 @@ from harness.ranks.protocol import (
     COLLECTIVE_TIMEOUT_MARGIN_S,
     DEFAULT_TIMEOUT_S,
     DistributedError,
+    OutputCapture,
     RankFailedError,
     RankResult,
     RankTimeoutError,
@@ -49,8 +50,9 @@ TIMING_ENV = "HARNESS_RANKS_TIMING"
 class PoolLauncher:
     """`run_distributed` on persistent pools: `launcher(world_size, fn, *args, timeout=..., device=...)`."""
 
-    def __init__(self, *, fork: bool = True):
+    def __init__(self, *, fork: bool = True, capture: OutputCapture | None = None):
         self.fork = fork
+        self.capture = capture  # each call's output in its results; outside calls to capture.log
         self.preload_refused: str | None = None  # why the zygote imports less than it could
         self.fork_refused: str | None = None  # why ranks are spawned: the zygote could not fork even bare
         self._fork_proven = False  # a forked pool has formed its process group this session
@@ -207,7 +209,8 @@ class PoolLauncher:
                 self._hub = Hub(self._hosts)
             self._hub.raise_if_lost()
             placement = Placement(self._hub, world_size)
-        pool = RankSet(world_size, device, collective_timeout_s=collective_timeout(timeout), placement=placement)
+        pool = RankSet(world_size, device, collective_timeout_s=collective_timeout(timeout), placement=placement,
+                       capture=self.capture)
         self._pools[(world_size, device)] = pool
         self.pools_started += 1
         return pool
@@ -254,7 +257,7 @@ class PoolLauncher:
 
     def _start_zygote(self) -> None:
         self._retire_zygote()
-        self._zygote = Zygote()
+        self._zygote = Zygote(log=self.capture.log if self.capture is not None else None)
         if self._preload_level >= 2 and self._rank_modules:
             self._zygote.preload(list(self._rank_modules))
 

@@ -40,6 +40,23 @@ def collective_timeout(launch_timeout_s: float) -> float:
 
 
 @dataclasses.dataclass(frozen=True)
+class OutputCapture:
+    """Ranks capture their fds 1 and 2 per call (harness.ranks.output); what they write outside calls is
+    appended to `log` (None: it goes where their fds pointed when they started)."""
+
+    log: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RankOutput:
+    """What one rank wrote to its fds 1 and 2 during a call: decoded (invalid UTF-8 replaced) and capped, the
+    head and the tail kept with a line between them saying how much was cut."""
+
+    stdout: str = ""
+    stderr: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class Launch:
     """What every rank of one set of ranks shares."""
 
@@ -52,6 +69,7 @@ class Launch:
     # Across hosts (harness/ranks/hosts.py): host 0's address, and ranks per host (0: every rank is here).
     master_addr: str = "127.0.0.1"
     ranks_per_host: int = 0
+    capture: OutputCapture | None = None  # None: the ranks write where their fds point (pytest -s)
 
     @property
     def local_world_size(self) -> int:
@@ -72,12 +90,14 @@ class RankSpec:
 
 @dataclasses.dataclass(frozen=True)
 class RankResult:
-    """What one rank returned, and its allocator peaks while `fn` ran (None on CPU)."""
+    """What one rank returned, its allocator peaks while `fn` ran (None on CPU) and what it wrote (None: not
+    captured)."""
 
     rank: int
     value: Any
     peak_allocated_mib: float | None
     peak_reserved_mib: float | None
+    output: RankOutput | None = None
 
 
 # ---------------------------------------------------------------- launcher -> rank
@@ -129,6 +149,7 @@ class Done:
     peak_allocated_mib: float | None
     peak_reserved_mib: float | None
     modules: list[str]  # modules the rank imported during the call (the zygote imports them next)
+    output: RankOutput | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +186,7 @@ class Failed:
     alive: bool = True
     follows_peer: bool = False  # PeerFailure: it failed because another rank did (agree.together)
     error_frame: RaisingFrame | None = None  # None: the exception carried no traceback
+    output: RankOutput | None = None
 
     @classmethod
     def from_exception(cls, error: BaseException, **fields: Any) -> Failed:
@@ -239,6 +261,7 @@ class StackRequest:
 @dataclasses.dataclass(frozen=True)
 class Stacks:
     stacks: dict[int, str]
+    outputs: dict[int, RankOutput] = dataclasses.field(default_factory=dict)  # what each wrote in its call so far
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,12 +278,15 @@ HOST_LOST_AFTER_S = 10.0
 
 class DistributedError(Exception):
     """A launch did not complete on every rank. `rank_seconds`: how long fn ran on each rank (None: unknown);
-    `rank_modules`: what the ranks imported (the pool preloads them)."""
+    `rank_modules`: what the ranks imported (the pool preloads them); `rank_outputs`: what each rank wrote in
+    the call, up to its end or the moment it died or was killed (empty: not captured)."""
 
-    def __init__(self, text: str, rank_seconds: list[float | None], rank_modules: list[str]):
+    def __init__(self, text: str, rank_seconds: list[float | None], rank_modules: list[str],
+                 rank_outputs: dict[int, RankOutput] | None = None):
         super().__init__(text)
         self.rank_seconds = rank_seconds
         self.rank_modules = rank_modules
+        self.rank_outputs = rank_outputs or {}
 
 
 class RankFailedError(DistributedError):
@@ -272,7 +298,8 @@ class RankFailedError(DistributedError):
     def __init__(self, rank: int, summary: str, details: str, other_failures: list[str], *,
                  rank_seconds: list[float | None] | None = None, rank_modules: list[str] | None = None,
                  error_type: str | None = None, error_message: str | None = None,
-                 error_frame: RaisingFrame | None = None):
+                 error_frame: RaisingFrame | None = None,
+                 rank_outputs: dict[int, RankOutput] | None = None):
         self.rank = rank
         self.error_type = error_type
         self.error_message = error_message
@@ -283,7 +310,7 @@ class RankFailedError(DistributedError):
         text = f"rank {rank} {summary}\n\n{details}"
         if other_failures:
             text += "\nafterwards:\n" + "\n".join(f"  {line}" for line in other_failures)
-        super().__init__(text, rank_seconds or [], rank_modules or [])
+        super().__init__(text, rank_seconds or [], rank_modules or [], rank_outputs)
 
 
 class RankTimeoutError(DistributedError):
@@ -292,7 +319,7 @@ class RankTimeoutError(DistributedError):
     their stacks come first."""
 
     def __init__(self, timeout_s: float, hung_ranks: list[int], stacks: dict[int, str], *,
-                 rank_seconds: list[float | None] | None = None):
+                 rank_seconds: list[float | None] | None = None, rank_outputs: dict[int, RankOutput] | None = None):
         self.timeout_s = timeout_s
         self.hung_ranks = hung_ranks
         self.stacks = stacks
@@ -304,7 +331,7 @@ class RankTimeoutError(DistributedError):
         parts = [f"{head} Python stack of every rank:"]
         order = self.hung_first + waiting + sorted(rank for rank in stacks if rank not in hung_ranks)
         parts += [f"--- rank {rank} ---\n{stacks[rank].rstrip()}" for rank in order]
-        super().__init__("\n".join(parts), rank_seconds or [], [])
+        super().__init__("\n".join(parts), rank_seconds or [], [], rank_outputs)
 
 
 class HostLostError(DistributedError):
@@ -339,10 +366,12 @@ class Died:
 
     exit_code: int | None
     last_stack: str
+    output: RankOutput | None = None  # what it wrote in the call before it died, read from its files
 
 
 def failure_error(world_size: int, replies: dict[int, Done], failures: dict[int, Failed | Died],
-                  running_stacks: dict[int, str]) -> RankFailedError:
+                  running_stacks: dict[int, str], running_outputs: dict[int, RankOutput] | None = None
+                  ) -> RankFailedError:
     """The error for a launch in which `failures` happened, naming first the rank that failed first.
 
     A rank that died without a word sorts first: its peers' errors (a connection reset) follow from it, and
@@ -369,19 +398,30 @@ def failure_error(world_size: int, replies: dict[int, Done], failures: dict[int,
     return RankFailedError(rank, summary, details, others, rank_seconds=seconds, rank_modules=modules,
                            error_type=raised.error_type if raised else None,
                            error_message=raised.error_message if raised else None,
-                           error_frame=raised.error_frame if raised else None)
+                           error_frame=raised.error_frame if raised else None,
+                           rank_outputs=_outputs(replies, failures, running_outputs))
 
 
 def timeout_error(world_size: int, timeout_s: float, replies: dict[int, Done],
-                  running_stacks: dict[int, str]) -> RankTimeoutError:
+                  running_stacks: dict[int, str], running_outputs: dict[int, RankOutput] | None = None
+                  ) -> RankTimeoutError:
     stacks = dict(running_stacks)
     stacks.update({rank: "(finished: returned its result)" for rank in replies})
     return RankTimeoutError(timeout_s, sorted(running_stacks), stacks,
-                            rank_seconds=[_seconds(replies.get(rank)) for rank in range(world_size)])
+                            rank_seconds=[_seconds(replies.get(rank)) for rank in range(world_size)],
+                            rank_outputs=_outputs(replies, {}, running_outputs))
 
 
 def _seconds(outcome: Any) -> float | None:
     return getattr(outcome, "seconds", None)
+
+
+def _outputs(replies: dict[int, Done], failures: dict[int, Failed | Died],
+             running_outputs: dict[int, RankOutput] | None) -> dict[int, RankOutput]:
+    """Each rank's output in a launch that failed: from its answer, or as read from its files (no answer)."""
+    outputs = {rank: outcome.output for rank, outcome in (*replies.items(), *failures.items())
+               if outcome.output is not None}
+    return {**outputs, **(running_outputs or {})}
 
 
 def describe_exit(exitcode: int | None) -> str:

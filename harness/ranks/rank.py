@@ -8,15 +8,18 @@ The loop, in the rank process (spawned by the launcher, or forked by the zygote)
           Call  -> Done | Failed                (then put back what the call changed; stay alive)
           Probe -> Pong | Failed, then exit     (one collective on the world group after a failed call)
 
-A rank that raised stays alive: when every rank answered and a probe collective succeeds, the launcher
-keeps the pool. The world group lives as long as the rank; a call's own process groups, device meshes and
-the caches that refer to them are dropped after it, so the next call never meets a group that is gone.
+A call's output (fds 1 and 2) is captured into its Done or Failed (harness.ranks.output); between calls the
+rank writes to the session's rank log. A rank that raised stays alive: when every rank answered and a probe
+collective succeeds, the launcher keeps the pool. The world group lives as long as the rank; a call's own
+process groups, device meshes and the caches that refer to them are dropped after it, so the next call never
+meets a group that is gone.
 Needs torch in the rank only (imported inside functions).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import faulthandler
 import functools
 import gc
@@ -36,6 +39,7 @@ from typing import Any
 
 from harness.ranks import lifecycle
 from harness.ranks.hostenv import for_host
+from harness.ranks.output import CallCapture, flush_streams
 from harness.ranks.protocol import (
     MIB,
     Call,
@@ -67,6 +71,7 @@ def serve(spec: RankSpec) -> None:
     launch, rank = spec.launch, spec.rank
     lifecycle.own_process_group()
     apply_environment(spec.environ)
+    capture = None if launch.capture is None else CallCapture(launch.capture.log, launch.workdir, rank)
     stack_file = open(stack_path(launch.workdir, rank), "a")  # noqa: SIM115 - open until the rank exits
     faulthandler.enable(file=stack_file, all_threads=True)  # a crash leaves its stack here
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
@@ -102,7 +107,7 @@ def serve(spec: RankSpec) -> None:
             sys.path[:] = message.sys_path
             environ = message.environ if spec.host_environ is None else for_host(message.environ, spec.host_environ)
             apply_environment({**environ, **rank_environ})
-            connection.send_bytes(_outcome(state, message.payload))
+            connection.send_bytes(_outcome(state, message.payload, capture))
             try:
                 unfit = state.reset()  # after replying: the launcher moves on while this rank cleans up
                 apply_environment({**message.environ, **rank_environ})
@@ -112,13 +117,24 @@ def serve(spec: RankSpec) -> None:
                 os._exit(1)
 
 
-def _outcome(state: RankState, payload: bytes) -> bytes:
+def _outcome(state: RankState, payload: bytes, capture: CallCapture | None) -> bytes:
+    """The call's Done or Failed, pickled, with what the rank wrote while it ran (its fds put back first)."""
+    if capture is not None:
+        capture.start()
     started = time.perf_counter()
     try:
-        return pickle.dumps(state.call(payload))  # a value that does not pickle is this rank's failure
+        outcome = state.call(payload)
     except BaseException as error:
-        return pickle.dumps(Failed.from_exception(error, seconds=time.perf_counter() - started,
-                                                  modules=state.imported()))
+        outcome = Failed.from_exception(error, seconds=time.perf_counter() - started, modules=state.imported())
+    if capture is not None:
+        outcome = dataclasses.replace(outcome, output=capture.stop())
+    else:
+        flush_streams()  # not captured (pytest -s): the call's output, C's buffer too, is out before its result
+    try:
+        return pickle.dumps(outcome)
+    except BaseException as error:  # a value that does not pickle is this rank's failure
+        return pickle.dumps(Failed.from_exception(error, seconds=outcome.seconds, modules=outcome.modules,
+                                                  output=outcome.output))
 
 
 def _send(connection: multiprocessing.connection.Connection, message: object) -> None:

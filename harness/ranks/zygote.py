@@ -6,6 +6,7 @@ Which process runs what:
     launcher (pytest)  --Preload/Fork-->  zygote  --fork-->  rank (harness.ranks.rank.serve)
                        <--Forked/Refused/Exited--
 
+Its output, and that of the ranks it forks outside their calls, goes to the rank log (harness.ranks.output).
 The zygote never touches CUDA. Imports that start a thread or initialize the CUDA driver make forking
 unsafe: the zygote then answers Refused (and forks no more), and the launcher starts another importing
 less. The zygote reaps the ranks it forked and reports their exit codes. It dies with the launcher, and the
@@ -30,6 +31,7 @@ import traceback
 from pathlib import Path
 
 from harness.ranks import lifecycle
+from harness.ranks.output import send_to_log
 from harness.ranks.protocol import (
     BOOTSTRAP_TIMEOUT_S,
     Exited,
@@ -58,10 +60,11 @@ class ForkRefused(Exception):
 class Zygote:
     """The launcher's handle on the zygote process."""
 
-    def __init__(self):
+    def __init__(self, log: str | None = None):
+        """`log`: where the zygote, and the ranks it forks, write outside calls (None: where its fds point)."""
         context = multiprocessing.get_context("spawn")
         self._connection, child_end = context.Pipe()
-        self._process = context.Process(target=_zygote_main, args=(child_end, os.getpid()), daemon=True,
+        self._process = context.Process(target=_zygote_main, args=(child_end, os.getpid(), log), daemon=True,
                                         name="harness-rank-zygote")
         self._process.start()
         child_end.close()
@@ -140,10 +143,11 @@ class Zygote:
 # ---------------------------------------------------------------- the zygote process
 
 
-def _zygote_main(connection: multiprocessing.connection.Connection, launcher_pid: int) -> None:
+def _zygote_main(connection: multiprocessing.connection.Connection, launcher_pid: int, log: str | None) -> None:
     """Import torch, then serve fork requests until the launcher goes; never touches CUDA."""
     lifecycle.die_with_parent(launcher_pid)
     lifecycle.own_process_group()  # Ctrl-C reaches pytest, which tears the pools down
+    send_to_log(log)  # what importing prints is no test's
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import torch
     import torch.distributed  # imported once here, inherited by every rank

@@ -32,6 +32,7 @@ from harness.contract import (
     CONTRACT_FILES,
     ENV_JSON,
     ERROR_KINDS,
+    JUNIT_BYTES,
     JUNIT_XML,
     MEMORY_JSON,
     PYTEST_LOG,
@@ -67,9 +68,6 @@ ID_CHARS = 1_000  # cell and test ids
 LOG_TAIL_LINES = 30
 LOG_TAIL_BYTES = 64 * 1024
 JSON_BYTES = 4 * 1024 * 1024  # an env.json or memory.json beyond this is not one harness wrote
-# A junit.xml beyond this is not one a suite of thousands of tests writes; parsing 100 MB costs minutes
-# and over a GB of memory, so it is refused unread.
-JUNIT_BYTES = 32 * 1024 * 1024
 MAX_GPUS = 64  # per cell; a runner has at most 8, MIG slices included a few dozen
 
 # pytest's messages that say where a test broke but not why; the traceback's `E` line says why.

@@ -65,6 +65,15 @@ SUITES = {
         def test_in_one_process():
             pass
     """,
+    "chatty": """
+        import os
+
+        def say_hello():
+            os.write(1, b"a rank says hello\\n")
+
+        def test_ranks_talk(ranks):
+            ranks.run(2, say_hello)
+    """,
 }
 
 
@@ -296,6 +305,16 @@ def test_dry_run_prints_the_plan_and_runs_nothing(tmp_path, capsys):
 def test_pytest_args_after_double_dash_reach_pytest(tmp_path):
     assert run(tmp_path, write_matrix(tmp_path, "failing"), "--", "-k", "test_ok") == 0
     assert "1 passed, 1 deselected" in (cell_folder(tmp_path / "results") / "pytest.log").read_text()
+
+
+def test_a_passing_tests_rank_output_is_in_junit_not_in_the_log(tmp_path):
+    """What a rank writes is its test's: in the testcase's system-out, not in pytest.log (the terminal)."""
+    assert run(tmp_path, write_matrix(tmp_path, "chatty")) == 0
+    folder = cell_folder(tmp_path / "results")
+    assert "a rank says hello" not in (folder / "pytest.log").read_text()
+    junit = (folder / "junit.xml").read_text()
+    assert "--- rank 0 stdout ---\na rank says hello" in junit and "--- rank 1 stdout ---" in junit
+    assert (folder / "ranks.log").is_file()
 
 
 def test_output_streams_in_chunks_before_the_line_ends(tmp_path):

@@ -4,7 +4,7 @@ Which process does what, when the launch captures (`Launch.capture`; pytest -s t
 
     zygote    at start: fds 1 and 2 -> the rank log (OutputCapture.log), so its imports' output, and every
               rank it forks, start there
-    rank      at start: fds 1 and 2 -> the rank log (a spawned rank, or one on another host that sees it)
+    rank      at start: fds 1 and 2 -> the rank log (a rank on another host keeps its agent's: that host's log)
               per call: fds 1 and 2 -> output.rankR.stdout / .stderr in its work folder; after the call it
                         flushes Python's and C's buffers, points the fds back and reads both files, capped,
                         into the call's Done or Failed

@@ -52,10 +52,6 @@ class DeviceCase:
             raise ValueError(f"unknown recipe {self.quant!r}; known: {fake_quant.RECIPES}")
 
 
-def rank_device() -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else CPU
-
-
 def run_device_case(
     checkpoint: str, case: DeviceCase, metrics_dir: str | None = None, model_class: type | None = None
 ) -> dict:
@@ -76,10 +72,7 @@ def _compare(checkpoint: str, case: DeviceCase, metrics: dict, model_class: type
     from transformers.utils import logging
 
     logging.disable_progress_bar()
-    device = rank_device()
-    if device.type == "cuda":  # float32 means float32 (rank_cases does the same)
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+    device = rank_cases.rank_device()
     dtype = getattr(torch, case.dtype)
     family = families.family(case.family)
     subject = tf_adapter.load_whole(checkpoint, dtype, device, case.experts_implementation, model_class)

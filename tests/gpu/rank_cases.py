@@ -114,11 +114,7 @@ def _run_checks(checkpoint: str, case: Case, metrics: dict, model_class: type | 
 
     logging.disable_progress_bar()
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    if device.type == "cuda":
-        # float32 means float32: TF32 matmuls would put 1e-3 of noise under a 1e-6 bound
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
+    device = rank_device()
     dtype = getattr(torch, case.dtype)
     layout = tf_adapter.LAYOUTS[case.layout]
     family = families.family(case.family)
@@ -167,6 +163,16 @@ def compare_logits(
     metrics[contract.WHOLE_LOGITS_DIFFERENCE] = whole_difference
     with together("the logits check"):
         checks.check_close_to_reference("logits", sharded, reference, bound=bound, whole_difference=whole_difference)
+
+
+def rank_device() -> torch.device:
+    """This rank's device: its GPU under NCCL (with TF32 off), else the CPU."""
+    if dist.get_backend() != "nccl":
+        return torch.device("cpu")
+    # float32 means float32: TF32 matmuls would put 1e-3 of noise under a 1e-6 bound
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def fully_shard_model(model, world_size: int, device: torch.device):

@@ -16,9 +16,7 @@ the CPU the fused implementations against the eager loop.
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import checks
 import fake_quant
@@ -28,7 +26,6 @@ import routing
 import tf_adapter
 import tiny_models
 import torch
-import torch.distributed as dist
 from float64_mode import stay_float64
 
 # What the known-bugs table and the reports read of a device case: it has no sharding.
@@ -55,17 +52,9 @@ class DeviceCase:
 def run_device_case(
     checkpoint: str, case: DeviceCase, metrics_dir: str | None = None, model_class: type | None = None
 ) -> dict:
-    metrics = {
-        "layout": case.layout,
-        "dtype": case.dtype,
-        "experts_implementation": case.experts_implementation or "default",
-    }
-    try:
-        _compare(checkpoint, case, metrics, model_class)
-    finally:
-        if metrics_dir is not None:
-            Path(metrics_dir, f"rank{dist.get_rank()}.json").write_text(json.dumps(metrics))
-    return metrics
+    return rank_cases.measured(
+        rank_cases.case_metrics(case), metrics_dir, lambda into: _compare(checkpoint, case, into, model_class)
+    )
 
 
 def _compare(checkpoint: str, case: DeviceCase, metrics: dict, model_class: type | None) -> None:

@@ -16,6 +16,7 @@ verified on, so a newer release runs the case and shows whether the bug is still
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -223,6 +224,25 @@ _INKLING_MUSE_BISECTED = (
     _NEWEST,
 )
 
+_INKLING_BARE_ASSERT = KnownBug(
+    transformers=">=5.23,<=5.24.0",
+    torch=TORCH_2_13_ONLY,
+    torch_verified=RUN_ON_2_13_ONLY,
+    layouts=("ep",),
+    checks=("load", "gradients"),
+    families=("inkling_text",),
+    raises="AssertionError",
+    match=r"^\(no message\)$",  # NO_MESSAGE: torch 2.13's _MaskPartial._reduce_value `raise AssertionError`
+    raised_at="torch/distributed/tensor/placement_types.py:_reduce_value",
+    cause="a DTensor leaves a TP-sharded module and reaches a plain RMSNorm (InklingRMSNorm, "
+    "MuseSparkRMSNorm): torch 2.13's DTensor redistribute raises a bare AssertionError in "
+    "_MaskPartial._reduce_value (its mask buffer is empty)",
+    reproduced="upstream_repros/sharded_load_errors_5_24.py inkling_text|muse_spark_text ep, 5.24.0, "
+    "2 CPU ranks, torch 2.13.0: every rank raised at torch/distributed/tensor/placement_types.py:1703 "
+    "_reduce_value, from InklingRMSNorm.forward and MuseSparkRMSNorm._norm (re-run 2026-12-02)",
+    bisected=_INKLING_MUSE_BISECTED,
+)
+
 _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
         transformers=">=5.23,<=5.24.0",
@@ -382,41 +402,13 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
             _NEWEST,
         ),
     ),
-    KnownBug(
-        transformers=">=5.23,<=5.24.0",
-        torch=TORCH_2_13_ONLY,
-        torch_verified=RUN_ON_2_13_ONLY,
-        layouts=("ep",),
-        checks=("load", "gradients"),
-        families=("inkling_text",),
-        raises="AssertionError",
-        match=r"^\(no message\)$",  # NO_MESSAGE: torch 2.13's _MaskPartial._reduce_value `raise AssertionError`
-        raised_at="torch/distributed/tensor/placement_types.py:_reduce_value",
-        cause="a DTensor leaves a TP-sharded module and reaches a plain RMSNorm (InklingRMSNorm, "
-        "MuseSparkRMSNorm): torch 2.13's DTensor redistribute raises a bare AssertionError in "
-        "_MaskPartial._reduce_value (its mask buffer is empty)",
-        reproduced="upstream_repros/sharded_load_errors_5_24.py inkling_text|muse_spark_text ep, 5.24.0, "
-        "2 CPU ranks, torch 2.13.0: every rank raised at torch/distributed/tensor/placement_types.py:1703 "
-        "_reduce_value, from InklingRMSNorm.forward and MuseSparkRMSNorm._norm (re-run 2026-12-02)",
-        bisected=_INKLING_MUSE_BISECTED,
-    ),
-    KnownBug(
-        transformers=">=5.23,<=5.24.0",
+    _INKLING_BARE_ASSERT,
+    # the same bare assert for muse_spark_text, which raises it on torch 2.11 too (inkling_text: the entry below)
+    dataclasses.replace(
+        _INKLING_BARE_ASSERT,
+        families=("muse_spark_text",),
         torch=TORCH_2_11_AND_2_13,
         torch_verified=RUN_ON_2_11_WITH_5_24,
-        layouts=("ep",),
-        checks=("load", "gradients"),
-        families=("muse_spark_text",),
-        raises="AssertionError",
-        match=r"^\(no message\)$",  # NO_MESSAGE: torch 2.13's _MaskPartial._reduce_value `raise AssertionError`
-        raised_at="torch/distributed/tensor/placement_types.py:_reduce_value",
-        cause="a DTensor leaves a TP-sharded module and reaches a plain RMSNorm (InklingRMSNorm, "
-        "MuseSparkRMSNorm): torch 2.13's DTensor redistribute raises a bare AssertionError in "
-        "_MaskPartial._reduce_value (its mask buffer is empty)",
-        reproduced="upstream_repros/sharded_load_errors_5_24.py inkling_text|muse_spark_text ep, 5.24.0, "
-        "2 CPU ranks, torch 2.13.0: every rank raised at torch/distributed/tensor/placement_types.py:1703 "
-        "_reduce_value, from InklingRMSNorm.forward and MuseSparkRMSNorm._norm (re-run 2026-12-02)",
-        bisected=_INKLING_MUSE_BISECTED,
     ),
     KnownBug(
         transformers=">=5.23,<=5.24.0",

@@ -86,19 +86,29 @@ def run_case(checkpoint: str, case: Case, metrics_dir: str | None = None, model_
     """`model_class` (tf_adapter.model_class, resolved by the caller) travels by reference: unpickling the call
     imports its modeling module, so the rank pool sees that import as part of a fresh rank's state, not as a
     module first imported during the call (which would retire the pool at every new family)."""
-    rank = dist.get_rank()
-    metrics = {  # the family is recorded by the suite's run_case before the launch
+    metrics = case_metrics(case)
+    if case.planted_defect is not None:
+        metrics[contract.PLANTED_DEFECT] = case.planted_defect
+    return measured(metrics, metrics_dir, lambda into: _run_checks(checkpoint, case, into, model_class))
+
+
+def case_metrics(case) -> dict:
+    """What names a case in its metrics (the family is recorded by the suite's run_case before the launch)."""
+    return {
         "layout": case.layout,
         "dtype": case.dtype,
         "experts_implementation": case.experts_implementation or "default",
     }
-    if case.planted_defect is not None:
-        metrics[contract.PLANTED_DEFECT] = case.planted_defect
+
+
+def measured(metrics: dict, metrics_dir: str | None, compare) -> dict:
+    """`compare(metrics)` adds what it measures; this rank writes the metrics to `metrics_dir` on every exit path,
+    so a failing check's measurements still reach the report."""
     try:
-        _run_checks(checkpoint, case, metrics, model_class)
+        compare(metrics)
     finally:
         if metrics_dir is not None:
-            Path(metrics_dir, f"rank{rank}.json").write_text(json.dumps(metrics))
+            Path(metrics_dir, f"rank{dist.get_rank()}.json").write_text(json.dumps(metrics))
     return metrics
 
 

@@ -53,17 +53,26 @@ BOTH = {"transformers": "5.19.0", "torch": "2.13.0"}
 def test_known_bug_covers_its_cases_only_within_its_transformers_and_torch_releases():
     bug = a_bug(implementations=("batched_mm",))
     case = Case(families.deep_moe()[0], "ep", ("gradients",), experts_implementation="batched_mm")
-    assert bug.covers(case, BOTH)
-    assert bug.covers(case, {"transformers": "5.19.0", "torch": "2.11.0"})
-    assert not bug.covers(case, {**BOTH, "transformers": "5.20.0"})
-    assert not bug.covers(case, {**BOTH, "torch": "2.14.0"})  # a torch nobody ran it on shows its own verdict
-    assert not bug.covers(case, {**BOTH, "torch": "2.10.0"})
-    assert not bug.covers(case, {"transformers": "5.19.0"})  # torch unknown: not covered
+    assert bug.covers(case, BOTH, "cpu")
+    assert bug.covers(case, {"transformers": "5.19.0", "torch": "2.11.0"}, "cpu")
+    assert not bug.covers(case, {**BOTH, "transformers": "5.20.0"}, "cpu")
+    assert not bug.covers(case, {**BOTH, "torch": "2.14.0"}, "cpu")  # a torch nobody ran it on shows its own verdict
+    assert not bug.covers(case, {**BOTH, "torch": "2.10.0"}, "cpu")
+    assert not bug.covers(case, {"transformers": "5.19.0"}, "cpu")  # torch unknown: not covered
     assert not bug.covers(
-        Case(families.deep_moe()[0], "ep", ("load", "logits"), experts_implementation="batched_mm"), BOTH
+        Case(families.deep_moe()[0], "ep", ("load", "logits"), experts_implementation="batched_mm"), BOTH, "cpu"
     )
-    assert not bug.covers(Case(families.deep_moe()[0], "ep", ("gradients",), experts_implementation="eager"), BOTH)
+    eager = Case(families.deep_moe()[0], "ep", ("gradients",), experts_implementation="eager")
+    assert not bug.covers(eager, BOTH, "cpu")
     assert bug.reason.startswith("known upstream bug: transformers >=5.13,<5.20, torch >=2.11,<=2.13.0: a cause")
+
+
+def test_known_bug_of_one_device_type_covers_cases_on_that_device_only():
+    case = Case(families.deep_moe()[0], "ep", ("gradients",), experts_implementation="batched_mm")
+    assert a_bug().covers(case, BOTH, "cpu") and a_bug().covers(case, BOTH, "cuda")  # None: every device
+    on_cuda = a_bug(devices=("cuda",))
+    assert on_cuda.covers(case, BOTH, "cuda")
+    assert not on_cuda.covers(case, BOTH, "cpu")  # the same case on a CPU host runs and shows its own verdict
 
 
 def test_an_entry_names_the_releases_of_both_packages():
@@ -240,6 +249,12 @@ MEASURED_FAILURES = (
         "ValueError",
         "`tp_size=2` was requested, but `OpenAIPrivacyFilterModel` has no `tp_plan`. Pass `tp_plan` in "
         "`DistributedConfig`, add `base_model_tp_plan` to the model's config, or set `tp_size=1`.",
+    ),
+    (  # deepseek_v3 bfloat16 on the H200, every experts implementation, transformers 5.24.0
+        16,
+        "AssertionError",
+        "logits differ from the whole model's: 171 of 16384 values farther than 0.311 from the float64 reference "
+        "(the whole model's own rounding: 0.00838); largest difference 0.71",
     ),
 )
 

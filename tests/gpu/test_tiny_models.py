@@ -272,9 +272,10 @@ def test_the_float64_reference_keeps_float64_where_a_model_casts_to_float32():
     with stay_float64():
         logits = torch.nn.functional.linear(hidden.float(), weight)
         probabilities = torch.softmax(logits, dim=-1, dtype=torch.float32)
-        moved = logits.to(torch.float32)
-        narrow = torch.ones(2, dtype=torch.float32).float()  # a float32 tensor keeps its own dtype
-    assert (logits.dtype, probabilities.dtype, moved.dtype, narrow.dtype) == (
-        torch.float64, torch.float64, torch.float64, torch.float32
-    )
+        moved, typed = logits.to(torch.float32), logits.type(torch.float32)
+        created = torch.ones(2, dtype=torch.float32)
+        # transformers 5.17's rotary embeddings: a float64 buffer times integer positions cast to float32
+        angles = torch.ones(1, 4, 1, dtype=torch.float64) @ torch.arange(3)[None, None, :].float()
+    assert {t.dtype for t in (logits, probabilities, moved, typed, created, angles)} == {torch.float64}
+    assert torch.ones(2).float().dtype == torch.float32  # outside it, casts are casts
     assert torch.equal(logits, hidden @ weight.T)

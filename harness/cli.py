@@ -200,11 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
 def dispatch(args: argparse.Namespace) -> int:
     # Stage modules are imported lazily so `harness matrix` never pays for the others.
     if args.command == "matrix":
-        from harness import matrix
+        from harness.plan import matrix
 
         return matrix.command(args)
     if args.command == "run":
-        from harness import run
+        from harness.run import command as run
 
         if args.pytest_args and args.pytest_args[0] == "--":
             args.pytest_args = args.pytest_args[1:]
@@ -214,27 +214,27 @@ def dispatch(args: argparse.Namespace) -> int:
 
         return host.command(args)
     if args.command == "report":
-        from harness import report
+        from harness.report import render as report
 
         return report.command(args)
     if args.command == "init":
-        from harness import adopt
+        from harness.github import adopt
 
         return adopt.command(args)
     if args.command == "bisect":
-        from harness import bisect_command
+        from harness.bisect import command as bisect_command
 
         return bisect_command.command(args)
     if args.command == "env":
-        from harness import env_cache
+        from harness.envs import cache as env_cache
 
         return env_cache.command(args)
     if args.command == "triage":
-        from harness import triage
+        from harness.results import triage
 
         return triage.command(args)
     if args.command == "gh":
-        from harness import github
+        from harness.github import command as github
 
         return github.command(args)
     raise AssertionError(f"unhandled command {args.command}")

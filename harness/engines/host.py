@@ -21,9 +21,9 @@ import time
 import uuid
 from pathlib import Path
 
+from harness.cell.gpus import NvmlUnavailable, resolve_gpus
+from harness.cell.memory import MemoryMonitor, write_memory_json
 from harness.errors import ConfigError
-from harness.gpus import NvmlUnavailable, resolve_gpus
-from harness.memory import MemoryMonitor, write_memory_json
 from harness.ranks import hosts
 from harness.ranks.lifecycle import CELL_TOKEN_ENV, kill_cell_processes
 

@@ -8,9 +8,9 @@ import json
 import math
 from pathlib import Path
 
+from harness.cell.gpus import GpuIdentity
+from harness.cell.memory import DEFAULT_INTERVAL_S, GpuSamples, MemoryReport
 from harness.contract import HOST_MEMORY_JSON
-from harness.gpus import GpuIdentity
-from harness.memory import DEFAULT_INTERVAL_S, GpuSamples, MemoryReport
 
 MAX_BYTES = 1024 * 1024
 MAX_GPUS_PER_HOST = 64

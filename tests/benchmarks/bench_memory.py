@@ -1,4 +1,4 @@
-"""Check harness.memory on real GPUs: a known allocation must show up in the NVML peak, and the
+"""Check harness.cell.memory on real GPUs: a known allocation must show up in the NVML peak, and the
 monitor's own CPU cost at its sampling interval. Not a pytest file; run it directly:
 
     python tests/benchmarks/bench_memory.py --json results/bench_memory.json [--gib 10] [--hold-s 1]
@@ -24,7 +24,7 @@ os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for `harness`
 
-from harness import memory
+from harness.cell import memory
 
 MIB = 1024 * 1024
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for `harness`
 
-from harness.report import FORMATS, render
+from harness.report.render import FORMATS, render
 from harness.results import (
     CellInfo,
     CellResult,

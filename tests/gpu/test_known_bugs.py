@@ -12,8 +12,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from rank_cases import Case
 
-from harness import triage
 from harness.ranks.protocol import NO_MESSAGE, Died, Failed, RaisingFrame, failure_error
+from harness.results import triage
 
 pytest_plugins = ["pytester"]
 SUITE_CONFTEST = known_bugs.__file__.replace("known_bugs.py", "conftest.py")

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from test_workflows import RULES, load, uses_pinned
 
-from harness.adopt import starter_files
 from harness.cli import main
-from harness.matrix import load_matrix
+from harness.github.adopt import starter_files
+from harness.plan.matrix import load_matrix
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "adopter"
 EXAMPLE_USES = "your-org/harness@0123456789abcdef0123456789abcdef01234567"  # a placeholder: init takes only a full sha

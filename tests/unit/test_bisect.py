@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from harness.bisect import BisectResult, Probe, RunOutcome, Verdict, bisect, verdict_of
-from harness.bisect_command import bisect_releases, parse_side, split_test_ids
+from harness.bisect.command import bisect_releases, parse_side, split_test_ids
+from harness.bisect.search import BisectResult, Probe, RunOutcome, Verdict, bisect, verdict_of
 from harness.errors import ConfigError
 
 RELEASES = ["5.19.0", "5.20.0", "5.20.1", "5.20.2", "5.21.0", "5.21.1", "5.22.0", "5.22.1", "5.22.2", "5.23.0"]
@@ -395,8 +395,8 @@ def test_once_the_ends_have_run_later_probes_run_only_the_tests_the_search_follo
 
 
 def test_the_cell_prober_runs_only_the_narrowed_tests(monkeypatch, tmp_path):
-    from harness import probes
-    from harness.matrix import Cell
+    from harness.bisect import probes
+    from harness.plan.matrix import Cell
 
     ran = []
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from tamper import plant_pth
 
-from harness import env
-from harness.matrix import Cell
+from harness.envs import build as env
+from harness.plan.matrix import Cell
 
 CELL = Cell(gpu="cpu", gpus=2, torch="0.0.1", transformers="0.0.2", matrix="test", labels=(),
             timeout_minutes=5, reruns=0, suite=("tests/gpu",))

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from test_env import CELL
 
-from harness import env
 from harness.cli import main
+from harness.envs import build as env
 
 VERSIONS = {"python": "3.11.7", "torch": "2.13.0+cpu", "transformers": "5.24.0"}
 

@@ -18,8 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import actions_io, cli, github_api, github_comments, report
+from harness import cli
 from harness.errors import GitHubError
+from harness.github import actions_io
+from harness.github import api as github_api
+from harness.github import comments as github_comments
+from harness.report import render as report
 from harness.results import Digest, load_baseline, load_results, nightly_regressions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -1185,9 +1189,9 @@ def test_nightly_needs_results(env, tmp_path, capsys):
 
 def test_gh_imports_only_the_standard_library():
     """ok-to-test.yml runs `python3 -m harness gh ...` from a checkout with nothing installed; the
-    commands that read results import harness.results and harness.report (jinja2) late."""
+    commands that read results import harness.results and harness.report.render (jinja2) late."""
     missing = ("jinja2", "junitparser", "markupsafe", "yaml")
-    code = f"import sys; sys.modules.update(dict.fromkeys({missing!r})); import harness.github"
+    code = f"import sys; sys.modules.update(dict.fromkeys({missing!r})); import harness.github.command"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr

@@ -17,7 +17,7 @@ import pytest
 
 from harness.cli import main
 from harness.contract import COMMENT_LIMIT
-from harness.report import render, render_nightly
+from harness.report.render import render, render_nightly
 from harness.results import (
     DIGEST_TAG,
     CellStatus,
@@ -330,7 +330,7 @@ def test_one_unreadable_cell_folder_is_one_errored_row(tmp_path, monkeypatch):
 
 
 def test_a_comment_cut_past_the_last_rung_closes_its_fence_and_details():
-    from harness import report
+    from harness.report import render as report
 
     body = "<details><summary>s</summary>\n\n````text\n" + "line\n" * 40_000 + "````\n\n</details>\n"
     text = report._fit(
@@ -397,8 +397,8 @@ def test_a_memory_json_listing_thousands_of_gpus_reads_the_first_64(tmp_path):
 
 
 def test_hostile_messages_add_no_markup_to_the_triage_table():
-    from harness.templates import render_template
-    from harness.triage import Red, Triage, with_bisects
+    from harness.report.templates import render_template
+    from harness.results.triage import Red, Triage, with_bisects
 
     red = Red(cell_id=CELL, test_id=f"tests/gpu/test_ep.py::test_bad[{HOSTILE}]", test_name="test_bad",
               message=HOSTILE, triage=Triage.REAL, cause=HOSTILE, good={"transformers": "5.9.0"},

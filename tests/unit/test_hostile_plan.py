@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from harness.triage import Red, Triage, bisect_plan
+from harness.results.triage import Red, Triage, bisect_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 IDS = [

@@ -10,7 +10,7 @@ import pytest
 
 from harness.cli import main
 from harness.errors import ConfigError
-from harness.matrix import Runner, expand, expand_braces, load_matrix, load_runners, select
+from harness.plan.matrix import Runner, expand, expand_braces, load_matrix, load_runners, select
 
 REPO = Path(__file__).resolve().parents[2]
 RUNNERS = {

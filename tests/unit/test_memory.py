@@ -1,4 +1,4 @@
-"""harness.memory against a fake, reference-counted NVML (tests/unit/fake_nvml.py); no GPU needed."""
+"""harness.cell.memory against a fake, reference-counted NVML (tests/unit/fake_nvml.py); no GPU needed."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from fake_nvml import (
     NVMLError,
 )
 
-from harness.memory import (
+from harness.cell.memory import (
     GpuIdentity,
     MemoryMonitor,
     MemoryReport,
@@ -290,7 +290,7 @@ def test_stop_from_atexit_and_explicitly_reports_once(monkeypatch, explicit_firs
 EXITING_CELL = """
 import sys
 from fake_nvml import FakeGpu, FakeNvml
-from harness.memory import GpuIdentity, MemoryMonitor
+from harness.cell.memory import GpuIdentity, MemoryMonitor
 
 fake = FakeNvml([FakeGpu(uuid="GPU-1")])
 def report_at_stop(report):

@@ -13,7 +13,7 @@ import yaml
 from test_github import env, fake, gh, sleeps  # noqa: F401  (fixtures: the local API server)
 from test_triage import GRAD, junit_case, write_cell
 
-from harness.bisect import bisect, write_json
+from harness.bisect.search import bisect, write_json
 from harness.cli import main
 
 NIGHTLY_WORKFLOW = Path(__file__).resolve().parents[2] / ".github" / "workflows" / "nightly.yml"

@@ -9,10 +9,10 @@ import textwrap
 
 import pytest
 
-from harness import versions
 from harness.cli import main
-from harness.matrix import Cell
-from harness.pins import missing_pins
+from harness.plan import versions
+from harness.plan.matrix import Cell
+from harness.plan.pins import missing_pins
 
 TORCH = importlib.metadata.version("torch").split("+")[0]
 TRANSFORMERS = importlib.metadata.version("transformers").split("+")[0]
@@ -71,7 +71,7 @@ def test_run_errors_a_cell_whose_pin_is_missing_at_once_and_runs_the_others(inde
     def no_build(cell, path, log):
         raise AssertionError(f"built {path.name}")
 
-    monkeypatch.setattr("harness.env.build", no_build)
+    monkeypatch.setattr("harness.envs.build.build", no_build)
     path = tmp_path / "two.yaml"
     (tmp_path / "suite").mkdir()
     path.write_text(textwrap.dedent(f"""

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.red_classes import RedClass, classify_reds
+from harness.report.links import run_url
+from harness.report.red_classes import RedClass, classify_reds
 from harness.results import load_results
-from harness.run_links import run_url
 
 SAMPLES = Path(__file__).parent / "golden" / "samples"
 RUN = "https://github.com/o/harness/actions/runs/42"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.matrix import load_matrix, load_runners
+from harness.plan.matrix import load_matrix, load_runners
 from harness.project import shipped_matrices_dir
 
 TORCH = importlib.metadata.version("torch").split("+")[0]
@@ -100,7 +100,7 @@ def test_from_a_subfolder_every_file_of_a_cell_lands_in_the_project_root(adopter
 
 
 def test_install_entries_resolve_from_the_project_root_and_key_the_environment(adopter, monkeypatch):
-    from harness import env
+    from harness.envs import build as env
 
     monkeypatch.chdir(adopter / "deep")
     matrix = adopter / "matrices" / "mine.yaml"
@@ -149,7 +149,7 @@ def test_a_closed_pipe_ends_quietly():
 
 
 def test_dry_run_shows_the_plan_with_refused_cells_summarized(capsys, monkeypatch):
-    from harness import run
+    from harness.run import command as run
 
     monkeypatch.setattr(run, "detect_host", lambda: run.Host(gpus=(), gpu_type=None, driver=None))
     assert main(["run", "--matrix", "nightly", "--dry-run"]) == 0
@@ -160,7 +160,7 @@ def test_dry_run_shows_the_plan_with_refused_cells_summarized(capsys, monkeypatc
 
 
 def test_a_built_environment_imports_this_harness_and_nothing_else_of_its_venv(tmp_path):
-    from harness import run
+    from harness.run import command as run
 
     with run.harness_import_path() as folder:
         entries = {path.name for path in folder.iterdir()}
@@ -184,8 +184,8 @@ def test_a_built_environment_imports_this_harness_and_nothing_else_of_its_venv(t
 
 
 def test_an_interpreter_holds_installs_by_name_and_version(tmp_path):
-    from harness import env
-    from harness.matrix import Cell
+    from harness.envs import build as env
+    from harness.plan.matrix import Cell
 
     def cell(*install: str) -> Cell:
         return Cell(

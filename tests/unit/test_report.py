@@ -1,4 +1,4 @@
-"""harness.report: golden renderings of real pytest output, escaping of everything a test writes,
+"""harness.report.render: golden renderings of real pytest output, escaping of everything a test writes,
 the comment size limit, and the `harness report` command."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import report
 from harness.cli import main
 from harness.contract import COMMENT_LIMIT, COMMENT_MARKER
-from harness.filters import code_span, fence_for, html_text, markdown_text, one_line
-from harness.report import render
-from harness.report_model import build_report
+from harness.report import render as report
+from harness.report.filters import code_span, fence_for, html_text, markdown_text, one_line
+from harness.report.model import build_report
+from harness.report.render import render
 from harness.results import (
     CellInfo,
     CellResult,

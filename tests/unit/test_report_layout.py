@@ -84,7 +84,7 @@ addEventListener("load", () => {
 
 
 def real_cell_html() -> str:
-    from harness.report import render
+    from harness.report.render import render
     from harness.results import load_results
 
     return render(load_results([str(REAL_CELL)]), "html")

@@ -524,7 +524,8 @@ def test_paused_gc_restores_the_collector_even_on_errors(enabled_before):
 
 def test_what_the_memory_monitor_writes_the_reader_reads_back(tmp_path):
     """memory.json has one shape, contract.MemoryGpuRecord: the monitor writes it, the reader reads it."""
-    from harness import contract, memory
+    from harness import contract
+    from harness.cell import memory
 
     gpu = memory.GpuIdentity(index=3, uuid="GPU-1234", name="NVIDIA H200")
     samples = memory.GpuSamples(gpu=gpu, total_mib=143771.0, used_before_mib=512.0, peak_used_mib=40960.5,

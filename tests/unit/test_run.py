@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from test_pins import index  # noqa: F401  (a package index that lists torch 0.0.1: the build itself must fail)
 
-import harness.run
+import harness.run.command
 from harness.cli import main
 
 TORCH = importlib.metadata.version("torch").split("+")[0]
@@ -132,10 +132,10 @@ def test_git_dirty_says_whether_tracked_files_differ_from_head(tmp_path, monkeyp
     subprocess.run([*git, "add", "tracked.txt"], check=True)
     subprocess.run([*git, "commit", "-q", "-m", "one"], check=True)
     (repo / "untracked.txt").write_text("results and caches are not changes")
-    assert harness.run.git_dirty(repo) is False
+    assert harness.run.command.git_dirty(repo) is False
     (repo / "tracked.txt").write_text("two")
-    assert harness.run.git_dirty(repo) is True
-    assert harness.run.git_dirty(repo.parent) is None and harness.run.git_sha(repo.parent) is None
+    assert harness.run.command.git_dirty(repo) is True
+    assert harness.run.command.git_dirty(repo.parent) is None and harness.run.command.git_sha(repo.parent) is None
 
 
 def test_git_sha_is_the_commit_checked_out_and_the_trigger_sha_is_recorded_apart(tmp_path, monkeypatch):
@@ -147,10 +147,12 @@ def test_git_sha_is_the_commit_checked_out_and_the_trigger_sha_is_recorded_apart
     subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "the pull request's head"], check=True)
     head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
     monkeypatch.setenv("GITHUB_SHA", "0" * 40)  # the default branch's head
-    assert harness.run.git_sha(repo) == head
-    cell = harness.run.load_matrix(write_matrix(tmp_path, "passing")).cells[0]
-    host = harness.run.Host(gpus=(), gpu_type=None, driver=None)
-    record = harness.run.start_record(cell, host, [], 0.0, project=repo, reproduce="harness run", pytest_args=[])
+    assert harness.run.command.git_sha(repo) == head
+    cell = harness.run.command.load_matrix(write_matrix(tmp_path, "passing")).cells[0]
+    host = harness.run.command.Host(gpus=(), gpu_type=None, driver=None)
+    record = harness.run.command.start_record(
+        cell, host, [], 0.0, project=repo, reproduce="harness run", pytest_args=[]
+    )
     assert (record["git_sha"], record["trigger_sha"], record["git_dirty"]) == (head, "0" * 40, False)
 
 
@@ -163,7 +165,7 @@ def test_failing_cell_is_failed_and_exits_1(tmp_path):
 def test_a_one_rank_cell_that_ran_nothing_distributed_is_not_run_and_not_green(tmp_path, capsys):
     """HARNESS_CPU_RANKS=1 (a cpu cell of 1 rank): the ranks fixture skips both world sizes, the rest passes."""
     matrix = write_matrix(tmp_path, "distributed", ranks=1)
-    assert run(tmp_path, matrix, "--", "--no-ranks-pool") == harness.run.EXIT_NOT_RUN
+    assert run(tmp_path, matrix, "--", "--no-ranks-pool") == harness.run.command.EXIT_NOT_RUN
     folder = cell_folder(tmp_path / "results", ranks=1)
     env = read_env(folder)
     assert (env["status"], env["exit_code"], env["error"]) == ("not_run", 0, None)
@@ -179,13 +181,13 @@ def test_a_one_rank_cell_that_ran_nothing_distributed_is_not_run_and_not_green(t
 
 @pytest.mark.parametrize(("statuses", "code"), [
     (["passed", "passed"], 0),
-    (["passed", "not_run"], harness.run.EXIT_NOT_RUN),
-    (["not_run", "not_run"], harness.run.EXIT_NOT_RUN),  # a matrix of cells that ran nothing is not green
+    (["passed", "not_run"], harness.run.command.EXIT_NOT_RUN),
+    (["not_run", "not_run"], harness.run.command.EXIT_NOT_RUN),  # a matrix of cells that ran nothing is not green
     (["not_run", "failed"], 1),
     (["errored", "not_run"], 1),
 ])
 def test_exit_status_is_1_for_red_and_its_own_code_for_not_run(statuses, code):
-    assert harness.run.exit_status(statuses) == code
+    assert harness.run.command.exit_status(statuses) == code
 
 
 JUNIT_CASE = ('<?xml version="1.0"?><testsuites><testsuite name="pytest"><testcase classname="t" name="test_{0}">'
@@ -201,9 +203,9 @@ JUNIT_CASE = ('<?xml version="1.0"?><testsuites><testsuite name="pytest"><testca
 def test_classify_reads_not_run_from_the_typed_properties(tmp_path, prop, result, status):
     junit = tmp_path / "junit.xml"
     junit.write_text(JUNIT_CASE.format("case", prop, result))
-    cell = harness.run.load_matrix(write_matrix(tmp_path, "passing")).cells[0]
-    assert harness.run.classify(cell, 0, False, junit) == (status, None, None)
-    assert harness.run.classify(cell, 1, False, junit)[0] == "failed"  # pytest's red stays red
+    cell = harness.run.command.load_matrix(write_matrix(tmp_path, "passing")).cells[0]
+    assert harness.run.command.classify(cell, 0, False, junit) == (status, None, None)
+    assert harness.run.command.classify(cell, 1, False, junit)[0] == "failed"  # pytest's red stays red
 
 
 def test_a_run_with_pytest_args_records_them_and_its_reproduce_line_has_one_separator(tmp_path):
@@ -239,7 +241,7 @@ def test_no_tests_is_errored_not_green(tmp_path):
 def test_hang_past_the_cell_timeout_is_killed_with_its_children(tmp_path, monkeypatch):
     pid_file = tmp_path / "child.pid"
     monkeypatch.setenv("CHILD_PID_FILE", str(pid_file))
-    monkeypatch.setattr("harness.run.INTERRUPT_GRACE_SECONDS", 3)
+    monkeypatch.setattr("harness.run.command.INTERRUPT_GRACE_SECONDS", 3)
     assert run(tmp_path, write_matrix(tmp_path, "hanging", timeout_minutes=0.1)) == 1
     env = read_env(cell_folder(tmp_path / "results"))
     assert env["status"] == "errored" and env["error"].startswith("timed out after 0.1 min")
@@ -287,8 +289,8 @@ def test_stale_files_of_an_earlier_run_are_cleared(tmp_path):
 
 
 def test_gpu_cell_on_a_cpu_machine_is_refused_with_exit_3(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("harness.run.detect_host",
-                        lambda: __import__("harness.run").run.Host(gpus=(), gpu_type=None, driver=None))
+    monkeypatch.setattr("harness.run.command.detect_host",
+                        lambda: __import__("harness.run.command").run.Host(gpus=(), gpu_type=None, driver=None))
     assert run(tmp_path, "h200-2gpu") == 3
     err = capsys.readouterr().err
     assert "cannot host 2 of 2 cells" in err and "needs 2 h200 GPUs, this machine has none" in err
@@ -332,7 +334,7 @@ def test_output_streams_in_chunks_before_the_line_ends(tmp_path):
 
     log_path = tmp_path / "pytest.log"
     with open(read_end, "rb") as source, log_path.open("wb") as log_file:
-        reader = threading.Thread(target=harness.run.stream_output, args=(source, log_file, echo))
+        reader = threading.Thread(target=harness.run.command.stream_output, args=(source, log_file, echo))
         reader.start()
         os.write(write_end, b"tests/gpu/test_x.py ..")
         assert arrived.wait(30), "a chunk without a newline did not come through while the writer was alive"
@@ -351,5 +353,5 @@ def test_a_closed_terminal_does_not_stop_the_log(tmp_path):
     os.write(write_end, b"one\n")
     os.close(write_end)
     with open(read_end, "rb") as source, (tmp_path / "pytest.log").open("wb") as log_file:
-        harness.run.stream_output(source, log_file, gone)
+        harness.run.command.stream_output(source, log_file, gone)
     assert (tmp_path / "pytest.log").read_bytes() == b"one\n"

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.report import render
+from harness.report.render import render
+from harness.report.terminal import COLUMNS, paint, wants_color, wrap
 from harness.results import load_results
-from harness.terminal import COLUMNS, paint, wants_color, wrap
 
 RUN = Path(__file__).parent / "golden" / "samples" / "run"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -9,10 +9,10 @@ from xml.sax.saxutils import quoteattr
 
 import pytest
 
-from harness import contract, triage
+from harness import contract
 from harness.cli import main
-from harness.results import Outcome, TestResult, load_results
-from harness.triage import Triage, classify_text
+from harness.results import Outcome, TestResult, load_results, triage
+from harness.results.triage import Triage, classify_text
 
 # (text a red carries, class, pattern). Texts are what torch, NCCL, gloo, pip, uv, the rank launcher,
 # run.py and the Actions runner print.

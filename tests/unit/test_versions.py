@@ -8,10 +8,10 @@ import textwrap
 
 import pytest
 
-from harness import versions
 from harness.cli import main
 from harness.errors import ConfigError
-from harness.matrix import Runner, expand
+from harness.plan import versions
+from harness.plan.matrix import Runner, expand
 
 TRANSFORMERS = ["5.9.0", "5.19.0", "5.20.0", "5.20.1", "5.21.0rc1", "5.21.0", "5.23.0", "5.24.0.dev0"]
 TORCH = ["2.11.0", "2.13.0"]

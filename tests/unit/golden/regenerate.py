@@ -391,7 +391,7 @@ def memory_record(sample: Sample) -> dict:
 
 
 def render_case(results: str, baseline: str | None, fmt: str) -> str:
-    from harness.report import render
+    from harness.report.render import render
     from harness.results import load_baseline, load_results
 
     loaded_baseline = load_baseline(SAMPLES / baseline) if baseline else None
@@ -429,7 +429,7 @@ def model_document(results: str) -> str:
 
 
 def digest_document(results: str) -> str:
-    from harness.report import DIGEST_MAX_CHARS
+    from harness.report.render import DIGEST_MAX_CHARS
     from harness.results import decode_digest, digest, encode_digest, load_results
 
     summary = digest(load_results([SAMPLES / results]))

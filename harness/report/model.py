@@ -2,7 +2,7 @@
 
 Pure functions over the results model: `build_report` groups failures across cells and collects skip
 reasons, flaky tests, metrics (worst first), known upstream bugs, coverage, reproduce commands and the
-baseline diff. `harness.report` turns a `Report` into text through reports/; `harness.plots` lays out
+baseline diff. `harness.report.render` turns a `Report` into text through reports/; `harness.report.plots` lays out
 its plots. Both import this module and neither imports the other.
 """
 
@@ -14,7 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from harness.contract import KNOWN_BUG_PREFIX
-from harness.red_classes import RedClass, RedKey, classify_reds
+from harness.report.links import RunLinks
+from harness.report.red_classes import RedClass, RedKey, classify_reds
 from harness.results import (
     CellResult,
     CellStatus,
@@ -31,7 +32,6 @@ from harness.results import (
     finite,
     natural_key,
 )
-from harness.run_links import RunLinks
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

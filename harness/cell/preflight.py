@@ -22,12 +22,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from harness.contract import CONTRACT_FILES, ENV_JSON
-from harness.env import EnvironmentBuildError, plan_environment
+from harness.envs.build import EnvironmentBuildError, plan_environment
 from harness.errors import ConfigError
-from harness.matrix import Cell
-from harness.pins import missing_pins
+from harness.plan.matrix import Cell
+from harness.plan.pins import missing_pins
+from harness.plan.versions import VersionLookupError
 from harness.project import ProjectRoot, resolve
-from harness.versions import VersionLookupError
 
 
 def warn(message: str) -> None:

@@ -10,9 +10,9 @@ import re
 import urllib.parse
 from dataclasses import dataclass
 
-from harness.actions_io import dig, read_json
 from harness.errors import ConfigError, GitHubError, NotAuthorizedError
-from harness.github_api import ApiError, GitHub
+from harness.github.actions_io import dig, read_json
+from harness.github.api import ApiError, GitHub
 
 TRUSTED_PERMISSIONS = frozenset({"admin", "maintain", "write"})
 OK_TO_TEST = re.compile(r"/ok to test +([0-9a-f]{7,40})", re.IGNORECASE)  # 7-11: refused, saying why

@@ -14,12 +14,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from harness import run
-from harness.bisect import Probe, RunOutcome, verdict_of
+from harness.bisect.search import Probe, RunOutcome, verdict_of
 from harness.contract import ERROR_ENVIRONMENT
-from harness.env import Environment, ensure_environment, plan_environment
-from harness.matrix import Cell
+from harness.envs.build import Environment, ensure_environment, plan_environment
+from harness.plan.matrix import Cell
 from harness.results import CellResult, CellStatus, Outcome, load_results
+from harness.run import command as run
 
 # Environment messages worth showing while a probe runs; everything else stays in the probe's folder.
 SHOWN = ("building environment", "waiting for another")

@@ -307,9 +307,9 @@ def load_bisects(folder: str | Path | None) -> dict[str, dict]:
 
 
 def command(args) -> int:
-    from harness.matrix import load_runners
+    from harness.plan.matrix import load_runners
     from harness.results import load_results
-    from harness.templates import render_template
+    from harness.report.templates import render_template
 
     tonight = load_results([args.results])
     baseline = load_results([args.baseline]) if args.baseline and Path(args.baseline).is_dir() else None

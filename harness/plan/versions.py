@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from packaging.version import InvalidVersion, Version
 
 from harness.errors import ConfigError
-from harness.index import FLOATING, INDEX_VARIABLES, index_arguments
+from harness.plan.index import FLOATING, INDEX_VARIABLES, index_arguments
 
 # pip prints the releases it found newest first on this line.
 AVAILABLE = re.compile(r"^Available versions:\s*(.*)$", re.M)

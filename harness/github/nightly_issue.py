@@ -9,10 +9,10 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from harness.actions_io import read_text, write_outputs
 from harness.errors import ConfigError
-from harness.github_api import GitHub
-from harness.github_comments import fit_body, upsert_comment
+from harness.github.actions_io import read_text, write_outputs
+from harness.github.api import GitHub
+from harness.github.comments import fit_body, upsert_comment
 
 NIGHTLY_MARKER = "<!-- harness-nightly -->"
 
@@ -78,7 +78,7 @@ def triage_regressions(path: str | Path) -> tuple:
 
 
 def nightly_issue_command(gh: GitHub, args: Any) -> int:
-    from harness.report import read_baseline, render_nightly
+    from harness.report.render import read_baseline, render_nightly
     from harness.results import CellStatus, Digest, load_results, nightly_regressions
 
     current = load_results([args.results])

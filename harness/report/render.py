@@ -1,9 +1,9 @@
 """Render a `ResultSet` as a PR comment, a job summary, a terminal table or one HTML file.
 
-`harness.report_model.build_report` gathers what every rendering shows; the templates in reports/ turn
+`harness.report.model.build_report` gathers what every rendering shows; the templates in reports/ turn
 it into text, fitted to each target's size limit. Everything a test wrote passes through one of the
-escaping filters of `harness.filters` before it reaches Markdown, HTML or a terminal, the nightly
-issue included (`render_nightly`); `harness.plots` lays out the HTML report's plots.
+escaping filters of `harness.report.filters` before it reaches Markdown, HTML or a terminal, the nightly
+issue included (`render_nightly`); `harness.report.plots` lays out the HTML report's plots.
 """
 
 from __future__ import annotations
@@ -18,13 +18,16 @@ from pathlib import Path
 from harness import contract
 from harness.contract import COMMENT_LIMIT, COMMENT_MARKER
 from harness.errors import ConfigError
-from harness.filters import (
+from harness.report.filters import (
     compact_memory,
     duration,
     one_line,
 )
-from harness.plots import html_plots
-from harness.report_model import Report, build_report
+from harness.report.links import RunLinks, links_from
+from harness.report.model import Report, build_report
+from harness.report.plots import html_plots
+from harness.report.templates import environment as _environment
+from harness.report.terminal import COLUMNS, wants_color
 from harness.results import (
     DIGEST_TAG,
     BaselineUnreadable,
@@ -38,9 +41,6 @@ from harness.results import (
     load_results,
     paused_gc,
 )
-from harness.run_links import RunLinks, links_from
-from harness.templates import environment as _environment
-from harness.terminal import COLUMNS, wants_color
 
 FORMATS = ("pr-comment", "summary", "terminal", "html")
 SUMMARY_LIMIT_BYTES = 1_000_000  # GitHub's step summary takes 1 MiB

@@ -1,5 +1,5 @@
 """The one jinja2 environment every rendering uses: the package's reports/ templates, StrictUndefined, autoescape
-for HTML and SVG, and the filters that escape what came from results (harness/filters.py)."""
+for HTML and SVG, and the filters that escape what came from results (harness/report/filters.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from functools import cache
 
 import jinja2
 
-from harness.filters import (
+from harness.project import shipped_reports_dir
+from harness.report.filters import (
     breakable,
     clean_block,
     code_span,
@@ -27,8 +28,7 @@ from harness.filters import (
     short_sha,
     significant,
 )
-from harness.project import shipped_reports_dir
-from harness.terminal import paint, wrap
+from harness.report.terminal import paint, wrap
 
 
 def render_template(template: str, **values: object) -> str:

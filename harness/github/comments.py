@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from harness import github_api
 from harness.contract import COMMENT_LIMIT as BODY_LIMIT  # characters GitHub accepts in an issue or comment body
-from harness.github_api import ApiError, GitHub
+from harness.github import api as github_api
+from harness.github.api import ApiError, GitHub
 
 
 def fit_body(body: str, limit: int = BODY_LIMIT) -> str:

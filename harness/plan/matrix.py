@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from harness.errors import ConfigError
-from harness.index import FLOATING
+from harness.plan.index import FLOATING
 from harness.project import ProjectRoot, find_project_root, project_root, shipped_matrices_dir
 
 AXES = ("gpu", "gpus", "torch", "transformers")
@@ -298,7 +298,7 @@ def load_matrix(name_or_path: str, runners: Mapping[str, Runner] | None = None,
     runners = runners if runners is not None else load_runners(root, beside=path.parent)
     name = path.stem
     if resolve is None:
-        from harness.versions import resolve_floating as resolve
+        from harness.plan.versions import resolve_floating as resolve
     cells = [dataclasses.replace(cell, install=tuple(resolve_install(entry, root) for entry in cell.install))
              for cell in expand(spec, runners, name=name, source=str(path), resolve=resolve)]
     reference = name_or_path
@@ -434,11 +434,11 @@ def command(args) -> int:
     if not cells:
         raise ConfigError(f"{matrix.path}: no cell matches --cell {' '.join(args.cell)}")
     if args.pull_request:
-        from harness.isolation import refuse_persistent_runners
+        from harness.plan.isolation import refuse_persistent_runners
 
         refuse_persistent_runners(cells, load_runners(matrix.root, beside=matrix.path.parent), str(matrix.path))
     if args.check:
-        from harness.pins import check_pins  # asks the package index: only when told to
+        from harness.plan.pins import check_pins  # asks the package index: only when told to
 
         check_pins(cells, str(matrix.path))
     print(format_cells(cells, args.format))

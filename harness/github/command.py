@@ -11,13 +11,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-from harness import nightly_issue, run_links_api
-from harness.actions_io import read_text, write_outputs
-from harness.approval import CommentEvent, authorize
 from harness.contract import COMMENT_MARKER
 from harness.errors import ConfigError, NotAuthorizedError
-from harness.github_api import GitHub
-from harness.github_comments import find_comment, upsert_comment
+from harness.github import links as run_links_api
+from harness.github import nightly_issue
+from harness.github.actions_io import read_text, write_outputs
+from harness.github.api import GitHub
+from harness.github.approval import CommentEvent, authorize
+from harness.github.comments import find_comment, upsert_comment
 
 DEFAULT_AUTHOR = "github-actions[bot]"  # who GITHUB_TOKEN posts as
 REACTIONS = frozenset({"+1", "-1", "laugh", "confused", "heart", "hooray", "rocket", "eyes"})

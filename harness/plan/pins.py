@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 from packaging.version import InvalidVersion, Version
 
 from harness.errors import ConfigError
-from harness.versions import available_versions
+from harness.plan.versions import available_versions
 
 if TYPE_CHECKING:  # a cell is only read here; matrix imports this module for `matrix --check`
-    from harness.matrix import Cell
+    from harness.plan.matrix import Cell
 
 PACKAGES = ("torch", "transformers")
 

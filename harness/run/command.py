@@ -27,7 +27,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import harness
-from harness import __version__, contract, env_cache, memory, preflight
+from harness import __version__, contract
+from harness.cell import memory, preflight
 from harness.contract import (
     ENV_JSON,
     JUNIT_XML,
@@ -38,9 +39,10 @@ from harness.contract import (
     EnvRecord,
 )
 from harness.engines import hostmemory
-from harness.env import EnvironmentBuildError, ensure_environment, env_root, plan_environment, probe_versions
+from harness.envs import cache as env_cache
+from harness.envs.build import EnvironmentBuildError, ensure_environment, env_root, plan_environment, probe_versions
 from harness.errors import ConfigError, HostMismatchError
-from harness.matrix import DEFAULT_MATRIX, Cell, Matrix, load_matrix, load_runners, select
+from harness.plan.matrix import DEFAULT_MATRIX, Cell, Matrix, load_matrix, load_runners, select
 from harness.project import find_project_root, git, resolve, shipped_matrices_dir
 from harness.ranks import lifecycle
 from harness.ranks.lifecycle import CELL_TOKEN_ENV, kill_cell_processes
@@ -448,9 +450,9 @@ def print_plan(matrix: Matrix, cells: list[Cell], host: Host, results_root: Path
 
 
 def print_table(folders: list[Path]) -> None:
-    from harness.report import render
+    from harness.report.render import render
+    from harness.report.terminal import wants_color
     from harness.results import load_results
-    from harness.terminal import wants_color
 
     print(render(load_results([str(folder) for folder in folders]), "terminal", color=wants_color(sys.stdout)))
 

@@ -1,5 +1,5 @@
 """GPU memory of a cell through NVML: whether its GPUs are free, and their peak use (which GPUs a cell got
- is harness.gpus).
+ is harness.cell.gpus).
 
 One `MemoryMonitor` per cell (not per rank) samples the device-wide used memory of the cell's GPUs in
 a background thread and writes `memory.json`. Every entry point takes and releases its own NVML
@@ -21,10 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# GPU selection lives in harness.gpus; these names stay importable from here for existing callers.
-from harness.contract import SCHEMA as CONTRACT_SCHEMA
-from harness.contract import MemoryGpuRecord, MemoryRecord
-from harness.gpus import (  # noqa: F401
+from harness.cell.gpus import (  # noqa: F401
     GpuIdentity,
     MigDevice,
     NvmlUnavailable,
@@ -35,6 +32,10 @@ from harness.gpus import (  # noqa: F401
     resolve_gpus,
     select_visible,
 )
+
+# GPU selection lives in harness.cell.gpus; these names stay importable from here for existing callers.
+from harness.contract import SCHEMA as CONTRACT_SCHEMA
+from harness.contract import MemoryGpuRecord, MemoryRecord
 
 SCHEMA = CONTRACT_SCHEMA  # memory.json speaks the results contract's schema
 DEFAULT_INTERVAL_S = 0.05

@@ -1,5 +1,5 @@
 """Each red of a pull request's run, classified against the baseline (main's last nightly), with the
-same rules as nightly triage: `harness.triage.triage` says which reds are new and classifies those;
+same rules as nightly triage: `harness.results.triage.triage` says which reds are new and classifies those;
 a red it leaves out was already red on the baseline. Nothing here is a rule of its own."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import enum
 from collections.abc import Mapping
 
 from harness.results import CellStatus, Outcome, ResultSet
-from harness.triage import Triage, triage
+from harness.results.triage import Triage, triage
 
 
 class RedClass(str, enum.Enum):

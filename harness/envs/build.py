@@ -6,7 +6,7 @@ built once under the cache folder and reused while its marker matches. uv is the
 fast path, pip the fallback. Where packages come from is configuration:
 
   HARNESS_INSTALLER        uv | pip (default: uv when it is on PATH)
-  HARNESS_INDEX_URL, HARNESS_EXTRA_INDEX_URL, HARNESS_FIND_LINKS, HARNESS_INSTALLER_ARGS: see harness.index
+  HARNESS_INDEX_URL, HARNESS_EXTRA_INDEX_URL, HARNESS_FIND_LINKS, HARNESS_INSTALLER_ARGS: see harness.plan.index
   HARNESS_ENV_DIR          the cache folder (default ~/.cache/harness/envs)
 
 Trust: a cached environment is used only while every file in it is the file its build wrote. The build
@@ -31,8 +31,8 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from harness.index import index_arguments
-from harness.matrix import Cell
+from harness.plan.index import index_arguments
+from harness.plan.matrix import Cell
 
 # Besides the pinned torch and transformers, what the suite imports in its own environment.
 SUITE_PACKAGES = ("accelerate>=1.10", "pytest>=8", "pytest-rerunfailures>=14", "pytest-timeout>=2.3")

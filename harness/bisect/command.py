@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from harness.bisect import PACKAGES, BisectResult, Probe, SameVerdictError, Verdict, bisect, timed, write_json
+from harness.bisect.search import PACKAGES, BisectResult, Probe, SameVerdictError, Verdict, bisect, timed, write_json
 from harness.errors import ConfigError
 
 
@@ -61,9 +61,9 @@ def choose_cell(cells: Sequence, source: str, patterns: list[str] | None):
 
 
 def command(args) -> int:
-    from harness import run
-    from harness.matrix import load_matrix, select
-    from harness.probes import CellProber
+    from harness.bisect.probes import CellProber
+    from harness.plan.matrix import load_matrix, select
+    from harness.run import command as run
 
     if args.pytest_args and args.pytest_args[0] == "--":
         args.pytest_args = args.pytest_args[1:]
@@ -102,14 +102,14 @@ def command(args) -> int:
 
 
 def _bisect(args, cell, prober, good, bad) -> int:
-    from harness import versions
+    from harness.plan import versions
 
     clock = timed()
     shape = f"{cell.gpu}-{cell.gpus}{'rank' if cell.is_cpu else 'gpu'}"
     extra = {"cell": cell.id, "pytest_args": list(args.pytest_args)}
     try:
         if args.repo:
-            from harness.commits import bisect_commits
+            from harness.bisect.commits import bisect_commits
 
             result = bisect_commits(cell, prober, args.package, args.repo, args.good, args.bad, shape=shape)
         else:

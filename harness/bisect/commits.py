@@ -17,10 +17,10 @@ import tarfile
 from collections.abc import Callable
 from pathlib import Path
 
-from harness import env
-from harness.bisect import BisectResult, Probe, bisect
+from harness.bisect.search import BisectResult, Probe, bisect
+from harness.envs import build as env
 from harness.errors import ConfigError
-from harness.matrix import Cell
+from harness.plan.matrix import Cell
 
 MARKER = "harness-commit-env.json"
 

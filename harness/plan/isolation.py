@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from harness.errors import ConfigError
 
 if TYPE_CHECKING:  # matrix calls this module: importing it here would close a circle
-    from harness.matrix import Cell, Runner
+    from harness.plan.matrix import Cell, Runner
 
 
 def refuse_persistent_runners(cells: Iterable[Cell], runners: Mapping[str, Runner], source: str) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import ConfigError
-from harness.github_api import GitHub
+from harness.github.api import GitHub
 
 
 def run_links_command(gh: GitHub, args: Any) -> int:

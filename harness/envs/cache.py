@@ -1,6 +1,6 @@
 """`harness env list|clean`: what the environment cache holds and what may go.
 
-Reads the cache layout `harness.env` writes: one folder per environment under the cache root, named
+Reads the cache layout `harness.envs.build` writes: one folder per environment under the cache root, named
 by its key (`py3.11-torch2.13.0-tf5.24.0[-<install hash>]`), holding `harness-env.json` (what was
 asked and what it holds) once its build finished, and `<key>.lock` beside it while a build runs. A
 folder without a readable marker is a failed or half-done build. Last use is the marker's mtime,
@@ -22,9 +22,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.env import MARKER, env_key, env_root, holds_installs, probe_versions, satisfies
+from harness.envs.build import MARKER, env_key, env_root, holds_installs, probe_versions, satisfies
 from harness.errors import ConfigError
-from harness.matrix import Cell
+from harness.plan.matrix import Cell
 
 DAY_S = 86_400
 

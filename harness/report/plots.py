@@ -8,11 +8,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from harness.filters import gib, one_line, scientific
+from harness.report.filters import gib, one_line, scientific
 from harness.results import CellResult, finite
 
 if TYPE_CHECKING:
-    from harness.report_model import CaseMetrics, Report
+    from harness.report.model import CaseMetrics, Report
 
 
 # ---------------------------------------------------------------------------------------------

@@ -200,9 +200,9 @@ def build_parser() -> argparse.ArgumentParser:
 def dispatch(args: argparse.Namespace) -> int:
     # Stage modules are imported lazily so `harness matrix` never pays for the others.
     if args.command == "matrix":
-        from harness.plan import matrix
+        from harness.plan import command as matrix_command
 
-        return matrix.command(args)
+        return matrix_command.command(args)
     if args.command == "run":
         from harness.run import command as run
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from harness.bisect.search import BisectResult, Probe, bisect
 from harness.envs import build as env
 from harness.errors import ConfigError
-from harness.plan.matrix import Cell
+from harness.plan.cells import Cell
 
 MARKER = "harness-commit-env.json"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from harness.bisect.search import Probe, RunOutcome, verdict_of
 from harness.contract import ERROR_ENVIRONMENT
 from harness.envs.build import Environment, ensure_environment, plan_environment
-from harness.plan.matrix import Cell
+from harness.plan.cells import Cell
 from harness.results import CellResult, CellStatus, Outcome, load_results
 from harness.run import command as run
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from harness.contract import CONTRACT_FILES, ENV_JSON
 from harness.envs.build import EnvironmentBuildError, plan_environment
 from harness.errors import ConfigError
-from harness.plan.matrix import Cell
+from harness.plan.cells import Cell
 from harness.plan.pins import missing_pins
 from harness.plan.versions import VersionLookupError
 from harness.project import ProjectRoot, resolve

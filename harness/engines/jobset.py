@@ -26,7 +26,7 @@ import yaml
 
 from harness.contract import HOST_LOG, HOST_LOST_JSON, HOST_MEMORY_JSON, JOB_MANIFEST, JUNIT_XML, PYTEST_LOG
 from harness.errors import ConfigError
-from harness.plan.matrix import Cell
+from harness.plan.cells import Cell
 from harness.ranks.hosts import KEY_ENV
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"

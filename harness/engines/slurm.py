@@ -31,7 +31,7 @@ from pathlib import Path
 
 from harness.contract import HOST_LOG, HOST_LOST_JSON, HOST_MEMORY_JSON, JOB_SCRIPT, PYTEST_LOG
 from harness.errors import ConfigError
-from harness.plan.matrix import Cell
+from harness.plan.cells import Cell
 from harness.ranks.hosts import KEY_ENV, port_outside_ephemeral_range
 
 POLL_S = 0.5

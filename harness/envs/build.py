@@ -31,8 +31,8 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from harness.plan.cells import Cell
 from harness.plan.index import index_arguments
-from harness.plan.matrix import Cell
 
 # Besides the pinned torch and transformers, what the suite imports in its own environment.
 SUITE_PACKAGES = ("accelerate>=1.10", "pytest>=8", "pytest-rerunfailures>=14", "pytest-timeout>=2.3")

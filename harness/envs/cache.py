@@ -24,7 +24,7 @@ from pathlib import Path
 
 from harness.envs.build import MARKER, env_key, env_root, holds_installs, probe_versions, satisfies
 from harness.errors import ConfigError
-from harness.plan.matrix import Cell
+from harness.plan.cells import Cell
 
 DAY_S = 86_400
 

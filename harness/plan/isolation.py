@@ -11,12 +11,9 @@ runners.yaml declares `ephemeral: true` (a fresh machine or container for every 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
 
 from harness.errors import ConfigError
-
-if TYPE_CHECKING:  # matrix calls this module: importing it here would close a circle
-    from harness.plan.matrix import Cell, Runner
+from harness.plan.cells import Cell, Runner
 
 
 def refuse_persistent_runners(cells: Iterable[Cell], runners: Mapping[str, Runner], source: str) -> None:

@@ -5,15 +5,12 @@ and `harness run` for each cell it would build), not after half a minute of a fa
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
 
 from packaging.version import InvalidVersion, Version
 
 from harness.errors import ConfigError
+from harness.plan.cells import Cell
 from harness.plan.versions import available_versions
-
-if TYPE_CHECKING:  # a cell is only read here; matrix imports this module for `matrix --check`
-    from harness.plan.matrix import Cell
 
 PACKAGES = ("torch", "transformers")
 

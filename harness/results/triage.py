@@ -307,7 +307,7 @@ def load_bisects(folder: str | Path | None) -> dict[str, dict]:
 
 
 def command(args) -> int:
-    from harness.plan.matrix import load_runners
+    from harness.plan.runners import load_runners
     from harness.results import load_results
     from harness.report.templates import render_template
 

@@ -42,7 +42,9 @@ from harness.engines import hostmemory
 from harness.envs import cache as env_cache
 from harness.envs.build import EnvironmentBuildError, ensure_environment, env_root, plan_environment, probe_versions
 from harness.errors import ConfigError, HostMismatchError
-from harness.plan.matrix import DEFAULT_MATRIX, Cell, Matrix, load_matrix, load_runners, select
+from harness.plan.cells import Cell, Matrix
+from harness.plan.matrix import DEFAULT_MATRIX, load_matrix, select
+from harness.plan.runners import load_runners
 from harness.project import find_project_root, git, resolve, shipped_matrices_dir
 from harness.ranks import lifecycle
 from harness.ranks.lifecycle import CELL_TOKEN_ENV, kill_cell_processes

@@ -396,7 +396,7 @@ def test_once_the_ends_have_run_later_probes_run_only_the_tests_the_search_follo
 
 def test_the_cell_prober_runs_only_the_narrowed_tests(monkeypatch, tmp_path):
     from harness.bisect import probes
-    from harness.plan.matrix import Cell
+    from harness.plan.cells import Cell
 
     ran = []
 

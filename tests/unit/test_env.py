@@ -12,7 +12,7 @@ import pytest
 from tamper import plant_pth
 
 from harness.envs import build as env
-from harness.plan.matrix import Cell
+from harness.plan.cells import Cell
 
 CELL = Cell(gpu="cpu", gpus=2, torch="0.0.1", transformers="0.0.2", matrix="test", labels=(),
             timeout_minutes=5, reruns=0, suite=("tests/gpu",))

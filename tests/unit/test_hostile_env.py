@@ -15,7 +15,7 @@ from tamper import plant_pth
 from harness.bisect import commits
 from harness.cli import main
 from harness.envs import build as env
-from harness.plan.matrix import Cell
+from harness.plan.cells import Cell
 
 CELL = Cell(gpu="cpu", gpus=2, torch="0.0.1", transformers="0.0.2", matrix="test", labels=(),
             timeout_minutes=5, reruns=0, suite=("tests/gpu",))

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from harness.cli import main
-from harness.plan.matrix import MAX_CELLS, MAX_PRODUCT, MAX_YAML_BYTES
+from harness.plan.files import MAX_YAML_BYTES
+from harness.plan.matrix import MAX_CELLS, MAX_PRODUCT
 
 AXES = "axes: {{gpu: [ada], gpus: [1], torch: [{torch}], transformers: [{transformers}]}}\n"
 

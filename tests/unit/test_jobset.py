@@ -19,7 +19,8 @@ import yaml
 
 from harness.engines import jobset
 from harness.errors import ConfigError
-from harness.plan.matrix import expand, read_runners
+from harness.plan.matrix import expand
+from harness.plan.runners import read_runners
 
 SCHEMA = Path(__file__).parent / "data" / "jobset-v0.12.0-strict.schema.json"
 RUNNERS = {"gb200": {"labels": ["gpu-gb200"], "gpus": 4, "engine": "jobset", "hosts": 18,

@@ -10,7 +10,9 @@ import pytest
 
 from harness.cli import main
 from harness.errors import ConfigError
-from harness.plan.matrix import Runner, expand, expand_braces, load_matrix, load_runners, select
+from harness.plan.cells import Runner
+from harness.plan.matrix import expand, expand_braces, load_matrix, select
+from harness.plan.runners import load_runners
 
 REPO = Path(__file__).resolve().parents[2]
 RUNNERS = {

@@ -11,7 +11,7 @@ import pytest
 
 from harness.cli import main
 from harness.plan import versions
-from harness.plan.matrix import Cell
+from harness.plan.cells import Cell
 from harness.plan.pins import missing_pins
 
 TORCH = importlib.metadata.version("torch").split("+")[0]

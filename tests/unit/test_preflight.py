@@ -70,7 +70,7 @@ def test_the_embedded_defaults_missing_suite_names_what_was_searched_not_a_shipp
 
 def test_the_embedded_gpu_cell_is_said_to_come_from_the_default_not_from_runners_yaml(tmp_path):
     from harness.cell.preflight import check_project
-    from harness.plan.matrix import Matrix
+    from harness.plan.cells import Matrix
     from harness.project import ProjectRoot
     from harness.run.command import suite_origin
 

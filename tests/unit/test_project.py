@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.plan.matrix import load_matrix, load_runners
+from harness.plan.matrix import load_matrix
+from harness.plan.runners import load_runners
 from harness.project import shipped_matrices_dir
 
 TORCH = importlib.metadata.version("torch").split("+")[0]
@@ -185,7 +186,7 @@ def test_a_built_environment_imports_this_harness_and_nothing_else_of_its_venv(t
 
 def test_an_interpreter_holds_installs_by_name_and_version(tmp_path):
     from harness.envs import build as env
-    from harness.plan.matrix import Cell
+    from harness.plan.cells import Cell
 
     def cell(*install: str) -> Cell:
         return Cell(

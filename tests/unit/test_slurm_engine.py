@@ -14,7 +14,9 @@ import pytest
 
 from harness.engines import slurm
 from harness.errors import ConfigError
-from harness.plan.matrix import Submit, expand, read_runners
+from harness.plan.cells import Submit
+from harness.plan.matrix import expand
+from harness.plan.runners import read_runners
 from harness.ranks import hosts
 from harness.ranks.hostenv import for_host, portable
 from harness.ranks.protocol import AgentHello, Heartbeat

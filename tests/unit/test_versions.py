@@ -11,7 +11,8 @@ import pytest
 from harness.cli import main
 from harness.errors import ConfigError
 from harness.plan import versions
-from harness.plan.matrix import Runner, expand
+from harness.plan.cells import Runner
+from harness.plan.matrix import expand
 
 TRANSFORMERS = ["5.9.0", "5.19.0", "5.20.0", "5.20.1", "5.21.0rc1", "5.21.0", "5.23.0", "5.24.0.dev0"]
 TORCH = ["2.11.0", "2.13.0"]

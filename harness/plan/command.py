@@ -1,0 +1,53 @@
+"""`harness matrix`: list the named matrices, or print a matrix's selected cells as ids, JSON or the
+workflow's `strategy.matrix`, refusing persistent runners for a pull request (`--pull-request`) and pins the
+package index lacks (`--check`) first."""
+
+from __future__ import annotations
+
+import json
+
+from harness.errors import ConfigError
+from harness.plan import isolation, pins
+from harness.plan.cells import Cell
+from harness.plan.matrix import MatrixSource, load_matrix, named_matrices, select
+from harness.plan.runners import load_runners
+from harness.project import project_root
+
+
+def command(args) -> int:
+    if args.list:
+        print(format_sources(named_matrices(project_root())))
+        return 0
+    if not args.matrix:
+        raise ConfigError("harness matrix: give --matrix NAME_OR_PATH, or --list to see the names")
+    matrix = load_matrix(args.matrix)
+    cells = select(matrix.cells, args.cell)
+    if not cells:
+        raise ConfigError(f"{matrix.path}: no cell matches --cell {' '.join(args.cell)}")
+    if args.pull_request:
+        isolation.refuse_persistent_runners(cells, load_runners(matrix.root, beside=matrix.path.parent),
+                                            str(matrix.path))
+    if args.check:  # asks the package index: only when told to
+        pins.check_pins(cells, str(matrix.path))
+    print(format_cells(cells, args.format))
+    return 0
+
+
+def format_cells(cells: list[Cell], fmt: str) -> str:
+    if fmt == "ids":
+        return "\n".join(cell.id for cell in cells)
+    if fmt == "json":
+        return json.dumps([cell.to_json() for cell in cells], indent=2)
+    if fmt == "github":
+        return json.dumps({"include": [cell.to_github() for cell in cells]}, separators=(",", ":"))
+    raise ConfigError(f"unknown format {fmt!r}")
+
+
+def format_sources(sources: list[MatrixSource]) -> str:
+    """One line per named matrix: name, where it comes from, and what it overrides."""
+    width = max((len(source.name) for source in sources), default=4)
+    lines = []
+    for source in sources:
+        hides = f" (overrides {source.hides})" if source.hides else ""
+        lines.append(f"{source.name:<{width}}  {source.origin:<10}  {source.path}{hides}")
+    return "\n".join(lines)

@@ -1,0 +1,61 @@
+"""runners.yaml: the GPU types a matrix may name, where their jobs land and what one runner offers.
+
+The shipped file is read first; each runners.yaml that wins over it (the repository's matrices/,
+$HARNESS_MATRICES_DIR, the one beside a matrix file) replaces the types it names."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from harness.errors import ConfigError
+from harness.plan.cells import ENGINES, Runner, parse_submit
+from harness.plan.files import matrix_dirs, non_negative_int, positive_int, read_yaml, same_folder
+from harness.project import project_root
+
+RUNNER_KEYS = {"labels", "gpus", "nvml_name", "ranks", "ephemeral", "engine", "hosts", "submit"}
+
+
+def load_runners(root: Path | None = None, beside: Path | None = None) -> dict[str, Runner]:
+    """The shipped runners, updated by each runners.yaml that wins over them: the repository's matrices/,
+    $HARNESS_MATRICES_DIR, and the one beside a matrix file (`beside`, its folder)."""
+    folders = [folder for _origin, folder in reversed(matrix_dirs(root or project_root()))]
+    if beside is not None and not any(same_folder(beside, folder) for folder in folders):
+        folders.append(beside)
+    runners: dict[str, Runner] = {}
+    for folder in folders:
+        if os.path.lexists(folder / "runners.yaml"):
+            runners.update(read_runners(folder / "runners.yaml"))
+    return runners
+
+
+def read_runners(path: Path) -> dict[str, Runner]:
+    data = read_yaml(path)
+    if not isinstance(data, dict) or not data:
+        raise ConfigError(f"{path}: expected a mapping of GPU type to runner")
+    runners = {}
+    for name, entry in data.items():
+        where = f"{path}: {name}"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where}: expected a mapping with labels and gpus")
+        unknown = set(entry) - RUNNER_KEYS
+        if unknown:
+            raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(RUNNER_KEYS))})")
+        labels = entry.get("labels")
+        if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
+            raise ConfigError(f"{where}.labels: expected a non-empty list of strings")
+        gpus = non_negative_int(entry.get("gpus"), f"{where}.gpus")
+        ranks = non_negative_int(entry.get("ranks", 0), f"{where}.ranks")
+        if gpus == 0 and ranks == 0:
+            raise ConfigError(f"{where}: a runner with gpus: 0 needs ranks (CPU ranks it can run)")
+        ephemeral = entry.get("ephemeral", False)
+        if not isinstance(ephemeral, bool):
+            raise ConfigError(f"{where}.ephemeral: expected true or false, got {ephemeral!r}")
+        engine = entry.get("engine", "local")
+        if engine not in ENGINES:
+            raise ConfigError(f"{where}.engine: {engine!r}: expected one of {', '.join(ENGINES)}")
+        hosts = positive_int(entry.get("hosts", 1), f"{where}.hosts")
+        runners[name] = Runner(name=name, labels=tuple(labels), gpus=gpus, nvml_name=entry.get("nvml_name"),
+                               ranks=ranks, ephemeral=ephemeral, engine=engine, hosts=hosts,
+                               submit=parse_submit(entry.get("submit"), f"{where}.submit"))
+    return runners

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness.bisect.search import BisectResult, Probe, bisect
+from harness.cell.preflight import environment_spec
 from harness.envs import build as env
 from harness.errors import ConfigError
 from harness.plan.cells import Cell
@@ -71,7 +72,7 @@ def commit_environment(repo: str | Path, sha: str, package: str) -> tuple[Callab
     """(prepare, will_build) for run.run_cell: the cell's environment with `package` built from `sha`."""
 
     def paths(cell: Cell, root: Path) -> tuple[Path, Path]:
-        name = f"{env.env_key(cell)}-{package}@{sha[:12]}"
+        name = f"{env.env_key(environment_spec(cell))}-{package}@{sha[:12]}"
         return root / name, root / "src" / f"{package}@{sha[:12]}"
 
     def marker_for(base: env.Environment) -> dict:
@@ -86,7 +87,7 @@ def commit_environment(repo: str | Path, sha: str, package: str) -> tuple[Callab
         return recorded == marker and (path / "bin" / "python").exists() and env.manifest_difference(path) is None
 
     def prepare(cell: Cell, root: Path, log: Callable[[str], None]) -> env.Environment:
-        base = env.ensure_environment(cell, root, log)
+        base = env.ensure_environment(environment_spec(cell), root, log)
         path, source = paths(cell, root)
         marker = marker_for(base)
         origin = "cached"
@@ -103,7 +104,7 @@ def commit_environment(repo: str | Path, sha: str, package: str) -> tuple[Callab
 
     def will_build(cell: Cell, root: Path) -> bool:
         try:
-            origin, python, _ = env.plan_environment(cell, root)
+            origin, python, _ = env.plan_environment(environment_spec(cell), root)
         except env.EnvironmentBuildError:
             return True
         base = env.Environment(python=python, origin=origin, path=None, versions={})

@@ -15,8 +15,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from harness.bisect.search import Probe, RunOutcome, verdict_of
+from harness.cell.preflight import environment_spec, prepare_environment
 from harness.contract import ERROR_ENVIRONMENT
-from harness.envs.build import Environment, ensure_environment, plan_environment
+from harness.envs.build import Environment, plan_environment
 from harness.plan.cells import Cell
 from harness.results import CellResult, CellStatus, Outcome, load_results
 from harness.run import command as run
@@ -75,7 +76,7 @@ class CellProber:
     import_path: Path | None = None  # this harness, for a built environment that lacks it
     runs: int = 1
     log: Callable[[str], None] = print
-    prepare: PrepareEnvironment = ensure_environment
+    prepare: PrepareEnvironment = prepare_environment
     only: tuple[str, ...] = ()  # once the search knows which tests it follows: their node ids
 
     def narrow(self, tests: Sequence[str]) -> None:
@@ -133,7 +134,7 @@ class CellProber:
 
     def _will_build(self, cell: Cell) -> bool:
         try:
-            return plan_environment(cell, self.env_dir)[0] == "build"
+            return plan_environment(environment_spec(cell), self.env_dir)[0] == "build"
         except Exception:
             return False  # the probe's own run reports why the environment is unusable
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from harness.contract import CONTRACT_FILES, ENV_JSON
-from harness.envs.build import EnvironmentBuildError, plan_environment
+from harness.envs.build import Environment, EnvironmentBuildError, EnvSpec, ensure_environment, plan_environment
 from harness.errors import ConfigError
 from harness.plan.cells import Cell
 from harness.plan.pins import missing_pins
@@ -52,11 +52,21 @@ def check_project(project: ProjectRoot, suites: Iterable[tuple[str, tuple[str, .
             )
 
 
+def environment_spec(cell: Cell) -> EnvSpec:
+    """What harness.envs builds the cell's environment from (it knows no Cell)."""
+    return EnvSpec(torch=cell.torch, transformers=cell.transformers, install=cell.install)
+
+
+def prepare_environment(cell: Cell, env_dir: Path, log: Callable[[str], None]) -> Environment:
+    """`prepare_environment` for run_cell: the cell's cached (or built) environment."""
+    return ensure_environment(environment_spec(cell), env_dir, log)
+
+
 def pin_problem(cell: Cell, env_dir: Path) -> str | None:
     """Why the cell's environment cannot be built (a pin the index lacks), asked only of a cell that would
     build; None when it would not build or its pins exist."""
     try:
-        would_build = plan_environment(cell, env_dir)[0] == "build"
+        would_build = plan_environment(environment_spec(cell), env_dir)[0] == "build"
     except EnvironmentBuildError:
         would_build = True
     if not would_build:

@@ -31,7 +31,6 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from harness.plan.cells import Cell
 from harness.plan.index import index_arguments
 
 # Besides the pinned torch and transformers, what the suite imports in its own environment.
@@ -80,6 +79,17 @@ print("yes")
 """
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EnvSpec:
+    """What an environment holds besides the suite's packages: the torch and transformers releases and the
+    `install:` entries (pip arguments, local paths already absolute). Callers make one from a cell: nothing
+    else a cell says (its GPUs, suite, timeouts) may change which environment it gets."""
+
+    torch: str
+    transformers: str
+    install: tuple[str, ...] = ()
+
+
 class EnvironmentBuildError(Exception):
     """The cell's environment could not be built; the message carries the installer's last lines."""
 
@@ -104,17 +114,17 @@ def python_tag() -> str:
     return "{}.{}".format(*sys.version_info[:2])
 
 
-def env_key(cell: Cell) -> str:
-    key = f"py{python_tag()}-torch{cell.torch}-tf{cell.transformers}"
-    if cell.install:
+def env_key(spec: EnvSpec) -> str:
+    key = f"py{python_tag()}-torch{spec.torch}-tf{spec.transformers}"
+    if spec.install:
         # What else it installs is part of the key (local paths are absolute, so repositories differ).
-        key += "-" + hashlib.sha256(json.dumps(cell.install).encode()).hexdigest()[:10]
+        key += "-" + hashlib.sha256(json.dumps(spec.install).encode()).hexdigest()[:10]
     return key
 
 
-def requirements(cell: Cell) -> list[str]:
-    extra = [argument for entry in cell.install for argument in shlex.split(entry)]
-    return [f"torch=={cell.torch}", f"transformers=={cell.transformers}", *SUITE_PACKAGES, *extra]
+def requirements(spec: EnvSpec) -> list[str]:
+    extra = [argument for entry in spec.install for argument in shlex.split(entry)]
+    return [f"torch=={spec.torch}", f"transformers=={spec.transformers}", *SUITE_PACKAGES, *extra]
 
 
 def probe_versions(python: Path | str) -> dict:
@@ -125,21 +135,21 @@ def probe_versions(python: Path | str) -> dict:
     return json.loads(done.stdout)
 
 
-def satisfies(versions: dict, cell: Cell) -> bool:
-    """True when an interpreter holds exactly the cell's releases (local tags like +cpu ignored)."""
+def satisfies(versions: dict, spec: EnvSpec) -> bool:
+    """True when an interpreter holds exactly the wanted releases (local tags like +cpu ignored)."""
     def release(value: str | None) -> str | None:
         return value.split("+", 1)[0] if value else None
 
     plugins = ("accelerate", "pytest", "pytest-rerunfailures", "pytest-timeout")
-    return (release(versions.get("torch")) == cell.torch
-            and release(versions.get("transformers")) == cell.transformers
+    return (release(versions.get("torch")) == spec.torch
+            and release(versions.get("transformers")) == spec.transformers
             and all(versions.get(name) for name in plugins))
 
 
-def holds_installs(python: Path | str, cell: Cell) -> bool:
+def holds_installs(python: Path | str, spec: EnvSpec) -> bool:
     """Whether an interpreter already has every `install:` entry: a local project by its name (from its
     pyproject.toml), a requirement by name and version. Anything it cannot tell means no."""
-    wanted = [_installed_as(entry) for entry in cell.install]
+    wanted = [_installed_as(entry) for entry in spec.install]
     if not wanted:
         return True
     if None in wanted:
@@ -173,17 +183,17 @@ def _installed_as(entry: str) -> tuple[str, str] | None:
     return requirement.name, str(requirement.specifier)
 
 
-def plan_environment(cell: Cell, root: Path) -> tuple[str, Path, Path | None]:
-    """Which interpreter a cell gets, without building anything: (origin, python, venv folder or None),
-    origin being "current" (this interpreter holds the releases and the cell's `install:`), "cached" or "build"."""
-    if satisfies(probe_versions(sys.executable), cell) and holds_installs(sys.executable, cell):
+def plan_environment(spec: EnvSpec, root: Path) -> tuple[str, Path, Path | None]:
+    """Which interpreter `spec` gets, without building anything: (origin, python, venv folder or None),
+    origin being "current" (this interpreter holds the releases and the `install:`), "cached" or "build"."""
+    if satisfies(probe_versions(sys.executable), spec) and holds_installs(sys.executable, spec):
         return "current", Path(sys.executable), None
-    path = root / env_key(cell)
-    return ("cached" if _marker_matches(path, cell) else "build"), path / "bin" / "python", path
+    path = root / env_key(spec)
+    return ("cached" if _marker_matches(path, spec) else "build"), path / "bin" / "python", path
 
 
-def ensure_environment(cell: Cell, root: Path, log: Callable[[str], None]) -> Environment:
-    origin, python, path = plan_environment(cell, root)
+def ensure_environment(spec: EnvSpec, root: Path, log: Callable[[str], None]) -> Environment:
+    origin, python, path = plan_environment(spec, root)
     with contextlib.ExitStack() as held:
         if origin == "cached" and path is not None:
             changed = manifest_difference(path)
@@ -193,13 +203,13 @@ def ensure_environment(cell: Cell, root: Path, log: Callable[[str], None]) -> En
         if origin == "build":
             # Runners on one host share the cache: one run builds, the others wait, then find it cached.
             held.enter_context(build_lock(path, log))
-            origin, python, path = plan_environment(cell, root)
+            origin, python, path = plan_environment(spec, root)
             if origin == "cached" and manifest_difference(path):
                 origin = "build"
         if origin == "build":
-            build(cell, path, log)
+            build(spec, path, log)
             origin = "built"
-        return _checked(cell, origin, python, path)
+        return _checked(spec, origin, python, path)
 
 
 def write_manifest(path: Path) -> None:
@@ -252,14 +262,14 @@ def _sha256(file: str) -> str:
     return digest.hexdigest()
 
 
-def _checked(cell: Cell, origin: str, python: Path, path: Path | None) -> Environment:
+def _checked(spec: EnvSpec, origin: str, python: Path, path: Path | None) -> Environment:
     versions = probe_versions(python)
     if origin == "built":
-        if not satisfies(versions, cell):
+        if not satisfies(versions, spec):
             raise EnvironmentBuildError(
                 f"{path}: built, but holds torch {versions.get('torch')} and transformers "
-                f"{versions.get('transformers')} instead of {cell.torch} and {cell.transformers}")
-        (path / MARKER).write_text(json.dumps({"requirements": requirements(cell), "versions": versions}, indent=2))
+                f"{versions.get('transformers')} instead of {spec.torch} and {spec.transformers}")
+        (path / MARKER).write_text(json.dumps({"requirements": requirements(spec), "versions": versions}, indent=2))
         write_manifest(path)  # after the probe: nothing runs in it between the build and the manifest
     return Environment(python=python, origin=origin, path=path, versions=versions)
 
@@ -280,15 +290,15 @@ def build_lock(path: Path, log: Callable[[str], None]) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def build(cell: Cell, path: Path, log: Callable[[str], None]) -> None:
+def build(spec: EnvSpec, path: Path, log: Callable[[str], None]) -> None:
     if path.exists():
         shutil.rmtree(path)  # a stale or half-built environment; its marker did not match
     installer = choose_installer()
-    log(f"building environment {path.name} with {installer}: {' '.join(requirements(cell)[:2])}")
+    log(f"building environment {path.name} with {installer}: {' '.join(requirements(spec)[:2])}")
     try:
         python = new_venv(path, installer, log)
         # Compile bytecode once here, or every first import of torch in a fresh cache pays for it.
-        install(python, installer, [*index_arguments(installer), *requirements(cell)], log, compile_bytecode=True)
+        install(python, installer, [*index_arguments(installer), *requirements(spec)], log, compile_bytecode=True)
     except BaseException:
         shutil.rmtree(path, ignore_errors=True)  # a failed build is 1 GB that nothing will ever use
         raise
@@ -326,12 +336,12 @@ def choose_installer() -> str:
     return "uv" if _uv() else "pip"
 
 
-def _marker_matches(path: Path, cell: Cell) -> bool:
+def _marker_matches(path: Path, spec: EnvSpec) -> bool:
     try:
         marker = json.loads((path / MARKER).read_text())
     except (OSError, ValueError):
         return False
-    return marker.get("requirements") == requirements(cell) and (path / "bin" / "python").exists()
+    return marker.get("requirements") == requirements(spec) and (path / "bin" / "python").exists()
 
 
 def _uv() -> str | None:

@@ -22,9 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.envs.build import MARKER, env_key, env_root, holds_installs, probe_versions, satisfies
+from harness.envs.build import MARKER, EnvSpec, env_key, env_root, holds_installs, probe_versions, satisfies
 from harness.errors import ConfigError
-from harness.plan.cells import Cell
 
 DAY_S = 86_400
 
@@ -113,18 +112,18 @@ def _age(last_use: float | None, now: float) -> str:
     return f"{when} UTC ({days:.0f} d ago)" if days >= 1 else f"{when} UTC (today)"
 
 
-def build_reason(cell: Cell, root: Path) -> str:
-    """Why `harness run` would build this cell's environment: what this interpreter lacks, and what the
-    cache has under the cell's key."""
+def build_reason(spec: EnvSpec, root: Path) -> str:
+    """Why `harness run` would build a cell's environment: what this interpreter lacks, and what the
+    cache has under the environment's key."""
     versions = probe_versions(sys.executable)
-    if not satisfies(versions, cell):
+    if not satisfies(versions, spec):
         here = (f"this interpreter has torch {versions.get('torch') or 'none'} and transformers "
-                f"{versions.get('transformers') or 'none'}, the cell pins {cell.torch} and {cell.transformers}")
-    elif not holds_installs(sys.executable, cell):
-        here = f"this interpreter lacks the matrix's install: {' '.join(cell.install)} (pip install it here to use it)"
+                f"{versions.get('transformers') or 'none'}, the cell pins {spec.torch} and {spec.transformers}")
+    elif not holds_installs(sys.executable, spec):
+        here = f"this interpreter lacks the matrix's install: {' '.join(spec.install)} (pip install it here to use it)"
     else:
         here = "this interpreter lacks a pytest plugin the suite needs"
-    path = root / env_key(cell)
+    path = root / env_key(spec)
     cached = "a failed build is in the cache" if path.exists() else "the cache has none"
     return f"{here}; {cached}"
 

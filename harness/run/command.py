@@ -40,7 +40,7 @@ from harness.contract import (
 )
 from harness.engines import hostmemory
 from harness.envs import cache as env_cache
-from harness.envs.build import EnvironmentBuildError, ensure_environment, env_root, plan_environment, probe_versions
+from harness.envs.build import EnvironmentBuildError, env_root, plan_environment, probe_versions
 from harness.errors import ConfigError, HostMismatchError
 from harness.plan.cells import Cell, Matrix
 from harness.plan.matrix import DEFAULT_MATRIX, load_matrix, select
@@ -118,7 +118,8 @@ def command(args) -> int:
             outcomes = [run_cell(cell, host=host, results_root=results_root, env_dir=root,
                                  pytest_args=args.pytest_args, log=progress, project=matrix.root,
                                  matrix_reference=matrix.reference, import_path=import_path,
-                                 prepare_environment=preflight.checking_pins(ensure_environment)) for cell in cells]
+                                 prepare_environment=preflight.checking_pins(preflight.prepare_environment))
+                        for cell in cells]
     except Interrupted as interrupted:
         print(f"harness: {interrupted}; the cell's folder says so", file=sys.stderr, flush=True)
         return 128 + interrupted.signum
@@ -228,8 +229,8 @@ def unfit_reason(cell: Cell, host: Host) -> str | None:
 
 
 def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytest_args: list[str],
-             log: Callable[[str], None], project: Path, matrix_reference: str,
-             import_path: Path | None = None, prepare_environment: Callable = ensure_environment) -> CellOutcome:
+             log: Callable[[str], None], project: Path, matrix_reference: str, import_path: Path | None = None,
+             prepare_environment: Callable = preflight.prepare_environment) -> CellOutcome:
     """`prepare_environment(cell, env_dir, log)` gives the cell its interpreter; bisect swaps in one
     that installs a package built from a commit on top of the cell's environment."""
     folder = results_root / cell.id
@@ -433,14 +434,14 @@ def print_plan(matrix: Matrix, cells: list[Cell], host: Host, results_root: Path
             print(f"{cell.id}\n  would be refused: {refused[cell.id]}")
             continue
         try:
-            origin, python, path = plan_environment(cell, root)
+            origin, python, path = plan_environment(preflight.environment_spec(cell), root)
         except EnvironmentBuildError as error:
             origin, python, path = f"unusable ({error})", Path(sys.executable), None
         building = f"build {path}"
         if origin == "build":
             problem = preflight.pin_problem(cell, root)
             building = (f"cannot build {path}: {problem} (the cell would be errored at once)" if problem
-                        else f"{building} ({env_cache.build_reason(cell, root)})")
+                        else f"{building} ({env_cache.build_reason(preflight.environment_spec(cell), root)})")
         environment = {"current": "this interpreter", "cached": f"cached {path}", "build": building}
         print(f"{cell.id}")
         print(f"  environment: {environment.get(origin, origin)}")

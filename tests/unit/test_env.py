@@ -12,10 +12,8 @@ import pytest
 from tamper import plant_pth
 
 from harness.envs import build as env
-from harness.plan.cells import Cell
 
-CELL = Cell(gpu="cpu", gpus=2, torch="0.0.1", transformers="0.0.2", matrix="test", labels=(),
-            timeout_minutes=5, reruns=0, suite=("tests/gpu",))
+SPEC = env.EnvSpec(torch="0.0.1", transformers="0.0.2")
 CELL_VERSIONS = {"torch": "0.0.1+cpu", "transformers": "0.0.2", "accelerate": "1.10.0", "pytest": "8.0.0",
                  "pytest-rerunfailures": "14.0", "pytest-timeout": "2.3.1"}
 
@@ -25,7 +23,7 @@ def fake_builds(monkeypatch):
     """`build` makes a venv whose python is this one, slowly; the probe says it holds the cell's releases."""
     builds: list[Path] = []
 
-    def build(cell, path, log):
+    def build(spec, path, log):
         builds.append(path)
         time.sleep(0.5)  # long enough for a second run to arrive while this one builds
         (path / "bin").mkdir(parents=True)
@@ -41,15 +39,15 @@ def fake_builds(monkeypatch):
 
 def test_an_interpreter_with_the_cells_releases_is_used_as_it_is(monkeypatch, tmp_path):
     monkeypatch.setattr(env, "probe_versions", lambda python: CELL_VERSIONS)
-    origin, python, path = env.plan_environment(CELL, tmp_path)
+    origin, python, path = env.plan_environment(SPEC, tmp_path)
     assert (origin, python, path) == ("current", Path(sys.executable), None)
 
 
 def test_an_environment_is_built_once_then_cached(fake_builds, tmp_path):
-    first = env.ensure_environment(CELL, tmp_path, log=lambda line: None)
-    again = env.ensure_environment(CELL, tmp_path, log=lambda line: None)
+    first = env.ensure_environment(SPEC, tmp_path, log=lambda line: None)
+    again = env.ensure_environment(SPEC, tmp_path, log=lambda line: None)
     assert (first.origin, again.origin) == ("built", "cached")
-    assert fake_builds == [tmp_path / env.env_key(CELL)]
+    assert fake_builds == [tmp_path / env.env_key(SPEC)]
 
 
 def test_two_runs_sharing_the_cache_build_it_once_and_the_second_waits(fake_builds, tmp_path):
@@ -57,7 +55,7 @@ def test_two_runs_sharing_the_cache_build_it_once_and_the_second_waits(fake_buil
     logs: list[str] = []
 
     def run():
-        origins.append(env.ensure_environment(CELL, tmp_path, log=logs.append).origin)
+        origins.append(env.ensure_environment(SPEC, tmp_path, log=logs.append).origin)
 
     runs = [threading.Thread(target=run) for _ in range(2)]
     for each in runs:
@@ -67,7 +65,7 @@ def test_two_runs_sharing_the_cache_build_it_once_and_the_second_waits(fake_buil
         each.join(10)
     assert sorted(origins) == ["built", "cached"]
     assert len(fake_builds) == 1
-    assert logs == [f"waiting for another harness run that is building environment {env.env_key(CELL)}"]
+    assert logs == [f"waiting for another harness run that is building environment {env.env_key(SPEC)}"]
 
 
 def test_a_build_that_fails_lets_the_next_run_build(fake_builds, monkeypatch, tmp_path):
@@ -77,8 +75,8 @@ def test_a_build_that_fails_lets_the_next_run_build(fake_builds, monkeypatch, tm
     with monkeypatch.context() as patched:
         patched.setattr(env, "build", broken)
         with pytest.raises(env.EnvironmentBuildError):
-            env.ensure_environment(CELL, tmp_path, log=lambda line: None)
-    assert env.ensure_environment(CELL, tmp_path, log=lambda line: None).origin == "built"
+            env.ensure_environment(SPEC, tmp_path, log=lambda line: None)
+    assert env.ensure_environment(SPEC, tmp_path, log=lambda line: None).origin == "built"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -89,7 +87,7 @@ def test_a_build_that_fails_lets_the_next_run_build(fake_builds, monkeypatch, tm
 def file_builds(fake_builds, monkeypatch):
     """`build` as the real one does it, in small: the old folder goes, a venv's files come."""
 
-    def build(cell, path, log):
+    def build(spec, path, log):
         fake_builds.append(path)
         shutil.rmtree(path, ignore_errors=True)
         (path / "bin").mkdir(parents=True)
@@ -112,19 +110,19 @@ def file_builds(fake_builds, monkeypatch):
     ids=["added", "changed", "removed", "relinked", "manifest"],
 )
 def test_a_cached_environment_that_changed_is_rebuilt(file_builds, tmp_path, tamper):
-    built = env.ensure_environment(CELL, tmp_path, log=lambda line: None)
+    built = env.ensure_environment(SPEC, tmp_path, log=lambda line: None)
     assert env.manifest_difference(built.path) is None
     tamper(built.path)
     logs: list[str] = []
-    again = env.ensure_environment(CELL, tmp_path, log=logs.append)
+    again = env.ensure_environment(SPEC, tmp_path, log=logs.append)
     assert again.origin == "built" and len(file_builds) == 2
     assert "changed since it was built" in logs[0]
     assert not (built.path / "lib").exists()  # a planted file went with the old environment
-    assert env.ensure_environment(CELL, tmp_path, log=lambda line: None).origin == "cached"
+    assert env.ensure_environment(SPEC, tmp_path, log=lambda line: None).origin == "cached"
 
 
 def test_an_environment_without_a_manifest_is_not_trusted(file_builds, tmp_path):
-    built = env.ensure_environment(CELL, tmp_path, log=lambda line: None)
+    built = env.ensure_environment(SPEC, tmp_path, log=lambda line: None)
     (built.path / env.MANIFEST).unlink()  # a cache from before manifests, or a run deleted it
     assert env.manifest_difference(built.path) == "no readable manifest"
-    assert env.ensure_environment(CELL, tmp_path, log=lambda line: None).origin == "built"
+    assert env.ensure_environment(SPEC, tmp_path, log=lambda line: None).origin == "built"

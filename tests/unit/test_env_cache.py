@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_env import CELL
+from test_env import SPEC
 
 from harness.cli import main
 from harness.envs import build as env
@@ -83,8 +83,8 @@ def test_a_failed_build_leaves_nothing_behind(tmp_path, monkeypatch):
             return
         raise env.EnvironmentBuildError("uv exited 1: No solution found: torch==0.0.1")
 
-    path = tmp_path / "envs" / env.env_key(CELL)
+    path = tmp_path / "envs" / env.env_key(SPEC)
     monkeypatch.setattr(env, "run_logged", run_logged)
     with pytest.raises(env.EnvironmentBuildError):
-        env.build(CELL, path, log=lambda line: None)
+        env.build(SPEC, path, log=lambda line: None)
     assert len(calls) == 2 and not path.exists()

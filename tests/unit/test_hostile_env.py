@@ -84,7 +84,7 @@ def test_uv_copies_files_out_of_its_cache(monkeypatch, tmp_path):
     monkeypatch.setattr(env, "run_logged", lambda command, log: commands.append(command))
     monkeypatch.setattr(env, "_uv", lambda: "/opt/uv/bin/uv")
     monkeypatch.setenv("HARNESS_INSTALLER", "uv")
-    env.build(CELL, tmp_path / "env", log=lambda line: None)
+    env.build(env.EnvSpec(torch="0.0.1", transformers="0.0.2"), tmp_path / "env", log=lambda line: None)
     [create, install] = commands
     assert create[:2] == ["/opt/uv/bin/uv", "venv"]
     assert install[:3] == ["/opt/uv/bin/uv", "pip", "install"] and "--link-mode=copy" in install
@@ -98,7 +98,7 @@ def commit_builds(monkeypatch, tmp_path):
     """commit_environment over a stand-in cell environment and build: what a build leaves, in small."""
     builds: list[Path] = []
     base = env.Environment(python=Path(sys.executable), origin="cached", path=None, versions={})
-    monkeypatch.setattr(env, "ensure_environment", lambda cell, root, log: base)
+    monkeypatch.setattr(env, "ensure_environment", lambda spec, root, log: base)
     monkeypatch.setattr(env, "probe_versions", lambda python: {})
 
     def build(repo, sha, base, path, source, log):

@@ -68,7 +68,7 @@ def test_matrix_check_fails_in_one_line(index, tmp_path, capsys):
 
 
 def test_run_errors_a_cell_whose_pin_is_missing_at_once_and_runs_the_others(index, tmp_path, capsys, monkeypatch):
-    def no_build(cell, path, log):
+    def no_build(spec, path, log):
         raise AssertionError(f"built {path.name}")
 
     monkeypatch.setattr("harness.envs.build.build", no_build)

@@ -101,6 +101,7 @@ def test_from_a_subfolder_every_file_of_a_cell_lands_in_the_project_root(adopter
 
 
 def test_install_entries_resolve_from_the_project_root_and_key_the_environment(adopter, monkeypatch):
+    from harness.cell.preflight import environment_spec
     from harness.envs import build as env
 
     monkeypatch.chdir(adopter / "deep")
@@ -108,9 +109,10 @@ def test_install_entries_resolve_from_the_project_root_and_key_the_environment(a
     matrix.write_text(matrix.read_text() + 'install: ["-e .", "six==1.16.0"]\n')
     (cell,) = load_matrix("matrices/mine.yaml").cells
     assert cell.install == (f"-e {adopter.resolve()}", "six==1.16.0")
-    assert env.requirements(cell)[-3:] == ["-e", str(adopter.resolve()), "six==1.16.0"]
-    plain = dataclasses.replace(cell, install=())
-    assert env.env_key(cell) != env.env_key(plain) and env.env_key(cell).startswith(env.env_key(plain))
+    spec = environment_spec(cell)
+    assert env.requirements(spec)[-3:] == ["-e", str(adopter.resolve()), "six==1.16.0"]
+    plain = dataclasses.replace(spec, install=())
+    assert env.env_key(spec) != env.env_key(plain) and env.env_key(spec).startswith(env.env_key(plain))
 
 
 @pytest.mark.parametrize(
@@ -186,30 +188,18 @@ def test_a_built_environment_imports_this_harness_and_nothing_else_of_its_venv(t
 
 def test_an_interpreter_holds_installs_by_name_and_version(tmp_path):
     from harness.envs import build as env
-    from harness.plan.cells import Cell
 
-    def cell(*install: str) -> Cell:
-        return Cell(
-            gpu="cpu",
-            gpus=2,
-            torch=TORCH,
-            transformers=TRANSFORMERS,
-            matrix="m",
-            labels=(),
-            timeout_minutes=5,
-            reruns=0,
-            suite=("tests",),
-            install=install,
-        )
+    def spec(*install: str) -> env.EnvSpec:
+        return env.EnvSpec(torch=TORCH, transformers=TRANSFORMERS, install=install)
 
     project = tmp_path / "project"
     project.mkdir()
     (project / "pyproject.toml").write_text('[project]\nname = "pytest"\n')  # a name this interpreter has
-    assert env.holds_installs(sys.executable, cell())
-    assert env.holds_installs(sys.executable, cell("pytest>=1", f"-e {project}"))
-    assert not env.holds_installs(sys.executable, cell("pytest==0.0.1"))
-    assert not env.holds_installs(sys.executable, cell("no-such-package-here"))
-    assert not env.holds_installs(sys.executable, cell("--index-url http://x pkg"))
+    assert env.holds_installs(sys.executable, spec())
+    assert env.holds_installs(sys.executable, spec("pytest>=1", f"-e {project}"))
+    assert not env.holds_installs(sys.executable, spec("pytest==0.0.1"))
+    assert not env.holds_installs(sys.executable, spec("no-such-package-here"))
+    assert not env.holds_installs(sys.executable, spec("--index-url http://x pkg"))
 
 
 def test_a_checkout_on_pythonpath_finds_its_matrices_and_reports(tmp_path):

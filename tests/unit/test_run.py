@@ -290,7 +290,7 @@ def test_stale_files_of_an_earlier_run_are_cleared(tmp_path):
 
 def test_gpu_cell_on_a_cpu_machine_is_refused_with_exit_3(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("harness.run.command.detect_host",
-                        lambda: __import__("harness.run.command").run.Host(gpus=(), gpu_type=None, driver=None))
+                        lambda: harness.run.command.Host(gpus=(), gpu_type=None, driver=None))
     assert run(tmp_path, "h200-2gpu") == 3
     err = capsys.readouterr().err
     assert "cannot host 2 of 2 cells" in err and "needs 2 h200 GPUs, this machine has none" in err

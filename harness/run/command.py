@@ -16,12 +16,10 @@ import shlex
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import uuid
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,43 +27,21 @@ from pathlib import Path
 import harness
 from harness import __version__, contract
 from harness.cell import memory, preflight
-from harness.contract import (
-    ENV_JSON,
-    JUNIT_XML,
-    RANKS_LOG,
-    RUNNING_TEST,
-    RUNNING_TEST_ENV,
-    STATUS_NOT_RUN,
-    EnvRecord,
-)
-from harness.engines import hostmemory
+from harness.contract import ENV_JSON, JUNIT_XML, STATUS_NOT_RUN, EnvRecord
+from harness.engines import Interrupted, Launch, engine
+from harness.engines.base import pytest_command
 from harness.envs import cache as env_cache
 from harness.envs.build import EnvironmentBuildError, ensure_environment, env_root, plan_environment, probe_versions
 from harness.errors import ConfigError, HostMismatchError
 from harness.plan.matrix import DEFAULT_MATRIX, Cell, Matrix, load_matrix, load_runners, select
 from harness.project import find_project_root, git, resolve, shipped_matrices_dir
-from harness.ranks import lifecycle
-from harness.ranks.lifecycle import CELL_TOKEN_ENV, kill_cell_processes
 from harness.results import nothing_distributed_ran, read_junit_tests
 
 # Memory other processes may hold on a cell's GPUs before the cell refuses to start.
 BUSY_THRESHOLD_MIB = float(os.environ.get("HARNESS_BUSY_THRESHOLD_MIB", "2048"))
-# After the cell's timeout pytest gets SIGINT (it still writes junit.xml), then this long before SIGKILL.
-INTERRUPT_GRACE_SECONDS = 20
-# When harness itself is interrupted (SIGTERM, Ctrl-C) pytest gets SIGINT and this long before SIGKILL.
-STOP_GRACE_SECONDS = 3
-PLUGIN = "harness.ranks.plugin"
 # harness run's exit status when no cell failed or errored but some ran nothing distributed (status not_run):
 # not green, and told apart from 1 (failed or errored) and from the FatalErrors' 2-5.
 EXIT_NOT_RUN = 6
-
-
-class Interrupted(BaseException):  # a signal, like KeyboardInterrupt: `except Exception` lets it through
-    """harness run got SIGTERM or SIGINT: the cell stops, its folder says so, and harness exits 128+signal."""
-
-    def __init__(self, signum: int):
-        super().__init__(f"interrupted by {signal.Signals(signum).name}")
-        self.signum = signum
 # A refusal names at most this many distinct reasons; the rest are counted.
 REFUSAL_REASONS_SHOWN = 3
 
@@ -214,7 +190,7 @@ def suite_origin(matrix: Matrix, *, named: bool) -> str:
 
 
 def unfit_reason(cell: Cell, host: Host) -> str | None:
-    if cell.is_cpu or cell.engine != "local":  # an engine's hosts are not this machine
+    if cell.is_cpu or not engine(cell.engine).runs_here:  # an engine's hosts are not this machine
         return None  # gloo ranks run anywhere
     if not host.gpus:
         return f"needs {cell.gpus} {cell.gpu} GPUs, this machine has none"
@@ -236,7 +212,7 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
     folder.mkdir(parents=True)
     started = time.time()
     # An engine's hosts are not this machine: each samples its own GPUs, merged when the job ends.
-    gpus = list(host.gpus[: cell.gpus]) if not cell.is_cpu and cell.engine == "local" else []
+    gpus = list(host.gpus[: cell.gpus]) if not cell.is_cpu and engine(cell.engine).runs_here else []
     record = start_record(cell, host, gpus, started, project=project,
                           reproduce=reproduce_command(cell, matrix_reference), pytest_args=pytest_args)
     log(f"== {cell.id}: results in {folder}")
@@ -256,24 +232,21 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
                 monitor.start()
             try:
                 # A built environment lacks harness itself: its ranks plugin comes through import_path.
-                extra_path = import_path if environment.origin != "current" else None
-                if cell.engine != "local":
-                    exit_code, cause = run_on_engine(cell, environment.python, folder, pytest_args, log,
-                                                     project=project, import_path=extra_path, record=record)
-                    if not cell.is_cpu:
-                        memory_report = hostmemory.merge(folder, record.get("hosts") or [])
-                else:
-                    exit_code, timed_out = run_pytest(cell, environment.python, folder, gpus, pytest_args, log,
-                                                      project=project, import_path=extra_path)
+                launch = Launch(cell=cell, folder=folder, python=environment.python, pytest_args=tuple(pytest_args),
+                                project=project, gpus=tuple(gpus), log=log,
+                                import_path=import_path if environment.origin != "current" else None)
+                ran = engine(cell.engine).run(launch, record)  # it fills the record's job_id and hosts
+                if ran.memory is not None:
+                    memory_report = ran.memory
             finally:
                 if monitor:
                     memory_report = monitor.stop()
-            record["exit_code"] = exit_code
-            if cell.engine != "local" and cause:  # the engine knows why (a host lost, scancel, NODE_FAIL)
-                record["status"], record["error"], record["error_kind"] = "errored", cause, contract.ERROR_ENGINE
+            record["exit_code"] = ran.exit_code
+            if ran.cause:  # the engine knows why (a host lost, scancel, NODE_FAIL)
+                record["status"], record["error"], record["error_kind"] = "errored", ran.cause, contract.ERROR_ENGINE
             else:
                 record["status"], record["error"], record["error_kind"] = classify(
-                    cell, exit_code, cell.engine == "local" and timed_out, folder / JUNIT_XML)
+                    cell, ran.exit_code, ran.timed_out, folder / JUNIT_XML)
     except EnvironmentBuildError as error:
         record["error"], record["error_kind"] = f"environment: {error}", contract.ERROR_ENVIRONMENT
     except Interrupted as interrupted:
@@ -294,95 +267,6 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
         log(f"   {cell.id}: {record['status']}: {record['error']}")
     return CellOutcome(cell=cell, folder=folder, status=record["status"], error=record["error"],
                        duration_s=record["duration_s"])
-
-
-def run_on_engine(cell: Cell, python: Path, folder: Path, pytest_args: list[str], log: Callable[[str], None], *,
-                  project: Path, import_path: Path | None, record: dict) -> tuple[int | None, str]:
-    """A cell across hosts: submitted to its engine, which starts `harness host` on each host and waits."""
-    from harness.engines import jobset, slurm
-
-    if cell.engine == "jobset":  # the image has the project and its environment: python, paths as in it
-        return jobset.run_job(cell, folder=folder, log=log, record=record,
-                              pytest_command=pytest_command(cell, Path("python"), folder, pytest_args))
-    return slurm.run_job(cell, folder=folder, pytest_command=pytest_command(cell, python, folder, pytest_args),
-                         environ=pytest_environment(cell, [], import_path), project=project, log=log,
-                         record=record)
-
-
-def pytest_command(cell: Cell, python: Path, folder: Path, pytest_args: list[str]) -> list[str]:
-    # -p: the ranks plugin's options must exist when pytest parses them, where harness is not installed in
-    # the cell's environment (installed, its pytest11 entry point has the same name and is not loaded twice).
-    # A test's captured output, its ranks' included, goes to its testcase in junit.xml (junit_logging) and is
-    # shown with a failure; -r lists every outcome but not the passed tests' output (the P that -rA adds).
-    command = [str(python), "-m", "pytest", *cell.suite, "-p", PLUGIN,
-               "-p", "no:cacheprovider", "-o", "junit_family=xunit1", "-o", "junit_logging=all",
-               f"--junitxml={folder / JUNIT_XML}", f"--ranks-log={folder / RANKS_LOG}",
-               f"--timeout={cell.test_timeout_seconds}", "-rfEsxXp"]
-    if cell.reruns:
-        command.append(f"--reruns={cell.reruns}")
-    return command + list(pytest_args)
-
-
-def pytest_environment(cell: Cell, gpus: list, import_path: Path | None = None) -> dict[str, str]:
-    environ = dict(os.environ)
-    if import_path is not None:
-        environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(import_path), environ.get("PYTHONPATH")]))
-    # No bytecode written: a cached environment stays as built, so its manifest check passes next time.
-    environ.update(HARNESS_CELL_ID=cell.id, PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
-    if cell.is_cpu:
-        environ["HARNESS_CPU_RANKS"] = str(cell.gpus)
-        environ["CUDA_VISIBLE_DEVICES"] = ""  # a cpu cell means gloo, even on a GPU machine
-    else:
-        # UUIDs name exactly the GPUs the monitor watches, whatever order CUDA enumerates in.
-        environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpu.uuid for gpu in gpus)
-        environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    return environ
-
-
-def run_pytest(cell: Cell, python: Path, folder: Path, gpus: list, pytest_args: list[str],
-               log: Callable[[str], None], *, project: Path, import_path: Path | None = None,
-               echo: Callable[[bytes], None] | None = None) -> tuple[int | None, bool]:
-    """Runs the suite from the project root, streaming its output as it comes to pytest.log and the
-    terminal. Returns (exit code, timed out).
-
-    Every process of the cell carries a token in its environment and writes temporary files under a folder
-    of its own; on every way out, whatever still carries the token is killed and the folder removed."""
-    command = pytest_command(cell, python, folder, pytest_args)
-    log("   " + shlex.join(command))
-    token = uuid.uuid4().hex
-    temporary = tempfile.mkdtemp(prefix="harness-cell-")
-    environ = {**pytest_environment(cell, gpus, import_path), CELL_TOKEN_ENV: token, "TMPDIR": temporary,
-               RUNNING_TEST_ENV: str(folder / RUNNING_TEST)}
-    # Orphans of the cell come to this process while it runs, so one that dropped the token still ends with it.
-    before = lifecycle.descendants(os.getpid())
-    adopting = lifecycle.adopt_orphans(True)
-    try:
-        with (folder / "pytest.log").open("wb") as pytest_log:
-            process = subprocess.Popen(command, cwd=project, env=environ,
-                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                       start_new_session=True)  # its own group, so a timeout kills every rank
-            reader = threading.Thread(target=stream_output,
-                                      args=(process.stdout, pytest_log, echo or echo_terminal), daemon=True)
-            reader.start()
-            timed_out = False
-            try:
-                process.wait(timeout=cell.timeout_minutes * 60)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _stop_group(process)
-            except Interrupted:
-                _stop_group(process, interrupt_grace=STOP_GRACE_SECONDS)
-                raise
-            finally:
-                _kill_leftovers(process, token)
-                if adopting:
-                    lifecycle.kill_new_descendants(before)
-                reader.join(timeout=10)
-    finally:
-        if adopting:
-            lifecycle.adopt_orphans(False)
-        shutil.rmtree(temporary, ignore_errors=True)
-    return process.returncode, timed_out
 
 
 JUNIT_SCAN_BYTES = 64 * 1024 * 1024
@@ -555,57 +439,3 @@ def tee(stream, log: Callable[[str], None]) -> Callable[[str], None]:
         log(line)
 
     return write
-
-
-def stream_output(source, log_file, echo: Callable[[bytes], None]) -> None:
-    """Copies pytest's output as it arrives, not a line at a time: its progress dots for one test file
-    are one line, which on a long GPU cell would leave the terminal silent for minutes."""
-    terminal_open = True
-    while chunk := os.read(source.fileno(), 65536):
-        log_file.write(chunk)
-        log_file.flush()
-        if terminal_open:
-            try:
-                echo(chunk)
-            except OSError:
-                terminal_open = False  # the terminal went away; pytest.log still gets everything
-
-
-def echo_terminal(chunk: bytes) -> None:
-    sys.stdout.flush()  # harness's own lines come first
-    buffer = getattr(sys.stdout, "buffer", None)
-    if buffer is None:
-        sys.stdout.write(chunk.decode(errors="replace"))
-        sys.stdout.flush()
-        return
-    buffer.write(chunk)
-    buffer.flush()
-
-
-def _kill_leftovers(process: subprocess.Popen, token: str) -> None:
-    """Ranks orphaned by a crashed pytest still hold GPUs; no process of the cell outlives it. Ranks lead
-    process groups of their own, so the token finds them, not pytest's group."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-    kill_cell_processes(token)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=10)
-
-
-def _stop_group(process: subprocess.Popen, interrupt_grace: float | None = None) -> None:
-    """SIGINT first so pytest still writes junit.xml, then SIGKILL for every process in the group."""
-    interrupt_grace = INTERRUPT_GRACE_SECONDS if interrupt_grace is None else interrupt_grace
-    for sig, grace in ((signal.SIGINT, interrupt_grace), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=grace)
-            if sig == signal.SIGINT:
-                os.killpg(process.pid, signal.SIGKILL)  # ranks that ignored the interrupt
-            return
-        except subprocess.TimeoutExpired:
-            continue
-        except ProcessLookupError:
-            return

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from test_pins import index  # noqa: F401  (a package index that lists torch 0.0.1: the build itself must fail)
 
+import harness.engines.local
 import harness.run.command
 from harness.cli import main
 
@@ -241,7 +242,7 @@ def test_no_tests_is_errored_not_green(tmp_path):
 def test_hang_past_the_cell_timeout_is_killed_with_its_children(tmp_path, monkeypatch):
     pid_file = tmp_path / "child.pid"
     monkeypatch.setenv("CHILD_PID_FILE", str(pid_file))
-    monkeypatch.setattr("harness.run.command.INTERRUPT_GRACE_SECONDS", 3)
+    monkeypatch.setattr("harness.engines.local.INTERRUPT_GRACE_SECONDS", 3)
     assert run(tmp_path, write_matrix(tmp_path, "hanging", timeout_minutes=0.1)) == 1
     env = read_env(cell_folder(tmp_path / "results"))
     assert env["status"] == "errored" and env["error"].startswith("timed out after 0.1 min")
@@ -334,7 +335,7 @@ def test_output_streams_in_chunks_before_the_line_ends(tmp_path):
 
     log_path = tmp_path / "pytest.log"
     with open(read_end, "rb") as source, log_path.open("wb") as log_file:
-        reader = threading.Thread(target=harness.run.command.stream_output, args=(source, log_file, echo))
+        reader = threading.Thread(target=harness.engines.local.stream_output, args=(source, log_file, echo))
         reader.start()
         os.write(write_end, b"tests/gpu/test_x.py ..")
         assert arrived.wait(30), "a chunk without a newline did not come through while the writer was alive"
@@ -353,5 +354,5 @@ def test_a_closed_terminal_does_not_stop_the_log(tmp_path):
     os.write(write_end, b"one\n")
     os.close(write_end)
     with open(read_end, "rb") as source, (tmp_path / "pytest.log").open("wb") as log_file:
-        harness.run.command.stream_output(source, log_file, gone)
+        harness.engines.local.stream_output(source, log_file, gone)
     assert (tmp_path / "pytest.log").read_bytes() == b"one\n"

@@ -62,8 +62,10 @@ def choose_cell(cells: Sequence, source: str, patterns: list[str] | None):
 
 def command(args) -> int:
     from harness.bisect.probes import CellProber
+    from harness.envs.build import env_root
     from harness.plan.matrix import load_matrix, select
-    from harness.run import command as run
+    from harness.run import plan as run_plan
+    from harness.run.prepare import harness_import_path
 
     if args.pytest_args and args.pytest_args[0] == "--":
         args.pytest_args = args.pytest_args[1:]
@@ -71,13 +73,13 @@ def command(args) -> int:
         raise ConfigError(f"--runs {args.runs}: expected a whole number >= 1")
     if args.package and args.package not in PACKAGES and not args.repo:
         raise ConfigError(f"--package {args.package!r}: expected one of {', '.join(PACKAGES)} (any name with --repo)")
-    host = run.detect_host()
-    matrix = load_matrix(args.matrix) if args.matrix else run.default_matrix(host)
+    host = run_plan.detect_host()
+    matrix = load_matrix(args.matrix) if args.matrix else run_plan.default_matrix(host)
     cell = choose_cell(select(matrix.cells, args.cell), str(matrix.path), args.cell)
     test_ids, args.pytest_args = split_test_ids(args.pytest_args)
     if test_ids:  # test ids replace the suite, or pytest would run the whole suite beside them
         cell = dataclasses.replace(cell, suite=tuple(test_ids))
-    if (why := run.unfit_reason(cell, host)) is not None:
+    if (why := run_plan.unfit_reason(cell, host)) is not None:
         from harness.errors import HostMismatchError
 
         raise HostMismatchError(f"{cell.id}: {why}; bisect runs on the cell's own machine shape")
@@ -85,12 +87,12 @@ def command(args) -> int:
         raise ConfigError("--repo needs --package: the distribution name the checkout builds")
     if not args.repo:
         good, bad = parse_side(args.good, args.package, "--good"), parse_side(args.bad, args.package, "--bad")
-    with run.harness_import_path() as import_path:
+    with harness_import_path() as import_path:
         prober = CellProber(
             cell=cell,
             host=host,
-            results_root=run.results_folder(args.results, matrix.root),
-            env_dir=run.env_root(args.env_dir),
+            results_root=run_plan.results_folder(args.results, matrix.root),
+            env_dir=env_root(args.env_dir),
             pytest_args=list(args.pytest_args),
             project=matrix.root,
             matrix_reference=matrix.reference,

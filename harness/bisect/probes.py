@@ -21,6 +21,7 @@ from harness.envs.build import Environment, plan_environment
 from harness.plan.cells import Cell
 from harness.results import CellResult, CellStatus, Outcome, load_results
 from harness.run import command as run
+from harness.run.plan import Host
 
 # Environment messages worth showing while a probe runs; everything else stays in the probe's folder.
 SHOWN = ("building environment", "waiting for another")
@@ -67,7 +68,7 @@ class CellProber:
     """Runs the selection on one cell shape with some of its packages replaced."""
 
     cell: Cell
-    host: run.Host
+    host: Host
     results_root: Path
     env_dir: Path
     pytest_args: list[str]

@@ -11,9 +11,15 @@ from pathlib import Path
 from harness.cell.gpus import GpuIdentity
 from harness.cell.memory import DEFAULT_INTERVAL_S, GpuSamples, MemoryReport
 from harness.contract import HOST_MEMORY_JSON
+from harness.plan.cells import Cell
 
 MAX_BYTES = 1024 * 1024
 MAX_GPUS_PER_HOST = 64
+
+
+def of_cell(cell: Cell, folder: Path, hosts: list[str]) -> MemoryReport | None:
+    """What an engine's hosts sampled, merged; None for a cpu cell (no host samples GPUs for it)."""
+    return None if cell.is_cpu else merge(folder, hosts)
 
 
 def merge(folder: Path, hosts: list[str]) -> MemoryReport:

@@ -25,6 +25,8 @@ from pathlib import Path
 import yaml
 
 from harness.contract import HOST_LOG, HOST_LOST_JSON, HOST_MEMORY_JSON, JOB_MANIFEST, JUNIT_XML, PYTEST_LOG
+from harness.engines import hostmemory
+from harness.engines.base import JobFields, Launch, Ran, pytest_command
 from harness.errors import ConfigError
 from harness.plan.cells import Cell
 from harness.ranks.hosts import KEY_ENV
@@ -37,6 +39,20 @@ KEY_SECRET_FIELD = "key"
 POLL_S = 1.0
 # A DNS-1035 label: what Kubernetes accepts as a JobSet's name and a subdomain.
 NAME = re.compile(r"[a-z]([-a-z0-9]{0,40}[a-z0-9])?")
+
+
+class JobSetEngine:
+    """One JobSet across the cell's hosts, through kubectl. The image holds the project and its environment:
+    pytest runs as `python` there, with the cell's paths as they are in it."""
+
+    name = "jobset"
+    runs_here = False
+
+    def run(self, launch: Launch, job: JobFields) -> Ran:
+        cell, folder = launch.cell, launch.folder
+        exit_code, cause = run_job(cell, folder=folder, log=launch.log, record=job,
+                                   pytest_command=pytest_command(cell, Path("python"), folder, launch.pytest_args))
+        return Ran(exit_code=exit_code, cause=cause, memory=hostmemory.of_cell(cell, folder, job.get("hosts") or []))
 
 
 def jobset_name(cell: Cell, run_id: str) -> str:
@@ -169,7 +185,7 @@ class JobSetDriver:
                 self.log(f"[host{index}] {line}")
 
 
-def run_job(cell: Cell, *, folder: Path, pytest_command: list[str], log: Callable[[str], None], record: dict,
+def run_job(cell: Cell, *, folder: Path, pytest_command: list[str], log: Callable[[str], None], record: JobFields,
             kubectl: str = "kubectl") -> tuple[int | None, str]:
     """Render, apply, wait, collect, delete. (host 0's exit as far as the JobSet tells, the error or "")."""
     import uuid

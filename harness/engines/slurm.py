@@ -30,6 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness.contract import HOST_LOG, HOST_LOST_JSON, HOST_MEMORY_JSON, JOB_SCRIPT, PYTEST_LOG
+from harness.engines import hostmemory
+from harness.engines.base import JobFields, Launch, Ran, pytest_command, pytest_environment
 from harness.errors import ConfigError
 from harness.plan.cells import Cell
 from harness.ranks.hosts import KEY_ENV, port_outside_ephemeral_range
@@ -40,6 +42,21 @@ GONE_TIMEOUT_S = 120.0
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY", "PREEMPTED",
                 "BOOT_FAIL", "DEADLINE"}
 
+
+class SlurmEngine:
+    """One Slurm job across the cell's hosts, submitted from this login node; the cluster shares the project
+    folder, so the job runs the cell environment's interpreter and this harness as they are here."""
+
+    name = "slurm"
+    runs_here = False
+
+    def run(self, launch: Launch, job: JobFields) -> Ran:
+        cell, folder = launch.cell, launch.folder
+        exit_code, cause = run_job(cell, folder=folder,
+                                   pytest_command=pytest_command(cell, launch.python, folder, launch.pytest_args),
+                                   environ=pytest_environment(cell, [], launch.import_path), project=launch.project,
+                                   log=launch.log, record=job)
+        return Ran(exit_code=exit_code, cause=cause, memory=hostmemory.of_cell(cell, folder, job.get("hosts") or []))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -146,7 +163,7 @@ class LogStreamer:
 
 
 def run_job(cell: Cell, *, folder: Path, pytest_command: list[str], environ: dict[str, str], project: Path,
-            log: Callable[[str], None], record: dict, client: SlurmClient | None = None) -> tuple[int | None, str]:
+            log: Callable[[str], None], record: JobFields, client: SlurmClient | None = None) -> tuple[int | None, str]:
     """Submit, stream, wait; fills record's job_id and hosts. (pytest's exit code or None, the error or "")."""
     client = client or SlurmClient()
     port = port_outside_ephemeral_range()  # checked free here; the same range is quiet on the hosts

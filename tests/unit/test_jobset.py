@@ -193,3 +193,23 @@ def test_driver_deletes_when_interrupted(tmp_path, kubectl, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         jobset.run_job(one, folder=folder, pytest_command=["python"], log=lambda line: None, record={})
     assert [call["args"][:2] for call in calls(kubectl)][-2:] == [["delete", "jobset"], ["delete", "secret"]]
+
+
+def test_the_jobset_engine_runs_the_cells_pytest_as_the_images_python(tmp_path, kubectl, monkeypatch):
+    """Behind the Engine protocol: the launch's interpreter is this machine's, the pods run `python`; the job's
+    name and hosts come back through the job fields; a cpu cell's hosts sampled no GPU memory."""
+    from harness.engines import Launch, engine
+
+    monkeypatch.setenv("STANDIN_STATE", "Completed")
+    one = cell(tmp_path, "cpu-k8s", 2, 2)
+    folder = tmp_path / "results" / one.id
+    folder.mkdir(parents=True)
+    launch = Launch(cell=one, folder=folder, python=Path(sys.executable), pytest_args=("-k", "ep"), project=tmp_path,
+                    import_path=None, gpus=(), log=lambda line: None)
+    job = {"job_id": None, "hosts": []}
+    ran = engine("jobset").run(launch, job)
+    assert (ran.exit_code, ran.cause, ran.timed_out, ran.memory) == (0, "", False, None)
+    args = yaml.safe_load((folder / "jobset.yaml").read_text())["spec"]["replicatedJobs"][0]["template"]["spec"][
+        "template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--") + 1:][:3] == ["python", "-m", "pytest"] and args[-2:] == ["-k", "ep"]
+    assert job["job_id"].startswith("h-") and len(job["hosts"]) == 2

@@ -54,11 +54,11 @@ def test_outside_a_git_repository_a_missing_suite_says_where_it_looked(tmp_path,
 def test_the_embedded_defaults_missing_suite_names_what_was_searched_not_a_shipped_file(tmp_path, capsys,
                                                                                          monkeypatch):
     """Issue 29: `harness run` in a folder outside git blamed the shipped matrix file for the missing suite."""
-    import harness.run.command
+    import harness.run.plan
 
     monkeypatch.chdir(tmp_path)
-    no_gpus = harness.run.command.Host(gpus=(), gpu_type=None, driver=None)
-    monkeypatch.setattr(harness.run.command, "detect_host", lambda: no_gpus)
+    no_gpus = harness.run.plan.Host(gpus=(), gpu_type=None, driver=None)
+    monkeypatch.setattr(harness.run.plan, "detect_host", lambda: no_gpus)
     monkeypatch.delenv("HARNESS_MATRICES_DIR", raising=False)
     assert main(["run", "--dry-run"]) == 2
     error = capsys.readouterr().err.splitlines()[-1]
@@ -72,7 +72,7 @@ def test_the_embedded_gpu_cell_is_said_to_come_from_the_default_not_from_runners
     from harness.cell.preflight import check_project
     from harness.plan.cells import Matrix
     from harness.project import ProjectRoot
-    from harness.run.command import suite_origin
+    from harness.run.plan import suite_origin
 
     project = ProjectRoot(path=tmp_path, found_as="the git top level of the working directory", in_git=True)
     local = Matrix(name="local", path=Path("/site-packages/harness/_matrices/runners.yaml"), description="",
@@ -124,7 +124,7 @@ def test_a_full_run_is_one_without_pytest_arguments(tmp_path, record, full):
 
 
 def test_the_render_hint_names_the_harness_that_ran(tmp_path, monkeypatch):
-    from harness.run.command import this_command
+    from harness.run.render import this_command
 
     script = tmp_path / ".venv" / "bin" / "harness"
     script.parent.mkdir(parents=True)

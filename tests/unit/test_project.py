@@ -152,7 +152,7 @@ def test_a_closed_pipe_ends_quietly():
 
 
 def test_dry_run_shows_the_plan_with_refused_cells_summarized(capsys, monkeypatch):
-    from harness.run import command as run
+    from harness.run import plan as run
 
     monkeypatch.setattr(run, "detect_host", lambda: run.Host(gpus=(), gpu_type=None, driver=None))
     assert main(["run", "--matrix", "nightly", "--dry-run"]) == 0
@@ -163,7 +163,7 @@ def test_dry_run_shows_the_plan_with_refused_cells_summarized(capsys, monkeypatc
 
 
 def test_a_built_environment_imports_this_harness_and_nothing_else_of_its_venv(tmp_path):
-    from harness.run import command as run
+    from harness.run import prepare as run
 
     with run.harness_import_path() as folder:
         entries = {path.name for path in folder.iterdir()}

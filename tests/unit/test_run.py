@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -12,8 +13,13 @@ from pathlib import Path
 import pytest
 from test_pins import index  # noqa: F401  (a package index that lists torch 0.0.1: the build itself must fail)
 
+import harness.engines.local
 import harness.run.command
+import harness.run.plan
+import harness.run.prepare
+import harness.run.record
 from harness.cli import main
+from harness.plan.matrix import load_matrix
 
 TORCH = importlib.metadata.version("torch").split("+")[0]
 TRANSFORMERS = importlib.metadata.version("transformers").split("+")[0]
@@ -132,10 +138,10 @@ def test_git_dirty_says_whether_tracked_files_differ_from_head(tmp_path, monkeyp
     subprocess.run([*git, "add", "tracked.txt"], check=True)
     subprocess.run([*git, "commit", "-q", "-m", "one"], check=True)
     (repo / "untracked.txt").write_text("results and caches are not changes")
-    assert harness.run.command.git_dirty(repo) is False
+    assert harness.run.prepare.git_dirty(repo) is False
     (repo / "tracked.txt").write_text("two")
-    assert harness.run.command.git_dirty(repo) is True
-    assert harness.run.command.git_dirty(repo.parent) is None and harness.run.command.git_sha(repo.parent) is None
+    assert harness.run.prepare.git_dirty(repo) is True
+    assert harness.run.prepare.git_dirty(repo.parent) is None and harness.run.prepare.git_sha(repo.parent) is None
 
 
 def test_git_sha_is_the_commit_checked_out_and_the_trigger_sha_is_recorded_apart(tmp_path, monkeypatch):
@@ -147,13 +153,13 @@ def test_git_sha_is_the_commit_checked_out_and_the_trigger_sha_is_recorded_apart
     subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "the pull request's head"], check=True)
     head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
     monkeypatch.setenv("GITHUB_SHA", "0" * 40)  # the default branch's head
-    assert harness.run.command.git_sha(repo) == head
-    cell = harness.run.command.load_matrix(write_matrix(tmp_path, "passing")).cells[0]
-    host = harness.run.command.Host(gpus=(), gpu_type=None, driver=None)
-    record = harness.run.command.start_record(
+    assert harness.run.prepare.git_sha(repo) == head
+    cell = load_matrix(write_matrix(tmp_path, "passing")).cells[0]
+    host = harness.run.plan.Host(gpus=(), gpu_type=None, driver=None)
+    record = harness.run.prepare.start_record(
         cell, host, [], 0.0, project=repo, reproduce="harness run", pytest_args=[]
     )
-    assert (record["git_sha"], record["trigger_sha"], record["git_dirty"]) == (head, "0" * 40, False)
+    assert (record.git_sha, record.trigger_sha, record.git_dirty) == (head, "0" * 40, False)
 
 
 def test_failing_cell_is_failed_and_exits_1(tmp_path):
@@ -203,9 +209,9 @@ JUNIT_CASE = ('<?xml version="1.0"?><testsuites><testsuite name="pytest"><testca
 def test_classify_reads_not_run_from_the_typed_properties(tmp_path, prop, result, status):
     junit = tmp_path / "junit.xml"
     junit.write_text(JUNIT_CASE.format("case", prop, result))
-    cell = harness.run.command.load_matrix(write_matrix(tmp_path, "passing")).cells[0]
-    assert harness.run.command.classify(cell, 0, False, junit) == (status, None, None)
-    assert harness.run.command.classify(cell, 1, False, junit)[0] == "failed"  # pytest's red stays red
+    cell = load_matrix(write_matrix(tmp_path, "passing")).cells[0]
+    assert harness.run.record.classify(cell, 0, False, junit) == (status, None, None)
+    assert harness.run.record.classify(cell, 1, False, junit)[0] == "failed"  # pytest's red stays red
 
 
 def test_a_run_with_pytest_args_records_them_and_its_reproduce_line_has_one_separator(tmp_path):
@@ -241,7 +247,7 @@ def test_no_tests_is_errored_not_green(tmp_path):
 def test_hang_past_the_cell_timeout_is_killed_with_its_children(tmp_path, monkeypatch):
     pid_file = tmp_path / "child.pid"
     monkeypatch.setenv("CHILD_PID_FILE", str(pid_file))
-    monkeypatch.setattr("harness.run.command.INTERRUPT_GRACE_SECONDS", 3)
+    monkeypatch.setattr("harness.engines.local.INTERRUPT_GRACE_SECONDS", 3)
     assert run(tmp_path, write_matrix(tmp_path, "hanging", timeout_minutes=0.1)) == 1
     env = read_env(cell_folder(tmp_path / "results"))
     assert env["status"] == "errored" and env["error"].startswith("timed out after 0.1 min")
@@ -289,8 +295,8 @@ def test_stale_files_of_an_earlier_run_are_cleared(tmp_path):
 
 
 def test_gpu_cell_on_a_cpu_machine_is_refused_with_exit_3(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("harness.run.command.detect_host",
-                        lambda: __import__("harness.run.command").run.Host(gpus=(), gpu_type=None, driver=None))
+    monkeypatch.setattr("harness.run.plan.detect_host",
+                        lambda: harness.run.plan.Host(gpus=(), gpu_type=None, driver=None))
     assert run(tmp_path, "h200-2gpu") == 3
     err = capsys.readouterr().err
     assert "cannot host 2 of 2 cells" in err and "needs 2 h200 GPUs, this machine has none" in err
@@ -334,7 +340,7 @@ def test_output_streams_in_chunks_before_the_line_ends(tmp_path):
 
     log_path = tmp_path / "pytest.log"
     with open(read_end, "rb") as source, log_path.open("wb") as log_file:
-        reader = threading.Thread(target=harness.run.command.stream_output, args=(source, log_file, echo))
+        reader = threading.Thread(target=harness.engines.local.stream_output, args=(source, log_file, echo))
         reader.start()
         os.write(write_end, b"tests/gpu/test_x.py ..")
         assert arrived.wait(30), "a chunk without a newline did not come through while the writer was alive"
@@ -353,5 +359,44 @@ def test_a_closed_terminal_does_not_stop_the_log(tmp_path):
     os.write(write_end, b"one\n")
     os.close(write_end)
     with open(read_end, "rb") as source, (tmp_path / "pytest.log").open("wb") as log_file:
-        harness.run.command.stream_output(source, log_file, gone)
+        harness.engines.local.stream_output(source, log_file, gone)
     assert (tmp_path / "pytest.log").read_bytes() == b"one\n"
+
+
+def test_the_execute_stage_runs_the_cells_engine_and_an_interrupted_job_is_recorded(tmp_path, monkeypatch):
+    """The cell's engine is looked up by its `engine:`; what the engine learned of its job before harness was
+    interrupted (its id, its hosts) is in env.json, and the interruption goes on once the folder is written."""
+    import sys
+
+    from harness.engines import Interrupted, Ran
+    from harness.envs.build import Environment
+
+    launches = []
+
+    class Standin:
+        name, runs_here = "slurm", False
+
+        def run(self, launch, job):
+            launches.append(launch)
+            job["job_id"], job["hosts"] = "42", ["h0", "h1"]
+            if launch.pytest_args:
+                raise Interrupted(15)
+            return Ran(exit_code=0, cause="host 1 (h1) lost: silent")
+
+    monkeypatch.setitem(harness.engines.REGISTRY, "slurm", Standin())
+    cell = dataclasses.replace(load_matrix(write_matrix(tmp_path, "passing")).cells[0], engine="slurm", hosts=2)
+    here = Environment(python=Path(sys.executable), origin="current", path=None, versions={"python": "3"})
+    common = dict(host=harness.run.plan.Host(gpus=(), gpu_type=None, driver=None), env_dir=tmp_path / "envs",
+                  log=lambda line: None, project=tmp_path, matrix_reference="m",
+                  prepare_environment=lambda cell, env_dir, log: here)
+    outcome = harness.run.command.run_cell(cell, results_root=tmp_path / "a", pytest_args=[], **common)
+    env = read_env(outcome.folder)
+    assert (env["status"], env["error_kind"], env["error"]) == ("errored", "engine", "host 1 (h1) lost: silent")
+    assert (env["job_id"], env["hosts"], env["exit_code"], env["versions"]["python"]) == ("42", ["h0", "h1"], 0, "3")
+    with pytest.raises(Interrupted):
+        harness.run.command.run_cell(cell, results_root=tmp_path / "b", pytest_args=["-x"], **common)
+    env = read_env(tmp_path / "b" / cell.id)
+    assert env["error"] == "cancelled: harness interrupted by SIGTERM; slurm job 42 cancelled"
+    assert (env["error_kind"], env["hosts"], env["exit_code"]) == ("interrupted", ["h0", "h1"], None)
+    assert [launch.gpus for launch in launches] == [(), ()]
+    assert (outcome.folder / "memory.json").is_file()

@@ -69,6 +69,16 @@ def test_bad_hosts_and_engines_name_the_key(tmp_path, entries, axes_hosts, messa
         expand(spec("cpu-slurm", axes_hosts), runners(tmp_path, entries), name="m", source="m.yaml")
 
 
+def test_every_engine_runners_yaml_may_name_is_registered():
+    """The plan checks `engine:` against ENGINES without importing the engines: the registry has the same names."""
+    from harness.engines import REGISTRY
+    from harness.plan.cells import ENGINES
+
+    assert tuple(REGISTRY) == ENGINES
+    assert all(engine.name == name for name, engine in REGISTRY.items())
+    assert [name for name, engine in REGISTRY.items() if engine.runs_here] == ["local"]
+
+
 def test_job_script_and_sbatch_line(tmp_path):
     cell = expand(spec("gb200", [18], gpus=4), runners(tmp_path), name="m", source="m.yaml")[0]
     script = slurm.batch_script(cell, ["python", "-m", "harness", "host"], tmp_path)

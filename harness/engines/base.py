@@ -1,0 +1,107 @@
+"""What every engine is handed and hands back, and the one pytest command line they all start.
+
+`harness run`'s execute stage looks a cell's engine up by runners.yaml's `engine:` (harness.engines.REGISTRY)
+and calls `run(launch, job)`: the engine starts the cell's pytest on its hosts, waits, and returns `Ran`.
+While it runs it fills `job` (the job's id, its hosts) so that what it knew is recorded even when harness
+is interrupted and the engine raises `Interrupted` on the way out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, TypedDict
+
+from harness.contract import JUNIT_XML, RANKS_LOG
+
+if TYPE_CHECKING:
+    from harness.cell.gpus import GpuIdentity
+    from harness.cell.memory import MemoryReport
+    from harness.plan.cells import Cell
+
+PLUGIN = "harness.ranks.plugin"
+
+
+class Interrupted(BaseException):  # a signal, like KeyboardInterrupt: `except Exception` lets it through
+    """harness run got SIGTERM or SIGINT: the cell stops, its folder says so, and harness exits 128+signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Launch:
+    """One cell, ready to run: its folder made, its environment's interpreter, what pytest gets."""
+
+    cell: Cell
+    folder: Path  # results/<cell-id>/: every file of the cell lands here
+    python: Path  # the cell environment's interpreter (an engine whose hosts have their own may ignore it)
+    pytest_args: tuple[str, ...]  # the run's own, after `--`
+    project: Path  # the tested repository: pytest runs from it
+    import_path: Path | None  # this harness, for an environment that lacks it (None: it has it)
+    gpus: tuple[GpuIdentity, ...]  # this machine's GPUs the cell runs on: none for a cpu cell or an engine's hosts
+    log: Callable[[str], None]  # harness's lines to the terminal
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Ran:
+    """How the cell's pytest ended, as far as its engine can tell."""
+
+    exit_code: int | None  # pytest's (host 0's); None where nothing says
+    timed_out: bool = False  # pytest ran past the cell's timeout and was stopped (the local engine)
+    cause: str = ""  # why the engine ended the cell in error (a host lost, scancel, NODE_FAIL, its timeout); "" none
+    memory: MemoryReport | None = None  # what the cell's hosts sampled; None: nothing (this machine's monitor, if any)
+
+
+class JobFields(TypedDict):
+    """env.json's job fields, filled by the engine as it learns them (read even when it raises)."""
+
+    job_id: str | None  # the engine's job: a Slurm job id, a JobSet's name
+    hosts: list[str]  # every host of the cell, host 0 first
+
+
+class Engine(Protocol):
+    """What starts, watches and ends a cell's pytest on the cell's hosts."""
+
+    name: str  # runners.yaml's `engine:`
+    # The cell's ranks run on this machine: harness matches the cell to this machine's GPUs, refuses busy
+    # ones, and samples them while it runs. Otherwise the engine's hosts do that for themselves.
+    runs_here: bool
+
+    def run(self, launch: Launch, job: JobFields) -> Ran:
+        """Runs the cell's pytest to its end (or its timeout); raises `Interrupted` after stopping it."""
+        ...
+
+
+def pytest_command(cell: Cell, python: Path, folder: Path, pytest_args: list[str] | tuple[str, ...]) -> list[str]:
+    # -p: the ranks plugin's options must exist when pytest parses them, where harness is not installed in
+    # the cell's environment (installed, its pytest11 entry point has the same name and is not loaded twice).
+    # A test's captured output, its ranks' included, goes to its testcase in junit.xml (junit_logging) and is
+    # shown with a failure; -r lists every outcome but not the passed tests' output (the P that -rA adds).
+    command = [str(python), "-m", "pytest", *cell.suite, "-p", PLUGIN,
+               "-p", "no:cacheprovider", "-o", "junit_family=xunit1", "-o", "junit_logging=all",
+               f"--junitxml={folder / JUNIT_XML}", f"--ranks-log={folder / RANKS_LOG}",
+               f"--timeout={cell.test_timeout_seconds}", "-rfEsxXp"]
+    if cell.reruns:
+        command.append(f"--reruns={cell.reruns}")
+    return command + list(pytest_args)
+
+
+def pytest_environment(cell: Cell, gpus: list | tuple, import_path: Path | None = None) -> dict[str, str]:
+    environ = dict(os.environ)
+    if import_path is not None:
+        environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(import_path), environ.get("PYTHONPATH")]))
+    # No bytecode written: a cached environment stays as built, so its manifest check passes next time.
+    environ.update(HARNESS_CELL_ID=cell.id, PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
+    if cell.is_cpu:
+        environ["HARNESS_CPU_RANKS"] = str(cell.gpus)
+        environ["CUDA_VISIBLE_DEVICES"] = ""  # a cpu cell means gloo, even on a GPU machine
+    else:
+        # UUIDs name exactly the GPUs the monitor watches, whatever order CUDA enumerates in.
+        environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpu.uuid for gpu in gpus)
+        environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    return environ

@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.results.digest import CellDigest, Digest, cell_key, test_key
-from harness.results.model import CellResult, CellStatus, Outcome, ResultSet, finite, natural_key
+from harness.results.model import CellResult, CellStatus, Outcome, ResultSet, natural_key
+from harness.results.values import finite
 
 MEMORY_CHANGE_MIB = 256.0
 MEMORY_CHANGE_FRACTION = 0.05

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import ConfigError
-from harness.results.model import CellStatus, Counts, Outcome, ResultSet, capped, finite
+from harness.results.model import CellStatus, Counts, Outcome, ResultSet
+from harness.results.values import capped, finite
 from harness.results.reader import load_results
 
 DIGEST_TAG = "harness-digest v1"

@@ -45,9 +45,10 @@ from harness.contract import (
     WORLD_SIZE,
 )
 from harness.ranks import sections
+from harness.ranks.failures import HostLostError
 from harness.ranks.hosts import HostsConfig
 from harness.ranks.pool import PoolLauncher
-from harness.ranks.protocol import DEFAULT_TIMEOUT_S, HostLostError, RankOutput, RankResult
+from harness.ranks.protocol import DEFAULT_TIMEOUT_S, RankOutput, RankResult
 from harness.ranks.spawn import run_distributed
 
 CPU_RANKS_ENV = "HARNESS_CPU_RANKS"

@@ -1,5 +1,4 @@
-"""A cell folder's files opened safely: regular files only (a FIFO would block, a symbolic link point anywhere),
-each read up to its size cap; what cannot be read is a `Problem`, never an exception."""
+"""A cell folder's files read safely: regular files only, each up to its cap; what cannot be read is a `Problem`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""junit.xml -> the tests of one cell: parsed by the standard library's expat, chosen here and not by whatever
-else is installed (junitparser silently switches to lxml), with DTDs refused: a results file never declares
-entities."""
+"""junit.xml -> a cell's tests, parsed by the standard library's expat with DTDs refused, whatever is installed."""
 
 from __future__ import annotations
 
@@ -39,6 +37,7 @@ class _RefusedMarkup(ValueError):
     pass
 
 
+# expat is chosen here, not by whatever else is installed (junitparser silently switches to lxml).
 def parse_xml(data: bytes) -> ET.Element:
     """A tree from expat with no DTD (so no entity of any kind) and no recursion, whatever is installed."""
     builder = ET.TreeBuilder()

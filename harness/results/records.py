@@ -1,6 +1,4 @@
-"""env.json and memory.json read into the model: the cell's own fields as `harness run` recorded them, the
-command that reruns it, its GPUs' memory. Every value is type-checked; a wrong one is a `Problem` and reads as
-None."""
+"""env.json and memory.json into the model: the cell's recorded fields, its rerun command, its GPUs' memory."""
 
 from __future__ import annotations
 

@@ -120,7 +120,9 @@ class EnvRecord:
     (or without a status) reads as errored."""
 
     schema: int = SCHEMA
-    cell: dict[str, Any] = field(default_factory=dict)  # Cell.to_json(): id, gpu, gpus, torch, transformers, matrix
+    # Cell.to_json(): id, gpu, gpus, hosts, torch, transformers, matrix, ...: readers take the cell's fields from
+    # here; its id is built once (Cell.id) and never parsed.
+    cell: dict[str, Any] = field(default_factory=dict)
     status: str = "errored"  # one of STATUSES
     error: str | None = None  # why errored, in words
     error_kind: str | None = None  # why errored, one of ERROR_KINDS: what bisect and triage read

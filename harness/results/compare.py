@@ -189,8 +189,9 @@ def nightly_regressions(
 
 def night_before(cell: CellResult, baseline: ResultSet) -> CellResult | None:
     """Last night's cell of the same runner shape: the same id, else (versions floated) the same GPU
-    type and count with the same torch, else the same transformers."""
-    same_shape = [b for b in baseline.cells if (b.info.gpu, b.info.gpus) == (cell.info.gpu, cell.info.gpus)]
+    type, count and hosts with the same torch, else the same transformers. The shape is what env.json
+    records, never parsed from the id."""
+    same_shape = [b for b in baseline.cells if _shape(b) == _shape(cell)]
     for matches in (
         (lambda b: b.id == cell.id),
         (lambda b: b.info.torch == cell.info.torch),
@@ -200,3 +201,8 @@ def night_before(cell: CellResult, baseline: ResultSet) -> CellResult | None:
         if found:
             return found[-1]
     return None
+
+
+def _shape(cell: CellResult) -> tuple[str | None, int | None, int]:
+    # A cell recorded before cells spanned hosts ran on one.
+    return cell.info.gpu, cell.info.gpus, cell.info.hosts or 1

@@ -167,9 +167,12 @@ class GpuMemory:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CellInfo:
+    """The cell as env.json records it (None: not recorded, e.g. a folder without env.json)."""
+
     id: str
     gpu: str | None = None
-    gpus: int | None = None
+    gpus: int | None = None  # per host
+    hosts: int | None = None  # None: recorded before cells spanned hosts (one host), or not recorded
     torch: str | None = None
     transformers: str | None = None
     matrix: str | None = None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import shlex
 from collections.abc import Mapping
 
@@ -12,7 +11,6 @@ from harness.results.model import CellInfo, GpuMemory, Problem
 from harness.results.values import Number, capped, clean_text, number
 
 MAX_GPUS = 64  # per cell; a runner has at most 8, MIG slices included a few dozen
-_CELL_ID = re.compile(r"^(?P<gpu>[a-z0-9]+)-(?P<gpus>\d+)(?:gpu|rank)-torch(?P<torch>[^-]+)-tf(?P<transformers>.+)$")
 
 # The run's pytest arguments go into a command shown in a shell block: a few plain, short strings.
 PYTEST_ARGS_MAX = 32
@@ -20,18 +18,16 @@ PYTEST_ARGS_CHARS = 400  # all of them together; `reproduce` bounds the recorded
 
 
 def cell_info(cell: Mapping[str, object], folder_name: str, problems: list[Problem]) -> CellInfo:
+    """The cell's fields as `harness run` recorded them in env.json (`Cell.to_json()`); the id is never parsed
+    for them. A folder without that record shows its folder's name as the id and nothing else."""
     fields = Fields("env.json: cell", cell, problems)
-    cell_id = capped(fields.text("id") or clean_text(folder_name, ID_CHARS), ID_CHARS)
-    # Without env.json the id still says what the cell was.
-    parsed = _CELL_ID.match(cell_id)
-    from_id = parsed.groupdict() if parsed else {}
-    gpus = fields.integer("gpus")
     return CellInfo(
-        id=cell_id,
-        gpu=fields.text("gpu") or from_id.get("gpu"),
-        gpus=gpus if gpus is not None else (int(from_id["gpus"]) if from_id else None),
-        torch=fields.text("torch") or from_id.get("torch"),
-        transformers=fields.text("transformers") or from_id.get("transformers"),
+        id=capped(fields.text("id") or clean_text(folder_name, ID_CHARS), ID_CHARS),
+        gpu=fields.text("gpu"),
+        gpus=fields.integer("gpus"),
+        hosts=fields.integer("hosts"),
+        torch=fields.text("torch"),
+        transformers=fields.text("transformers"),
         matrix=fields.text("matrix"),
     )
 

@@ -78,16 +78,15 @@ def triage_regressions(path: str | Path) -> tuple:
 
 
 def nightly_issue_command(gh: GitHub, args: Any) -> int:
-    from harness.report.render import read_baseline, render_nightly
-    from harness.results import CellStatus, Digest, load_results, nightly_regressions
+    from harness.report.render import render_nightly
+    from harness.results import CellStatus, load_results, nightly_regressions
 
     current = load_results([args.results])
     # No baseline folder: the first night, or the previous night's artifacts expired.
-    baseline = read_baseline(args.baseline) if args.baseline and Path(args.baseline).exists() else None
-    regressions = nightly_regressions(current, baseline or Digest(cells={}),
-                                      memory_mib=args.memory_mib, memory_percent=args.memory_percent)
+    baseline = load_results([args.baseline]) if args.baseline and Path(args.baseline).exists() else None
+    regressions = nightly_regressions(current, baseline, memory_mib=args.memory_mib, memory_percent=args.memory_percent)
     if getattr(args, "triage_json", None):
-        # Triage's answer to "what is new since last night" (results.compare.night_before), not a second rule.
+        # The same reds (results.compare.new_reds, the one rule), each with triage's class and its bisect's word.
         regressions = (*triage_regressions(args.triage_json),
                        *(regression for regression in regressions if regression.kind == "memory"))
     green = all(cell.status is CellStatus.PASSED for cell in current.cells)

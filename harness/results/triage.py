@@ -24,8 +24,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from harness import contract
-from harness.results import CellResult, CellStatus, Outcome, ResultSet, TestResult, natural_key
-from harness.results.compare import night_before
+from harness.results import CellResult, Outcome, ResultSet, TestResult
+from harness.results.compare import new_reds
 
 
 class Triage(str, enum.Enum):
@@ -200,58 +200,51 @@ def versions_of(cell: CellResult) -> dict[str, str]:
 
 
 def triage(tonight: ResultSet, baseline: ResultSet | None) -> list[Red]:
-    """Every red of tonight that was not red the night before, classified."""
-    baseline = baseline or ResultSet(cells=())
+    """Every red of tonight that was not red the night before (`compare.new_reds`, the one rule), classified."""
     reds = []
-    for cell in sorted(tonight.cells, key=lambda c: natural_key(c.id)):
-        before = night_before(cell, baseline)
-        outcome_before = {t.test_id: t.outcome for t in before.tests} if before else {}
-        if cell.status is CellStatus.ERRORED and not cell.failing_tests:
-            if before is None or before.status is not CellStatus.ERRORED:
-                triage_class, cause = classify_cell(cell)
-                good = bad = None
-                if triage_class is Triage.REAL and before is not None and versions_of(before) != versions_of(cell):
-                    good, bad = versions_of(before), versions_of(cell)  # a hang or crash is bisected too
-                reds.append(
-                    Red(
-                        cell_id=cell.id,
-                        test_id=None,
-                        test_name=None,
-                        message=cell.reason or "errored",
-                        triage=triage_class,
-                        cause=cause,
-                        good=good,
-                        bad=bad,
-                        crash=cell.error_kind in CRASH_KINDS,
-                    )
-                )
-            continue
-        for test in [*cell.failing_tests, *(t for t in cell.tests if t.outcome is Outcome.FLAKY)]:
-            was = outcome_before.get(test.test_id)
-            if was is not None and was.is_failing:
-                continue  # red the night before too: not new
-            triage_class, cause = classify_test(test)
+    for new in new_reds(tonight, baseline):
+        cell, before, test = new.cell, new.before, new.test
+        if test is None:  # the cell errored without a failing test
+            triage_class, cause = classify_cell(cell)
             good = bad = None
-            if triage_class is Triage.REAL:
-                if was is Outcome.PASSED and versions_of(before) != versions_of(cell):
-                    good, bad = versions_of(before), versions_of(cell)
-                elif was is Outcome.PASSED:
-                    cause = "same torch and transformers as the night before: a change in this repository"
-                else:
-                    cause = "no passing result the night before to bisect from"
+            if triage_class is Triage.REAL and before is not None and versions_of(before) != versions_of(cell):
+                good, bad = versions_of(before), versions_of(cell)  # a hang or crash is bisected too
             reds.append(
                 Red(
                     cell_id=cell.id,
-                    test_id=test.test_id,
-                    test_name=test.name,
-                    message=test.message or test.outcome.value,
+                    test_id=None,
+                    test_name=None,
+                    message=cell.reason or "errored",
                     triage=triage_class,
                     cause=cause,
                     good=good,
                     bad=bad,
-                    crash=cause == CRASH_CAUSE,
+                    crash=cell.error_kind in CRASH_KINDS,
                 )
             )
+            continue
+        triage_class, cause = classify_test(test)
+        good = bad = None
+        if triage_class is Triage.REAL:
+            if new.was is Outcome.PASSED and versions_of(before) != versions_of(cell):
+                good, bad = versions_of(before), versions_of(cell)
+            elif new.was is Outcome.PASSED:
+                cause = "same torch and transformers as the night before: a change in this repository"
+            else:
+                cause = "no passing result the night before to bisect from"
+        reds.append(
+            Red(
+                cell_id=cell.id,
+                test_id=test.test_id,
+                test_name=test.name,
+                message=test.message or test.outcome.value,
+                triage=triage_class,
+                cause=cause,
+                good=good,
+                bad=bad,
+                crash=cause == CRASH_CAUSE,
+            )
+        )
     return reds
 
 

@@ -167,9 +167,7 @@ def test_hostile_names_add_no_markup_to_the_nightly_issue(tmp_path):
     write_cell(before / CELL, junit(case(f"test_bad[{HOSTILE}]")), env={"status": "passed", "exit_code": 0})
     write_cell(before / "h200-8gpu-torch2.11.0-tf5.18.0", junit(case("t")), env={"status": "passed"})
     current = load_results([hostile_results(tmp_path / "now")])
-    from harness.results import load_baseline
-
-    found = nightly_regressions(current, load_baseline(before), memory_mib=64, memory_percent=10)
+    found = nightly_regressions(current, load_results([before]), memory_mib=64, memory_percent=10)
     assert {item.kind for item in found} == {"failing", "errored"}
     for kind in ("issue", "again"):
         text = render_nightly(

@@ -297,27 +297,3 @@ def load_bisects(folder: str | Path | None) -> dict[str, dict]:
         if isinstance(data, dict) and isinstance(data.get("cell"), str):
             found[data["cell"]] = data
     return found
-
-
-def command(args) -> int:
-    from harness.plan.matrix import load_runners
-    from harness.results import load_results
-    from harness.report.templates import render_template
-
-    tonight = load_results([args.results])
-    baseline = load_results([args.baseline]) if args.baseline and Path(args.baseline).is_dir() else None
-    reds = triage(tonight, baseline)
-    runners = load_runners()
-    plan = bisect_plan(
-        reds,
-        {name: runner.labels for name, runner in runners.items()},
-        {cell.id: cell.info.gpu or "" for cell in tonight.cells},
-    )
-    rows = with_bisects(reds, load_bisects(args.bisects))
-    document = {"reds": rows, "bisect": plan}
-    if args.output:
-        Path(args.output).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    if args.github_matrix:
-        Path(args.github_matrix).write_text(json.dumps({"include": plan}, separators=(",", ":")), encoding="utf-8")
-    print(render_template("triage.md.j2", reds=rows, baseline=baseline is not None), end="")
-    return 0

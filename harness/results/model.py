@@ -26,7 +26,10 @@ from harness.contract import (
     PEAK_ALLOCATED_PREFIX,
     RANK_UNITS,
     ROUTING_MARGIN,
+    STATUS_ERRORED,
+    STATUS_FAILED,
     STATUS_NOT_RUN,
+    STATUS_PASSED,
     TRANSFORMERS_VERSION,
     WORLD_SIZE,
 )
@@ -54,9 +57,9 @@ class Outcome(str, Enum):
 
 
 class CellStatus(str, Enum):
-    PASSED = "passed"
-    FAILED = "failed"  # tests failed
-    ERRORED = "errored"  # no usable junit.xml, or env.json says the cell itself broke
+    PASSED = STATUS_PASSED
+    FAILED = STATUS_FAILED  # tests failed
+    ERRORED = STATUS_ERRORED  # no usable junit.xml, or env.json says the cell itself broke
     NOT_RUN = STATUS_NOT_RUN  # nothing failed, but no distributed case ran: the host had too few GPUs or ranks
 
 

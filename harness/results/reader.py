@@ -24,6 +24,8 @@ from harness.contract import (
     MEMORY_JSON,
     PYTEST_LOG,
     RUNNING_TEST,
+    STATUS_ERRORED,
+    STATUS_FAILED,
     STATUS_NOT_RUN,
     STATUSES,
 )
@@ -196,7 +198,7 @@ def _cell_status(
     counts: Counts,
     nothing_distributed: bool,
 ) -> tuple[CellStatus, str | None]:
-    if env_status == "errored":
+    if env_status == STATUS_ERRORED:
         return CellStatus.ERRORED, env_error or "env.json says errored and gives no reason"
     if junit_problem:
         return CellStatus.ERRORED, str(junit_problem)
@@ -204,7 +206,7 @@ def _cell_status(
         return CellStatus.ERRORED, "env.json gives no status: the run did not finish (interrupted or killed)"
     if counts.failed or counts.errored:
         return CellStatus.FAILED, None
-    if env_status == "failed":
+    if env_status == STATUS_FAILED:
         return CellStatus.FAILED, f"pytest exited with code {exit_code} but junit.xml records no failure"
     # Either one saying so is enough: a cell that ran nothing distributed is never read as green.
     if env_status == STATUS_NOT_RUN or nothing_distributed:

@@ -31,11 +31,17 @@ from harness import __version__, contract
 from harness.cell import memory, preflight
 from harness.contract import (
     ENV_JSON,
+    INSTALL_LOG,
     JUNIT_XML,
+    MEMORY_JSON,
+    PYTEST_LOG,
     RANKS_LOG,
     RUNNING_TEST,
     RUNNING_TEST_ENV,
+    STATUS_ERRORED,
+    STATUS_FAILED,
     STATUS_NOT_RUN,
+    STATUS_PASSED,
     EnvRecord,
 )
 from harness.engines import hostmemory
@@ -127,7 +133,7 @@ def command(args) -> int:
 
 def exit_status(statuses: list[str]) -> int:
     """1 when a cell failed or errored; EXIT_NOT_RUN when none did but one ran nothing distributed; else 0."""
-    if any(status not in ("passed", STATUS_NOT_RUN) for status in statuses):
+    if any(status not in (STATUS_PASSED, STATUS_NOT_RUN) for status in statuses):
         return 1
     return EXIT_NOT_RUN if STATUS_NOT_RUN in statuses else 0
 
@@ -242,7 +248,7 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
     log(f"== {cell.id}: results in {folder}")
     memory_report = memory.MemoryReport.unavailable("cpu cell: no GPU" if cell.is_cpu else "no GPU was monitored")
     try:
-        with (folder / "install.log").open("w") as install_log:
+        with (folder / INSTALL_LOG).open("w") as install_log:
             environment = prepare_environment(cell, env_dir, tee(install_log, log))
         env_cache.mark_used(environment.path)
         record["versions"].update({k: environment.versions.get(k) for k in
@@ -270,14 +276,14 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
                     memory_report = monitor.stop()
             record["exit_code"] = exit_code
             if cell.engine != "local" and cause:  # the engine knows why (a host lost, scancel, NODE_FAIL)
-                record["status"], record["error"], record["error_kind"] = "errored", cause, contract.ERROR_ENGINE
+                record["status"], record["error"], record["error_kind"] = STATUS_ERRORED, cause, contract.ERROR_ENGINE
             else:
                 record["status"], record["error"], record["error_kind"] = classify(
                     cell, exit_code, cell.engine == "local" and timed_out, folder / JUNIT_XML)
     except EnvironmentBuildError as error:
         record["error"], record["error_kind"] = f"environment: {error}", contract.ERROR_ENVIRONMENT
     except Interrupted as interrupted:
-        record["status"], record["error"] = "errored", str(interrupted)
+        record["status"], record["error"] = STATUS_ERRORED, str(interrupted)
         record["error_kind"] = contract.ERROR_INTERRUPTED
         if record.get("job_id"):  # an engine's job: harness cancelled it on the way out
             record["error"] = f"cancelled: harness {interrupted}; {cell.engine} job {record['job_id']} cancelled"
@@ -288,7 +294,7 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
     finally:
         ended = time.time()
         record.update(end=iso(ended), duration_s=round(ended - started, 3))
-        memory.write_memory_json(folder / "memory.json", memory_report)
+        memory.write_memory_json(folder / MEMORY_JSON, memory_report)
         write_env_json(folder, record)
     if record["error"]:
         log(f"   {cell.id}: {record['status']}: {record['error']}")
@@ -357,7 +363,7 @@ def run_pytest(cell: Cell, python: Path, folder: Path, gpus: list, pytest_args: 
     before = lifecycle.descendants(os.getpid())
     adopting = lifecycle.adopt_orphans(True)
     try:
-        with (folder / "pytest.log").open("wb") as pytest_log:
+        with (folder / PYTEST_LOG).open("wb") as pytest_log:
             process = subprocess.Popen(command, cwd=project, env=environ,
                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                        start_new_session=True)  # its own group, so a timeout kills every rank
@@ -396,19 +402,20 @@ def classify(cell: Cell, exit_code: int | None, timed_out: bool, junit: Path) ->
     is 'errored'; a clean run where cases were skipped for too few GPUs or ranks and no distributed case ran is
     'not_run' (from the cases' typed properties in junit.xml, read as the reports read them)."""
     if timed_out:
-        return "errored", f"timed out after {cell.timeout_minutes} min; killed", contract.ERROR_TIMEOUT
+        return STATUS_ERRORED, f"timed out after {cell.timeout_minutes} min; killed", contract.ERROR_TIMEOUT
     if exit_code is not None and exit_code < 0:
-        return "errored", f"pytest crashed: killed by signal {signal.Signals(-exit_code).name}", contract.ERROR_SIGNAL
+        return (STATUS_ERRORED, f"pytest crashed: killed by signal {signal.Signals(-exit_code).name}",
+                contract.ERROR_SIGNAL)
     if not junit.is_file() or junit.stat().st_size == 0:
-        return "errored", f"pytest exited {exit_code} and wrote no junit.xml", contract.ERROR_NO_JUNIT
+        return STATUS_ERRORED, f"pytest exited {exit_code} and wrote no junit.xml", contract.ERROR_NO_JUNIT
     if exit_code == 0:
-        return (STATUS_NOT_RUN if nothing_distributed_ran(read_junit_tests(junit)) else "passed"), None, None
+        return (STATUS_NOT_RUN if nothing_distributed_ran(read_junit_tests(junit)) else STATUS_PASSED), None, None
     if exit_code == 1:
-        return "failed", None, None
+        return STATUS_FAILED, None, None
     words, kind = PYTEST_EXITS.get(exit_code, ("unexpected exit", contract.ERROR_PYTEST))
     if exit_code == 2 and _collection_failed(junit):
         words, kind = "errors during collection", contract.ERROR_COLLECTION
-    return "errored", f"pytest exited {exit_code} ({words}); see pytest.log", kind
+    return STATUS_ERRORED, f"pytest exited {exit_code} ({words}); see pytest.log", kind
 
 
 def _collection_failed(junit: Path) -> bool:

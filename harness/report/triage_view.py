@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 
 from harness.report.templates import render_template
 from harness.results import load_results
+from harness.results.nightly_records import TriageRecord, TriageRed
 from harness.results.triage import bisect_plan, load_bisects, triage, with_bisects
 
 
-def render_triage(rows: Iterable[Mapping], *, baseline: bool) -> str:
+def render_triage(rows: Iterable[TriageRed], *, baseline: bool) -> str:
     """The triage table (reports/triage.md.j2), escaped like every rendering of results."""
     return render_template("triage.md.j2", reds=list(rows), baseline=baseline)
 
@@ -29,11 +30,10 @@ def command(args) -> int:
         {name: runner.labels for name, runner in runners.items()},
         {cell.id: cell.info.gpu or "" for cell in tonight.cells},
     )
-    rows = with_bisects(reds, load_bisects(args.bisects))
-    document = {"reds": rows, "bisect": plan}
+    record = TriageRecord(reds=with_bisects(reds, load_bisects(args.bisects)), bisect=plan)
     if args.output:
-        Path(args.output).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+        Path(args.output).write_text(json.dumps(record.to_json(), indent=2) + "\n", encoding="utf-8")
     if args.github_matrix:
-        Path(args.github_matrix).write_text(json.dumps({"include": plan}, separators=(",", ":")), encoding="utf-8")
-    print(render_triage(rows, baseline=baseline is not None), end="")
+        Path(args.github_matrix).write_text(json.dumps(record.github_matrix(), separators=(",", ":")), encoding="utf-8")
+    print(render_triage(record.reds, baseline=baseline is not None), end="")
     return 0

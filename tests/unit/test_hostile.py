@@ -396,10 +396,11 @@ def test_a_memory_json_listing_thousands_of_gpus_reads_the_first_64(tmp_path):
 
 def test_hostile_messages_add_no_markup_to_the_triage_table():
     from harness.report.templates import render_template
+    from harness.results.nightly_records import BisectRecord
     from harness.results.triage import Red, Triage, with_bisects
 
     red = Red(cell_id=CELL, test_id=f"tests/gpu/test_ep.py::test_bad[{HOSTILE}]", test_name="test_bad",
               message=HOSTILE, triage=Triage.REAL, cause=HOSTILE, good={"transformers": "5.9.0"},
               bad={"transformers": "5.10.0"})
-    rows = with_bisects([red], {CELL: {"line": HOSTILE}})
+    rows = with_bisects([red], {CELL: BisectRecord(cell=CELL, line=HOSTILE)})
     assert_safe_markdown(render_template("triage.md.j2", reds=rows, baseline=True))

@@ -230,9 +230,9 @@ def dispatch(args: argparse.Namespace) -> int:
 
         return env_cache.command(args)
     if args.command == "triage":
-        from harness.results import triage
+        from harness.report import triage_view
 
-        return triage.command(args)
+        return triage_view.command(args)
     if args.command == "gh":
         from harness.github import command as github
 

@@ -45,8 +45,11 @@ RANK_OUTPUT_JUNIT_BYTES = JUNIT_BYTES // 2
 
 # env.json "status". not_run: nothing failed, but no distributed case (world size 2 or more) ran while some
 # were skipped for too few GPUs or ranks (the typed properties below say so): neither passed nor failed.
+STATUS_PASSED = "passed"
+STATUS_FAILED = "failed"  # tests failed
+STATUS_ERRORED = "errored"  # the cell itself broke: `error` and `error_kind` say why
 STATUS_NOT_RUN = "not_run"
-STATUSES = ("passed", "failed", "errored", STATUS_NOT_RUN)
+STATUSES = (STATUS_PASSED, STATUS_FAILED, STATUS_ERRORED, STATUS_NOT_RUN)
 
 # env.json "error_kind": why a cell errored, as data (bisect and triage read it; "error" is its words for people).
 ERROR_ENVIRONMENT = "environment"  # the cell's packages could not be installed
@@ -68,14 +71,17 @@ ERROR_KINDS = (ERROR_ENGINE, ERROR_ENVIRONMENT, ERROR_BUSY_GPUS, ERROR_TIMEOUT, 
 GRAD_ERROR = "max_rel_grad_error"
 GRAD_BOUND = "grad_error_bound"
 GRAD_ERROR_PARAM = "max_rel_grad_error_param"  # the parameter whose gradient had the largest error
-ROUTING_MARGIN = "min_routing_margin"
+# A metric named with this prefix is a minimum: over ranks the smallest is kept (tests/gpu: rank_cases.summarize).
+MINIMUM_PREFIX = "min_"
+ROUTING_MARGIN = f"{MINIMUM_PREFIX}routing_margin"
 LOGITS_DIFFERENCE = "max_logits_difference"
 LOGITS_ATOL = "logits_atol"  # the logits' bound: largest |sharded - float64| allowed
 # The whole model's own distance from the float64 reference, in the case's dtype on this machine: the rounding
 # the bounds above are a stated multiple of (tests/gpu/tolerances.py), recorded beside them.
 WHOLE_GRAD_ERROR = "whole_rel_grad_error"
 WHOLE_LOGITS_DIFFERENCE = "whole_logits_difference"
-PEAK_ALLOCATED_PREFIX = "peak_allocated_mib."  # + the rank
+PEAK_ALLOCATED_PREFIX = "peak_allocated_mib."  # + "rank" and the rank (harness.ranks.plugin)
+PEAK_RESERVED_PREFIX = "peak_reserved_mib."  # likewise: the allocator's reserved peak
 CASE_METRICS = (GRAD_ERROR, GRAD_BOUND, GRAD_ERROR_PARAM, ROUTING_MARGIN, LOGITS_DIFFERENCE, LOGITS_ATOL)
 # (WHOLE_GRAD_ERROR and WHOLE_LOGITS_DIFFERENCE are the evidence behind each bound, recorded for the nightly's
 # history and tests/gpu/noise_table.py; the reports show the bound itself.)
@@ -97,6 +103,10 @@ RANK_UNITS = (RANK_UNIT_GPUS, RANK_UNIT_CPU)
 # The model family a suite case ran (tests/gpu: rank_cases); EP coverage counts a family where one of its
 # distributed cases ran.
 FAMILY = "family"
+# What else names a suite case beside its family (tests/gpu: rank_cases.case_metrics, and the noise table's key).
+CASE_LAYOUT = "layout"
+CASE_DTYPE = "dtype"
+CASE_EXPERTS_IMPLEMENTATION = "experts_implementation"
 
 # What the suite records once per run (record_testsuite_property).
 EP_FAMILIES_DECLARED = "ep_families_declared"  # comma-separated model_type names
@@ -109,9 +119,26 @@ SUITE_PROPERTIES = (EP_FAMILIES_DECLARED, EP_FAMILIES_COVERED, EP_FAMILIES_NOT_C
 COMMENT_MARKER = "<!-- harness-report -->"
 COMMENT_LIMIT = 65_536  # characters GitHub accepts in a comment or issue body: every renderer and poster fits to it
 
+# Nightly triage's class of a new red (triage.json "class"; harness.results.triage says how each is decided).
+TRIAGE_KNOWN_UPSTREAM = "known upstream bug"
+TRIAGE_FLAKY = "flaky"
+TRIAGE_INFRASTRUCTURE = "infrastructure"
+TRIAGE_REAL = "real failure"
+TRIAGE_CLASSES = (TRIAGE_KNOWN_UPSTREAM, TRIAGE_FLAKY, TRIAGE_INFRASTRUCTURE, TRIAGE_REAL)
+
 # A known upstream bug is a strict xfail whose reason starts with this; its XPASS says the other.
-KNOWN_BUG_PREFIX = "known upstream bug: "
+KNOWN_BUG_PREFIX = f"{TRIAGE_KNOWN_UPSTREAM}: "
 FIXED_UPSTREAM = "fixed upstream: remove the entry"
+
+# What the nightly's jobs hand on (typed in harness.results.nightly_records): `harness bisect --json FILE`
+# (bisect.json) to `harness triage --bisects DIR`, which reads every file under DIR named BISECT_JSON_GLOB, and
+# `harness triage -o FILE` (triage.json) to `harness gh nightly-issue --triage-json FILE`.
+BISECT_JSON_GLOB = "bisect*.json"
+# A bisect probe's verdict (harness.bisect.search.Verdict), and `same_verdict` of a bisect whose ends agreed.
+VERDICT_PASS = "pass"
+VERDICT_FAIL = "fail"
+VERDICT_UNTESTABLE = "untestable"
+VERDICT_FLAKY = "flaky"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,8 +147,10 @@ class EnvRecord:
     (or without a status) reads as errored."""
 
     schema: int = SCHEMA
-    cell: dict[str, Any] = field(default_factory=dict)  # Cell.to_json(): id, gpu, gpus, torch, transformers, matrix
-    status: str = "errored"  # one of STATUSES
+    # Cell.to_json(): id, gpu, gpus, hosts, torch, transformers, matrix, ...: readers take the cell's fields from
+    # here; its id is built once (Cell.id) and never parsed.
+    cell: dict[str, Any] = field(default_factory=dict)
+    status: str = STATUS_ERRORED  # one of STATUSES
     error: str | None = None  # why errored, in words
     error_kind: str | None = None  # why errored, one of ERROR_KINDS: what bisect and triage read
     exit_code: int | None = None  # pytest's

@@ -4,13 +4,12 @@ over releases (swapping one package at a time first when both differ) or over a 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 
 from harness.bisect.search import PACKAGES, BisectResult, Probe, SameVerdictError, Verdict, bisect, timed, write_json
 from harness.errors import ConfigError
+from harness.results.nightly_records import BisectRecord
 
 
 def parse_side(text: str, package: str | None, flag: str) -> dict[str, str]:
@@ -108,7 +107,6 @@ def _bisect(args, cell, prober, good, bad) -> int:
 
     clock = timed()
     shape = f"{cell.gpu}-{cell.gpus}{'rank' if cell.is_cpu else 'gpu'}"
-    extra = {"cell": cell.id, "pytest_args": list(args.pytest_args)}
     try:
         if args.repo:
             from harness.bisect.commits import bisect_commits
@@ -127,12 +125,8 @@ def _bisect(args, cell, prober, good, bad) -> int:
     except ConfigError as error:
         if args.json:  # the nightly reads why a bisect said nothing, e.g. its bad end passed again
             same = error.verdict.value if isinstance(error, SameVerdictError) else None
-            Path(args.json).write_text(
-                json.dumps(
-                    {**extra, "error": str(error), "exit_code": error.return_code, "same_verdict": same}, indent=2
-                )
-                + "\n"
-            )
+            write_json(args.json, BisectRecord(cell=cell.id, pytest_args=list(args.pytest_args), error=str(error),
+                                               exit_code=error.return_code, same_verdict=same))
         raise
     seconds = clock()
     if result.set_aside_line():
@@ -140,7 +134,7 @@ def _bisect(args, cell, prober, good, bad) -> int:
     _say(result.line())
     _say(result.summary(seconds))
     if args.json:
-        write_json(args.json, result, seconds, extra)
+        write_json(args.json, result.record(seconds, cell=cell.id, pytest_args=args.pytest_args))
     return result.exit_code
 
 

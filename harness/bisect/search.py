@@ -25,7 +25,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from harness.contract import VERDICT_FAIL, VERDICT_FLAKY, VERDICT_PASS, VERDICT_UNTESTABLE
 from harness.errors import ConfigError
+from harness.results.nightly_records import BisectProbeRecord, BisectRecord
 
 PACKAGES = ("torch", "transformers")
 NOTE_CHARS = 140  # of a probe line's note in the terminal
@@ -50,10 +52,10 @@ class SameVerdictError(ConfigError):
 
 
 class Verdict(str, enum.Enum):
-    PASS = "pass"
-    FAIL = "fail"
-    UNTESTABLE = "untestable"
-    FLAKY = "flaky"
+    PASS = VERDICT_PASS
+    FAIL = VERDICT_FAIL
+    UNTESTABLE = VERDICT_UNTESTABLE
+    FLAKY = VERDICT_FLAKY
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -87,17 +89,17 @@ class Probe:
         note = note if len(note) <= width else note[: width - 1] + "…"
         return f"  {self.label:<34} {self.verdict.value:<10} {self.duration_s:7.1f}s  {note}".rstrip()
 
-    def to_json(self) -> dict:
-        return {
-            "versions": dict(self.versions),
-            "label": self.label,
-            "verdict": self.verdict.value,
-            "note": self.note,
-            "failure": list(self.failure) if self.failure else None,
-            "duration_s": round(self.duration_s, 3),
-            "environments_built": self.environments_built,
-            "folders": list(self.folders),
-        }
+    def record(self) -> BisectProbeRecord:
+        return BisectProbeRecord(
+            versions=dict(self.versions),
+            label=self.label,
+            verdict=self.verdict.value,
+            note=self.note,
+            failure=list(self.failure) if self.failure else None,
+            duration_s=round(self.duration_s, 3),
+            environments_built=self.environments_built,
+            folders=list(self.folders),
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -146,25 +148,28 @@ class BisectResult:
         built = sum(probe.environments_built for probe in self.probes)
         return f"{len(self.probes)} probes, {built} environment{'' if built == 1 else 's'} built, {seconds:.1f}s"
 
-    def to_json(self, seconds: float) -> dict:
-        return {
-            "package": self.package,
-            "kind": self.kind,
-            "range": list(self.versions),
-            "found": self.found,
-            "first": self.first,
-            "last": self.last,
-            "test": self.test,
-            "message": self.message,
-            "stopped": self.stopped,
-            "culprit": self.culprit_note,
-            "set_aside": list(self.set_aside),
-            "line": self.line(),
-            "exit_code": self.exit_code,
-            "duration_s": round(seconds, 3),
-            "environments_built": sum(p.environments_built for p in self.probes),
-            "probes": [probe.to_json() for probe in self.probes],
-        }
+    def record(self, seconds: float, *, cell: str, pytest_args: Sequence[str] = ()) -> BisectRecord:
+        """bisect.json of this answer, for `cell` run with `pytest_args`."""
+        return BisectRecord(
+            cell=cell,
+            pytest_args=list(pytest_args),
+            package=self.package,
+            kind=self.kind,
+            versions=list(self.versions),
+            found=self.found,
+            first=self.first,
+            last=self.last,
+            test=self.test,
+            message=self.message,
+            stopped=self.stopped,
+            culprit=self.culprit_note,
+            set_aside=list(self.set_aside),
+            line=self.line(),
+            exit_code=self.exit_code,
+            duration_s=round(seconds, 3),
+            environments_built=sum(p.environments_built for p in self.probes),
+            probes=[probe.record() for probe in self.probes],
+        )
 
 
 # --------------------------------------------------------------------------- verdicts
@@ -339,8 +344,8 @@ def verdict_for(probe: Probe, tracked: Sequence[str]) -> Verdict:
     return Verdict.PASS if "passed" in outcomes else Verdict.UNTESTABLE
 
 
-def write_json(path: str | Path, outcome: BisectResult, seconds: float, extra: Mapping[str, object]) -> None:
-    Path(path).write_text(json.dumps({**extra, **outcome.to_json(seconds)}, indent=2) + "\n")
+def write_json(path: str | Path, record: BisectRecord) -> None:
+    Path(path).write_text(json.dumps(record.to_json(), indent=2) + "\n")
 
 
 def timed() -> Callable[[], float]:

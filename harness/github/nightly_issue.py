@@ -9,6 +9,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from harness.contract import TRIAGE_FLAKY
 from harness.errors import ConfigError
 from harness.github.actions_io import read_text, write_outputs
 from harness.github.api import GitHub
@@ -53,41 +54,40 @@ def triage_regressions(path: str | Path) -> tuple:
     """The new reds of `harness triage -o FILE` as the issue lists them: a test's class, or an errored cell's
     message and class. Read as input: a bad file is one line naming it, exit 2."""
     from harness.results import Regression
+    from harness.results.nightly_records import TriageRecord
 
     text = read_text(path, "triage")
     if len(text) > TRIAGE_JSON_BYTES:
         raise ConfigError(f"triage {path}: larger than {TRIAGE_JSON_BYTES // (1024 * 1024)} MiB")
     try:
-        rows = json.loads(text).get("reds")
-    except (ValueError, AttributeError, RecursionError) as error:
+        document = json.loads(text)
+    except (ValueError, RecursionError) as error:
         raise ConfigError(f"triage {path}: not the JSON `harness triage -o` writes: {error}") from None
-    if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
-        raise ConfigError(f"triage {path}: 'reds' must be a list of objects")
+    try:
+        record = TriageRecord.from_json(document)
+    except ValueError as error:
+        raise ConfigError(f"triage {path}: {error}") from None
     found = []
-    for row in rows:
-        cell, test, triage_class, message = (row.get(key) for key in ("cell", "test", "class", "message"))
-        if not isinstance(cell, str) or not isinstance(triage_class, str) or not isinstance(test, (str, type(None))):
-            raise ConfigError(f"triage {path}: a red needs 'cell' and 'class' strings and 'test' a string or null")
-        if triage_class == "flaky":  # passed on a rerun: no regression, as nightly_regressions has it
+    for red in record.reds:
+        if red.triage_class == TRIAGE_FLAKY:  # passed on a rerun: no regression, as nightly_regressions has it
             continue
-        if test is None:
-            found.append(Regression(cell_id=cell, kind="errored", text=f"{message} ({triage_class})"))
+        if red.test is None:
+            found.append(Regression(cell_id=red.cell, kind="errored", text=f"{red.message} ({red.triage_class})"))
         else:
-            found.append(Regression(cell_id=cell, kind="failing", test_id=test, text=triage_class))
+            found.append(Regression(cell_id=red.cell, kind="failing", test_id=red.test, text=red.triage_class))
     return tuple(found)
 
 
 def nightly_issue_command(gh: GitHub, args: Any) -> int:
-    from harness.report.render import read_baseline, render_nightly
-    from harness.results import CellStatus, Digest, load_results, nightly_regressions
+    from harness.report.render import render_nightly
+    from harness.results import CellStatus, load_results, nightly_regressions
 
     current = load_results([args.results])
     # No baseline folder: the first night, or the previous night's artifacts expired.
-    baseline = read_baseline(args.baseline) if args.baseline and Path(args.baseline).exists() else None
-    regressions = nightly_regressions(current, baseline or Digest(cells={}),
-                                      memory_mib=args.memory_mib, memory_percent=args.memory_percent)
+    baseline = load_results([args.baseline]) if args.baseline and Path(args.baseline).exists() else None
+    regressions = nightly_regressions(current, baseline, memory_mib=args.memory_mib, memory_percent=args.memory_percent)
     if getattr(args, "triage_json", None):
-        # Triage's answer to "what is new since last night" (results.compare.night_before), not a second rule.
+        # The same reds (results.compare.new_reds, the one rule), each with triage's class and its bisect's word.
         regressions = (*triage_regressions(args.triage_json),
                        *(regression for regression in regressions if regression.kind == "memory"))
     green = all(cell.status is CellStatus.PASSED for cell in current.cells)

@@ -1,18 +1,14 @@
-"""Running functions on N ranks: the protocol (protocol.py), what a rank does (rank.py), the launcher's side
+"""Running functions on N ranks: the protocol (protocol.py), the errors a launch raises (failures.py) and what
+a rank says of what it raised (raised.py), what a rank does (rank.py), the launcher's side
 (launcher.py), one spawn per call (spawn.py), the zygote (zygote.py), persistent pools (pool.py), nothing
 outliving its launcher (lifecycle.py), checks that fail on every rank together (agree.py), each call's output
 captured on its ranks (output.py) and the pytest plugin with the `ranks` fixture (plugin.py), which puts that
 output into the test's report (sections.py)."""
 
 from harness.ranks.agree import together
-from harness.ranks.protocol import (
-    DEFAULT_TIMEOUT_S,
-    DistributedError,
-    PeerFailure,
-    RankFailedError,
-    RankResult,
-    RankTimeoutError,
-)
+from harness.ranks.failures import DistributedError, RankFailedError, RankTimeoutError
+from harness.ranks.protocol import DEFAULT_TIMEOUT_S, RankResult
+from harness.ranks.raised import PeerFailure
 from harness.ranks.spawn import run_distributed
 
 __all__ = ["DEFAULT_TIMEOUT_S", "DistributedError", "PeerFailure", "RankFailedError", "RankResult",

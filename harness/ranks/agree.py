@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from harness.ranks.protocol import PeerFailure
+from harness.ranks.raised import PeerFailure
 
 
 @contextlib.contextmanager

@@ -33,6 +33,7 @@ import threading
 import time
 from pathlib import Path
 
+from harness.ranks.failures import HostLostError
 from harness.ranks.hostenv import portable
 from harness.ranks.protocol import (
     HEARTBEAT_INTERVAL_S,
@@ -42,7 +43,6 @@ from harness.ranks.protocol import (
     Fork,
     Forked,
     Heartbeat,
-    HostLostError,
     KillRanks,
     Preload,
     RankSpec,

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.ranks import lifecycle
+from harness.ranks.failures import Died, DistributedError, failure_error, timeout_error
 from harness.ranks.hosts import Placement, port_outside_ephemeral_range
 from harness.ranks.output import output_paths, read_output
 from harness.ranks.protocol import (
@@ -38,8 +39,6 @@ from harness.ranks.protocol import (
     PEER_FAILURE_GRACE_S,
     STACK_DUMP_GRACE_S,
     Call,
-    Died,
-    DistributedError,
     Done,
     Failed,
     Hello,
@@ -51,8 +50,6 @@ from harness.ranks.protocol import (
     RankResult,
     RankSpec,
     Stacks,
-    failure_error,
-    timeout_error,
 )
 from harness.ranks.rank import spawned_rank_main, stack_path
 

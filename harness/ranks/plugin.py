@@ -38,6 +38,8 @@ from harness.contract import (
     HOST_RANK_UNIT,
     HOST_RANKS,
     NEEDS_WORLD_SIZE,
+    PEAK_ALLOCATED_PREFIX,
+    PEAK_RESERVED_PREFIX,
     POOL_REPLACED,
     RANK_UNIT_CPU,
     RANK_UNIT_GPUS,
@@ -45,9 +47,10 @@ from harness.contract import (
     WORLD_SIZE,
 )
 from harness.ranks import sections
+from harness.ranks.failures import HostLostError
 from harness.ranks.hosts import HostsConfig
 from harness.ranks.pool import PoolLauncher
-from harness.ranks.protocol import DEFAULT_TIMEOUT_S, HostLostError, RankOutput, RankResult
+from harness.ranks.protocol import DEFAULT_TIMEOUT_S, RankOutput, RankResult
 from harness.ranks.spawn import run_distributed
 
 CPU_RANKS_ENV = "HARNESS_CPU_RANKS"
@@ -275,9 +278,9 @@ class Ranks:
         self._keep_output({result.rank: result.output for result in results if result.output is not None})
         for result in results:
             if result.peak_allocated_mib is not None:
-                self._record_property(f"peak_allocated_mib.rank{result.rank}", round(result.peak_allocated_mib, 1))
+                self._record_property(f"{PEAK_ALLOCATED_PREFIX}rank{result.rank}", round(result.peak_allocated_mib, 1))
             if result.peak_reserved_mib is not None:
-                self._record_property(f"peak_reserved_mib.rank{result.rank}", round(result.peak_reserved_mib, 1))
+                self._record_property(f"{PEAK_RESERVED_PREFIX}rank{result.rank}", round(result.peak_reserved_mib, 1))
         return [result.value for result in results]
 
     def _keep_output(self, outputs: dict[int, RankOutput]) -> None:

@@ -29,17 +29,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from harness.ranks.failures import DistributedError, RankFailedError, RankTimeoutError
 from harness.ranks.hosts import HostsConfig, Hub, Placement
 from harness.ranks.launcher import RankSet, pickle_call, to_results
 from harness.ranks.protocol import (
     BOOTSTRAP_TIMEOUT_S,
     COLLECTIVE_TIMEOUT_MARGIN_S,
     DEFAULT_TIMEOUT_S,
-    DistributedError,
     OutputCapture,
-    RankFailedError,
     RankResult,
-    RankTimeoutError,
     collective_timeout,
 )
 from harness.ranks.zygote import ForkRefused, Zygote

@@ -31,18 +31,9 @@ import traceback
 from pathlib import Path
 
 from harness.ranks import lifecycle
+from harness.ranks.failures import RankTimeoutError, describe_exit
 from harness.ranks.output import send_to_log
-from harness.ranks.protocol import (
-    BOOTSTRAP_TIMEOUT_S,
-    Exited,
-    Fork,
-    Forked,
-    Preload,
-    RankSpec,
-    RankTimeoutError,
-    Refused,
-    describe_exit,
-)
+from harness.ranks.protocol import BOOTSTRAP_TIMEOUT_S, Exited, Fork, Forked, Preload, RankSpec, Refused
 from harness.ranks.rank import serve
 
 POLL_S = 0.1

@@ -1,8 +1,11 @@
 """Results: cell folders -> one frozen model, never raising on what a folder holds.
 
-By stage: `model` (the frozen values), `reader` (folders -> model), `digest` (the bounded numbers a PR
-comment carries), `compare` (a result set against a baseline, nightly regressions). The names below
-are what callers import; the file names, env.json record and metric names live in `harness.contract`.
+By stage: `model` (the frozen values; `values` makes recorded numbers and texts safe), `reader` (folders ->
+model, through `files` for bounded reads, `junit` for junit.xml and `records` for env.json and memory.json),
+`digest` (the bounded numbers a PR comment carries), `compare` (a result set against a baseline, and the one rule
+for what is new since the night before), `triage` (the nightly's class of each new red) and `nightly_records`
+(bisect.json and triage.json, typed). The names below are what callers import; the file names, env.json record and metric names
+live in `harness.contract`.
 """
 
 from harness.contract import CONTRACT_FILES, SCHEMA
@@ -28,33 +31,24 @@ from harness.results.digest import (
     load_baseline,
     test_key,
 )
+from harness.results.junit import parse_xml, read_junit_tests
 from harness.results.model import (
     CellInfo,
     CellResult,
     CellStatus,
     Counts,
     GpuMemory,
-    Labelled,
     NotRun,
-    Number,
     Outcome,
     Problem,
     ResultSet,
     SuiteInfo,
     TestResult,
-    finite,
     natural_key,
     nothing_distributed_ran,
-    number,
 )
-from harness.results.reader import (
-    find_cell_folders,
-    load_results,
-    parse_xml,
-    paused_gc,
-    read_cell,
-    read_junit_tests,
-)
+from harness.results.reader import find_cell_folders, load_results, paused_gc, read_cell
+from harness.results.values import Labelled, Number, finite, number
 
 __all__ = [
     "CONTRACT_FILES",

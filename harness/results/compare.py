@@ -1,13 +1,15 @@
-"""Comparison of a result set with a baseline digest: what changed per cell, and what of that is a
-nightly regression (worse than the night before). `night_before` is the one rule for which cell of the
-night before a cell of tonight is compared with: triage (and through its output, the nightly issue) uses it."""
+"""Comparison of a result set with a baseline digest (what changed per cell), and the one rule for what is new
+since the night before: `night_before` says which cell of last night a cell of tonight is compared with, and
+`new_reds` which of tonight's reds are new. Triage classifies those, the PR comment's red classes come from
+triage, and `nightly_regressions` (the nightly issue's list) is built on them too."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.results.digest import CellDigest, Digest, cell_key, test_key
-from harness.results.model import CellResult, CellStatus, Outcome, ResultSet, finite, natural_key
+from harness.results.digest import CellDigest, Digest, cell_digest, cell_key, test_key
+from harness.results.model import CellResult, CellStatus, Outcome, ResultSet, TestResult, natural_key
+from harness.results.values import finite
 
 MEMORY_CHANGE_MIB = 256.0
 MEMORY_CHANGE_FRACTION = 0.05
@@ -106,6 +108,23 @@ def _cell_change(cell: CellResult, before: CellDigest, change_mib: float, change
             for test_id, outcome in outcomes.items()
             if outcome is Outcome.SKIPPED and test_id not in before.skipped
         }
+    return CellChange(
+        cell_id=cell.id,
+        status_before=before.status,
+        status_after=cell.status,
+        new_failures=tuple(sorted(new_failures, key=natural_key)),
+        fixed=tuple(sorted(fixed, key=natural_key)),
+        newly_skipped=tuple(sorted(newly_skipped, key=natural_key)),
+        memory=_memory_changes(cell, before, change_mib, change_fraction),
+        incomplete=tuple(incomplete),
+        tests_compared=comparable,
+    )
+
+
+def _memory_changes(
+    cell: CellResult, before: CellDigest, change_mib: float, change_fraction: float
+) -> tuple[MemoryChange, ...]:
+    """Each GPU whose peak moved by at least `change_mib` and `change_fraction` of what it was."""
     memory = []
     for gpu in cell.memory:
         if gpu.index >= len(before.peak_used_mib):
@@ -115,21 +134,62 @@ def _cell_change(cell: CellResult, before: CellDigest, change_mib: float, change
             continue
         if abs(new - old) >= change_mib and abs(new - old) >= change_fraction * max(old, 1.0):
             memory.append(MemoryChange(gpu_index=gpu.index, before_mib=old, after_mib=new))
-    return CellChange(
-        cell_id=cell.id,
-        status_before=before.status,
-        status_after=cell.status,
-        new_failures=tuple(sorted(new_failures, key=natural_key)),
-        fixed=tuple(sorted(fixed, key=natural_key)),
-        newly_skipped=tuple(sorted(newly_skipped, key=natural_key)),
-        memory=tuple(memory),
-        incomplete=tuple(incomplete),
-        tests_compared=comparable,
-    )
+    return tuple(memory)
 
 
 # ---------------------------------------------------------------------------------------------
-# Nightly regressions
+# Since the night before
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewRed:
+    """A red of tonight that was not red the night before: a failing or flaky test, or (`test` None) a cell that
+    errored without a failing test."""
+
+    cell: CellResult
+    test: TestResult | None
+    before: CellResult | None  # night_before(cell): None where the night before had no cell of its shape
+    was: Outcome | None = None  # the test's outcome the night before (None: it had no result)
+
+
+def new_reds(tonight: ResultSet, baseline: ResultSet | None) -> tuple[NewRed, ...]:
+    """Every red of tonight that was not red the night before, cell by cell in id order."""
+    baseline = baseline or ResultSet(cells=())
+    found: list[NewRed] = []
+    for cell in sorted(tonight.cells, key=lambda c: natural_key(c.id)):
+        found.extend(_new_reds_of(cell, night_before(cell, baseline)))
+    return tuple(found)
+
+
+def _new_reds_of(cell: CellResult, before: CellResult | None) -> list[NewRed]:
+    """A test is new unless it failed or errored the night before; a cell that errored without a failing test is
+    new unless that cell errored too."""
+    if cell.status is CellStatus.ERRORED and not cell.failing_tests:
+        new = before is None or before.status is not CellStatus.ERRORED
+        return [NewRed(cell=cell, test=None, before=before)] if new else []
+    outcome_before = {test.test_id: test.outcome for test in before.tests} if before else {}
+    found = []
+    for test in [*cell.failing_tests, *(t for t in cell.tests if t.outcome is Outcome.FLAKY)]:
+        was = outcome_before.get(test.test_id)
+        if was is None or not was.is_failing:
+            found.append(NewRed(cell=cell, test=test, before=before, was=was))
+    return found
+
+
+def night_before(cell: CellResult, baseline: ResultSet) -> CellResult | None:
+    """Last night's cell of the same runner shape: the same id, else (versions floated) the same GPU
+    type, count and hosts with the same torch, else the same transformers. The shape is what env.json
+    records, never parsed from the id."""
+    same_shape = [b for b in baseline.cells if _shape(b) == _shape(cell)]
+    for matches in (
+        (lambda b: b.id == cell.id),
+        (lambda b: b.info.torch == cell.info.torch),
+        (lambda b: b.info.transformers == cell.info.transformers),
+    ):
+        found = sorted((b for b in same_shape if matches(b)), key=lambda b: natural_key(b.id))
+        if found:
+            return found[-1]
+    return None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -147,55 +207,38 @@ class Regression:
 
 def nightly_regressions(
     result_set: ResultSet,
-    baseline: Digest,
+    baseline: ResultSet | None,
     *,
     memory_mib: float,
     memory_percent: float,
 ) -> tuple[Regression, ...]:
-    """What got worse since the previous night: tests failing that did not fail then, cells that
-    newly errored, and GPU peak memory that grew by more than both limits."""
-    cells = {cell.id: cell for cell in result_set.cells}
-    comparison = compare(
-        result_set, baseline, memory_change_mib=memory_mib, memory_change_fraction=memory_percent / 100
-    )
+    """What got worse since the previous night, by `new_reds`: tests failing that did not fail then (a flaky one
+    passed in the end: no regression), cells that newly errored without one, and GPU peak memory that grew by
+    more than both limits against the same night-before cell."""
+    baseline = baseline or ResultSet(cells=())
     found: list[Regression] = []
-    for change in comparison.cells:
-        cell = cells.get(change.cell_id)
-        if cell is None:  # a cell of the night before that did not run tonight
-            continue
-        if cell.status is CellStatus.ERRORED:
-            if change.status_before is not CellStatus.ERRORED:
+    for cell in sorted(result_set.cells, key=lambda c: natural_key(c.id)):
+        before = night_before(cell, baseline)
+        reds = _new_reds_of(cell, before)
+        if cell.status is CellStatus.ERRORED and not cell.failing_tests:
+            if reds:
                 found.append(Regression(cell_id=cell.id, kind="errored", text=cell.reason))
             continue
-        outcomes = {test_key(test.test_id): test.outcome.value for test in cell.failing_tests}
-        if change.tests_compared:
-            new_failures, no_result = change.new_failures, False
-        else:  # no tests the night before (a new or errored cell): every failure tonight is new
-            new_failures, no_result = sorted(outcomes, key=natural_key), True
+        # No tests the night before (a new or errored cell): every failure tonight is new.
+        no_result = before is None or not before.tests
+        failing = {test_key(red.test.test_id): red.test.outcome.value for red in reds if red.test.outcome.is_failing}
         found.extend(
-            Regression(
-                cell_id=cell.id, kind="failing", test_id=test_id, text=outcomes[test_id], no_result_before=no_result
-            )
-            for test_id in new_failures
+            Regression(cell_id=cell.id, kind="failing", test_id=test_id, text=failing[test_id],
+                       no_result_before=no_result)
+            for test_id in sorted(failing, key=natural_key)
         )
-        found.extend(
-            Regression(cell_id=cell.id, kind="memory", memory=gpu)
-            for gpu in change.memory
-            if gpu.after_mib > gpu.before_mib
-        )
+        if cell.status is not CellStatus.ERRORED and before is not None:
+            grew = _memory_changes(cell, cell_digest(before), memory_mib, memory_percent / 100)
+            found.extend(Regression(cell_id=cell.id, kind="memory", memory=gpu)
+                         for gpu in grew if gpu.after_mib > gpu.before_mib)
     return tuple(found)
 
 
-def night_before(cell: CellResult, baseline: ResultSet) -> CellResult | None:
-    """Last night's cell of the same runner shape: the same id, else (versions floated) the same GPU
-    type and count with the same torch, else the same transformers."""
-    same_shape = [b for b in baseline.cells if (b.info.gpu, b.info.gpus) == (cell.info.gpu, cell.info.gpus)]
-    for matches in (
-        (lambda b: b.id == cell.id),
-        (lambda b: b.info.torch == cell.info.torch),
-        (lambda b: b.info.transformers == cell.info.transformers),
-    ):
-        found = sorted((b for b in same_shape if matches(b)), key=lambda b: natural_key(b.id))
-        if found:
-            return found[-1]
-    return None
+def _shape(cell: CellResult) -> tuple[str | None, int | None, int]:
+    # A cell recorded before cells spanned hosts ran on one.
+    return cell.info.gpu, cell.info.gpus, cell.info.hosts or 1

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import ConfigError
-from harness.results.model import CellStatus, Counts, Outcome, ResultSet, capped, finite
+from harness.results.model import CellResult, CellStatus, Counts, Outcome, ResultSet
+from harness.results.values import capped, finite
 from harness.results.reader import load_results
 
 DIGEST_TAG = "harness-digest v1"
@@ -69,17 +70,19 @@ def _whole_mib(value: object) -> float | None:
     return None if value is None else float(round(value))
 
 
+def cell_digest(cell: CellResult) -> CellDigest:
+    return CellDigest(
+        status=cell.status,
+        counts=cell.counts,
+        failing=frozenset(test_key(test.test_id) for test in cell.failing_tests),
+        skipped=frozenset(test_key(test.test_id) for test in cell.tests if test.outcome is Outcome.SKIPPED),
+        # Whole MiB: what the comment carries, so a folder and a comment give the same digest.
+        peak_used_mib=tuple(_whole_mib(gpu.peak_used_mib) for gpu in cell.memory),
+    )
+
+
 def digest(result_set: ResultSet, *, sha: str | None = None, matrix: str | None = None) -> Digest:
-    cells = {}
-    for cell in result_set.cells:
-        cells[cell_key(cell.id)] = CellDigest(
-            status=cell.status,
-            counts=cell.counts,
-            failing=frozenset(test_key(test.test_id) for test in cell.failing_tests),
-            skipped=frozenset(test_key(test.test_id) for test in cell.tests if test.outcome is Outcome.SKIPPED),
-            # Whole MiB: what the comment carries, so a folder and a comment give the same digest.
-            peak_used_mib=tuple(_whole_mib(gpu.peak_used_mib) for gpu in cell.memory),
-        )
+    cells = {cell_key(cell.id): cell_digest(cell) for cell in result_set.cells}
     return Digest(
         cells=cells,
         git_sha=_text(sha or result_set.git_sha, SHA_CHARS),

@@ -3,9 +3,7 @@ every later stage (digest, comparison, report). Nothing here reads a file."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
 import re
 import shlex
 from collections.abc import Iterable
@@ -28,81 +26,21 @@ from harness.contract import (
     PEAK_ALLOCATED_PREFIX,
     RANK_UNITS,
     ROUTING_MARGIN,
+    STATUS_ERRORED,
+    STATUS_FAILED,
     STATUS_NOT_RUN,
+    STATUS_PASSED,
     TRANSFORMERS_VERSION,
     WORLD_SIZE,
 )
+from harness.results.values import Labelled, Number, number, whole_number
 
-# Magnitudes outside this range are shown, never computed with: a log scale, round() or a sum of them
-# overflows or underflows (5e-324 on a log axis, 1e308 summed).
-SMALLEST = 1e-300
-LARGEST = 1e300
 # `-k` accepts these characters in one identifier (pytest's mark expression grammar).
 _K_IDENT = re.compile(r"^[\w:+\-.\[\]\\/]+$")
 _K_KEYWORDS = {"and", "or", "not", "True", "False", "None"}
 _K_NAME_CHARS = 200  # longer names make a command nobody pastes
 _K_NAMES = 8
-# A world size or a host's rank count read from junit.xml: a whole number up to this (GB200 NVL72 racks hold
-# 72 GPUs; a cell of many hosts a few thousand). Anything else reads as not recorded.
-LARGEST_WORLD = 1_000_000
 FAMILY_CHARS = 100  # a model_type name
-
-
-@dataclass(frozen=True, slots=True)
-class Labelled:
-    """A recorded number the model cannot compute with (inf, nan, out of range): shown as its label."""
-
-    label: str
-    tiny: bool = False  # a magnitude below SMALLEST (not zero), as opposed to inf, nan or a huge one
-
-    def __str__(self) -> str:
-        return self.label
-
-
-Number = float | Labelled
-
-
-def number(raw: object) -> Number | None:
-    """A float within the model's range, a `Labelled` value for what was recorded but is unusable, or
-    None where nothing (or no number) was recorded."""
-    if raw is None or isinstance(raw, bool):
-        return None
-    if isinstance(raw, (int, float)):
-        text = None
-    else:
-        text = str(raw).strip()
-        try:
-            raw = float(text)
-        except ValueError:
-            return None
-    try:
-        value = float(raw)
-    except OverflowError:  # an int beyond float
-        return Labelled("inf" if raw > 0 else "-inf")
-    if math.isnan(value):
-        return Labelled("nan")
-    if math.isinf(value):
-        return Labelled("inf" if value > 0 else "-inf")
-    if value != 0.0 and not SMALLEST <= abs(value) <= LARGEST:
-        return Labelled(text or repr(value), tiny=abs(value) < SMALLEST)
-    return value
-
-
-def finite(value: Number | None) -> float | None:
-    """The value where it can be computed with, else None."""
-    return value if isinstance(value, float) else None
-
-
-def whole_number(raw: str | None, smallest: int) -> int | None:
-    """A recorded count (a world size, a host's GPUs or ranks): decimal digits from `smallest` to LARGEST_WORLD,
-    else None. The text is untrusted: "2.0", "-1", "1e9" and a thousand digits all read as not recorded."""
-    if raw is None:
-        return None
-    text = raw.strip()
-    if not text or len(text) > len(str(LARGEST_WORLD)) or not (text.isascii() and text.isdigit()):
-        return None
-    value = int(text)
-    return value if smallest <= value <= LARGEST_WORLD else None
 
 
 class Outcome(str, Enum):
@@ -119,9 +57,9 @@ class Outcome(str, Enum):
 
 
 class CellStatus(str, Enum):
-    PASSED = "passed"
-    FAILED = "failed"  # tests failed
-    ERRORED = "errored"  # no usable junit.xml, or env.json says the cell itself broke
+    PASSED = STATUS_PASSED
+    FAILED = STATUS_FAILED  # tests failed
+    ERRORED = STATUS_ERRORED  # no usable junit.xml, or env.json says the cell itself broke
     NOT_RUN = STATUS_NOT_RUN  # nothing failed, but no distributed case ran: the host had too few GPUs or ranks
 
 
@@ -232,9 +170,12 @@ class GpuMemory:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CellInfo:
+    """The cell as env.json records it (None: not recorded, e.g. a folder without env.json)."""
+
     id: str
     gpu: str | None = None
-    gpus: int | None = None
+    gpus: int | None = None  # per host
+    hosts: int | None = None  # None: recorded before cells spanned hosts (one host), or not recorded
     torch: str | None = None
     transformers: str | None = None
     matrix: str | None = None
@@ -415,15 +356,6 @@ class ResultSet:
     @property
     def matrix(self) -> str | None:
         return _only({cell.info.matrix for cell in self.cells})
-
-
-def capped(text: str, limit: int) -> str:
-    """`text` cut to `limit` characters; a cut one ends in a hash of the whole, so two long ids that share
-    their start stay apart (the digest and the comparison key cells and tests by these)."""
-    if len(text) <= limit:
-        return text
-    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
-    return f"{text[: limit - 14]}…~{digest}"
 
 
 def natural_key(text: str) -> tuple[str | int, ...]:

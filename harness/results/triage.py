@@ -24,15 +24,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from harness import contract
-from harness.results import CellResult, CellStatus, Outcome, ResultSet, TestResult, natural_key
-from harness.results.compare import night_before
+from harness.results import CellResult, Outcome, ResultSet, TestResult
+from harness.results.compare import new_reds
+from harness.results.nightly_records import BisectJob, BisectRecord, TriageRed
 
 
 class Triage(str, enum.Enum):
-    KNOWN_UPSTREAM = "known upstream bug"
-    FLAKY = "flaky"
-    INFRASTRUCTURE = "infrastructure"
-    REAL = "real failure"
+    KNOWN_UPSTREAM = contract.TRIAGE_KNOWN_UPSTREAM
+    FLAKY = contract.TRIAGE_FLAKY
+    INFRASTRUCTURE = contract.TRIAGE_INFRASTRUCTURE
+    REAL = contract.TRIAGE_REAL
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,18 +115,11 @@ class Red:
     bad: Mapping[str, str] | None = None  # tonight's
     crash: bool = False  # a crash, hang or timeout: infrastructure if the last good build shows it too
 
-    def to_json(self) -> dict:
-        return {
-            "cell": self.cell_id,
-            "test": self.test_id,
-            "name": self.test_name,
-            "message": self.message,
-            "class": self.triage.value,
-            "cause": self.cause,
-            "good": dict(self.good) if self.good else None,
-            "bad": dict(self.bad) if self.bad else None,
-            "crash": self.crash,
-        }
+    def record(self) -> TriageRed:
+        """The red as triage.json has it, before any bisect answered."""
+        return TriageRed(cell=self.cell_id, test=self.test_id, name=self.test_name, message=self.message,
+                         triage_class=self.triage.value, cause=self.cause, good=dict(self.good) if self.good else None,
+                         bad=dict(self.bad) if self.bad else None, crash=self.crash)
 
 
 def classify_text(text: str) -> tuple[Triage, str] | None:
@@ -200,131 +194,104 @@ def versions_of(cell: CellResult) -> dict[str, str]:
 
 
 def triage(tonight: ResultSet, baseline: ResultSet | None) -> list[Red]:
-    """Every red of tonight that was not red the night before, classified."""
-    baseline = baseline or ResultSet(cells=())
+    """Every red of tonight that was not red the night before (`compare.new_reds`, the one rule), classified."""
     reds = []
-    for cell in sorted(tonight.cells, key=lambda c: natural_key(c.id)):
-        before = night_before(cell, baseline)
-        outcome_before = {t.test_id: t.outcome for t in before.tests} if before else {}
-        if cell.status is CellStatus.ERRORED and not cell.failing_tests:
-            if before is None or before.status is not CellStatus.ERRORED:
-                triage_class, cause = classify_cell(cell)
-                good = bad = None
-                if triage_class is Triage.REAL and before is not None and versions_of(before) != versions_of(cell):
-                    good, bad = versions_of(before), versions_of(cell)  # a hang or crash is bisected too
-                reds.append(
-                    Red(
-                        cell_id=cell.id,
-                        test_id=None,
-                        test_name=None,
-                        message=cell.reason or "errored",
-                        triage=triage_class,
-                        cause=cause,
-                        good=good,
-                        bad=bad,
-                        crash=cell.error_kind in CRASH_KINDS,
-                    )
-                )
-            continue
-        for test in [*cell.failing_tests, *(t for t in cell.tests if t.outcome is Outcome.FLAKY)]:
-            was = outcome_before.get(test.test_id)
-            if was is not None and was.is_failing:
-                continue  # red the night before too: not new
-            triage_class, cause = classify_test(test)
+    for new in new_reds(tonight, baseline):
+        cell, before, test = new.cell, new.before, new.test
+        if test is None:  # the cell errored without a failing test
+            triage_class, cause = classify_cell(cell)
             good = bad = None
-            if triage_class is Triage.REAL:
-                if was is Outcome.PASSED and versions_of(before) != versions_of(cell):
-                    good, bad = versions_of(before), versions_of(cell)
-                elif was is Outcome.PASSED:
-                    cause = "same torch and transformers as the night before: a change in this repository"
-                else:
-                    cause = "no passing result the night before to bisect from"
+            if triage_class is Triage.REAL and before is not None and versions_of(before) != versions_of(cell):
+                good, bad = versions_of(before), versions_of(cell)  # a hang or crash is bisected too
             reds.append(
                 Red(
                     cell_id=cell.id,
-                    test_id=test.test_id,
-                    test_name=test.name,
-                    message=test.message or test.outcome.value,
+                    test_id=None,
+                    test_name=None,
+                    message=cell.reason or "errored",
                     triage=triage_class,
                     cause=cause,
                     good=good,
                     bad=bad,
-                    crash=cause == CRASH_CAUSE,
+                    crash=cell.error_kind in CRASH_KINDS,
                 )
             )
+            continue
+        triage_class, cause = classify_test(test)
+        good = bad = None
+        if triage_class is Triage.REAL:
+            if new.was is Outcome.PASSED and versions_of(before) != versions_of(cell):
+                good, bad = versions_of(before), versions_of(cell)
+            elif new.was is Outcome.PASSED:
+                cause = "same torch and transformers as the night before: a change in this repository"
+            else:
+                cause = "no passing result the night before to bisect from"
+        reds.append(
+            Red(
+                cell_id=cell.id,
+                test_id=test.test_id,
+                test_name=test.name,
+                message=test.message or test.outcome.value,
+                triage=triage_class,
+                cause=cause,
+                good=good,
+                bad=bad,
+                crash=cause == CRASH_CAUSE,
+            )
+        )
     return reds
 
 
-def bisect_plan(reds: Iterable[Red], labels: Mapping[str, Sequence[str]], gpu_of: Mapping[str, str]) -> list[dict]:
-    """One bisect job per cell with real failures: `strategy.matrix.include` entries."""
-    jobs: dict[str, dict] = {}
+def bisect_plan(
+    reds: Iterable[Red], labels: Mapping[str, Sequence[str]], gpu_of: Mapping[str, str]
+) -> list[BisectJob]:
+    """One bisect job per cell with real failures: `strategy.matrix.include` entries. `labels`: each GPU type's
+    runner labels (runners.yaml, which the command reads); `gpu_of`: each cell's GPU type."""
+    jobs: dict[str, tuple[Red, list[str | None]]] = {}
     for red in reds:
         if red.good is None or red.bad is None:
             continue
-        job = jobs.setdefault(
-            red.cell_id,
-            {
-                "cell": red.cell_id,
-                "runs_on": list(labels.get(gpu_of[red.cell_id], ())),
-                "good": ",".join(f"{k}={v}" for k, v in sorted(red.good.items())),
-                "bad": ",".join(f"{k}={v}" for k, v in sorted(red.bad.items())),
-                "tests": [],
-            },
+        # None: the whole cell errored (a hang): the bisect runs its suite
+        jobs.setdefault(red.cell_id, (red, []))[1].append(red.test_id)
+    return [
+        BisectJob(
+            cell=first.cell_id,
+            runs_on=list(labels.get(gpu_of[first.cell_id], ())),
+            good=",".join(f"{k}={v}" for k, v in sorted(first.good.items())),
+            bad=",".join(f"{k}={v}" for k, v in sorted(first.bad.items())),
+            # A JSON list, never words: a test id may hold spaces (`test[a b]`), and the job reads it NUL-separated.
+            tests=json.dumps([] if None in tests else tests),
         )
-        job["tests"].append(red.test_id)  # None: the whole cell errored (a hang): the bisect runs its suite
-    # A JSON list, never words: a test id may hold spaces (`test[a b]`), and the job reads it NUL-separated.
-    return [{**job, "tests": json.dumps([] if None in job["tests"] else job["tests"])} for job in jobs.values()]
+        for first, tests in jobs.values()
+    ]
 
 
-def with_bisects(reds: Sequence[Red], bisects: Mapping[str, Mapping]) -> list[dict]:
-    """Each red as data, with its cell's bisect answer; a bisect whose bad end passed again means the
+def with_bisects(reds: Sequence[Red], bisects: Mapping[str, BisectRecord]) -> list[TriageRed]:
+    """Each red as triage.json has it, with its cell's bisect answer; a bisect whose bad end passed again means the
     red did not reproduce on the same runner shape: flaky."""
     rows = []
     for red in reds:
-        row = {**red.to_json(), "bisect": None}
+        row = red.record()
         answer = bisects.get(red.cell_id) if red.good else None
         if answer is not None:
-            row["bisect"] = answer.get("line") or answer.get("error")
-            if answer.get("same_verdict") == "pass":
-                row["class"], row["cause"] = Triage.FLAKY.value, "passed when the bisect job ran it again"
-            elif answer.get("same_verdict") == "fail" and red.crash:
-                row["class"], row["cause"] = Triage.INFRASTRUCTURE.value, "crashes on the last good build too"
+            row = dataclasses.replace(row, bisect=answer.said())
+            if answer.same_verdict == contract.VERDICT_PASS:
+                row = dataclasses.replace(row, triage_class=Triage.FLAKY.value,
+                                          cause="passed when the bisect job ran it again")
+            elif answer.same_verdict == contract.VERDICT_FAIL and red.crash:
+                row = dataclasses.replace(row, triage_class=Triage.INFRASTRUCTURE.value,
+                                          cause="crashes on the last good build too")
         rows.append(row)
     return rows
 
 
-def load_bisects(folder: str | Path | None) -> dict[str, dict]:
+def load_bisects(folder: str | Path | None) -> dict[str, BisectRecord]:
     """The bisect jobs' --json files, by cell id; a missing or broken file is a bisect that said nothing."""
-    found: dict[str, dict] = {}
-    for path in sorted(Path(folder).rglob("bisect*.json")) if folder and Path(folder).is_dir() else []:
+    found: dict[str, BisectRecord] = {}
+    for path in sorted(Path(folder).rglob(contract.BISECT_JSON_GLOB)) if folder and Path(folder).is_dir() else []:
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+            record = BisectRecord.from_json(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, RecursionError):
             continue
-        if isinstance(data, dict) and isinstance(data.get("cell"), str):
-            found[data["cell"]] = data
+        found[record.cell] = record
     return found
-
-
-def command(args) -> int:
-    from harness.plan.runners import load_runners
-    from harness.results import load_results
-    from harness.report.templates import render_template
-
-    tonight = load_results([args.results])
-    baseline = load_results([args.baseline]) if args.baseline and Path(args.baseline).is_dir() else None
-    reds = triage(tonight, baseline)
-    runners = load_runners()
-    plan = bisect_plan(
-        reds,
-        {name: runner.labels for name, runner in runners.items()},
-        {cell.id: cell.info.gpu or "" for cell in tonight.cells},
-    )
-    rows = with_bisects(reds, load_bisects(args.bisects))
-    document = {"reds": rows, "bisect": plan}
-    if args.output:
-        Path(args.output).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    if args.github_matrix:
-        Path(args.github_matrix).write_text(json.dumps({"include": plan}, separators=(",", ":")), encoding="utf-8")
-    print(render_template("triage.md.j2", reds=rows, baseline=baseline is not None), end="")
-    return 0

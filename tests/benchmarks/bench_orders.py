@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(Path(__file__).resolve().parent)]  # the checkout's harness; bench_pool beside
 from bench_pool import SUITE_COMMAND, pools_started, read_timing, split_pytest_args, suite_environ  # noqa: E402
 
-from harness.results.reader import read_junit_tests  # noqa: E402
+from harness.results.junit import read_junit_tests  # noqa: E402
 
 SUITE = SUITE_COMMAND
 SUITE_OPTIONS = [arg for arg in SUITE_COMMAND if arg != "tests/gpu"]  # a no-pool shard names its node ids

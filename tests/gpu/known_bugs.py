@@ -27,7 +27,7 @@ from packaging.version import InvalidVersion, Version
 from harness.contract import FIXED_UPSTREAM as FIXED_MESSAGE
 from harness.contract import KNOWN_BUG_PREFIX as REASON_PREFIX  # what the report and triage read
 from harness.ranks import RankFailedError
-from harness.ranks.protocol import NO_MESSAGE, RaisingFrame, first_line, raising_frame
+from harness.ranks.raised import NO_MESSAGE, RaisingFrame, first_line, raising_frame
 
 DIFFERENT_MESSAGE = "failed differently from its known bug"
 PACKAGES = ("transformers", "torch")  # every entry names the releases of each it holds for

@@ -95,9 +95,9 @@ def run_case(checkpoint: str, case: Case, metrics_dir: str | None = None, model_
 def case_metrics(case) -> dict:
     """What names a case in its metrics (the family is recorded by the suite's run_case before the launch)."""
     return {
-        "layout": case.layout,
-        "dtype": case.dtype,
-        "experts_implementation": case.experts_implementation or "default",
+        contract.CASE_LAYOUT: case.layout,
+        contract.CASE_DTYPE: case.dtype,
+        contract.CASE_EXPERTS_IMPLEMENTATION: case.experts_implementation or "default",
     }
 
 
@@ -650,7 +650,7 @@ def summarize(values: list[dict]) -> dict:
             summary.update({name: worst[name] for name in (error, bound, *beside) if name in worst})
     for name in list(summary):
         numbered = [value for value in values if isinstance(value.get(name), (int, float))]
-        if name.startswith("min_") and numbered:
+        if name.startswith(contract.MINIMUM_PREFIX) and numbered:
             summary[name] = min(value[name] for value in numbered)
     return summary
 

@@ -12,7 +12,9 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from rank_cases import Case
 
-from harness.ranks.protocol import NO_MESSAGE, Died, Failed, RaisingFrame, failure_error
+from harness.ranks.failures import Died, failure_error
+from harness.ranks.protocol import Failed
+from harness.ranks.raised import NO_MESSAGE, RaisingFrame
 from harness.results import triage
 
 pytest_plugins = ["pytester"]

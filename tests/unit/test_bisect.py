@@ -351,7 +351,7 @@ def test_a_test_failing_at_both_ends_is_set_aside_and_the_others_bisected():
     assert result.set_aside == (KNOWN,)
     assert result.set_aside_line() == f"set aside, failing at both ends: {KNOWN}"
     assert calls[0] == "5.19.0"  # the good end first
-    assert result.to_json(1.0)["set_aside"] == [KNOWN]
+    assert result.record(1.0, cell="c").to_json()["set_aside"] == [KNOWN]
 
 
 def test_a_selection_that_fails_whole_at_the_good_end_costs_one_probe():

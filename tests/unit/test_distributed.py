@@ -12,7 +12,7 @@ import pytest
 from process_helpers import is_alive, sleep_forever
 
 from harness.ranks import RankFailedError, RankTimeoutError, run_distributed
-from harness.ranks.protocol import NO_MESSAGE, first_line, raising_frame, relative_to_sys_path
+from harness.ranks.raised import NO_MESSAGE, first_line, raising_frame, relative_to_sys_path
 
 pytest.importorskip("torch")
 pytest_plugins = ["pytester"]

@@ -24,7 +24,7 @@ from harness.github import actions_io
 from harness.github import api as github_api
 from harness.github import comments as github_comments
 from harness.report import render as report
-from harness.results import Digest, load_baseline, load_results, nightly_regressions
+from harness.results import load_results, nightly_regressions
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = "octo-org/harness"
@@ -979,7 +979,7 @@ def cells(tmp_path: Path, name: str, gpu_peak: float | None = None, **tests: str
 def regressions(now: Path, before: Path | None = None, memory_mib: float = 64.0,
                 memory_percent: float = 10.0) -> list[str]:
     """The nightly listing's lines, as the issue shows them."""
-    baseline = load_baseline(before) if before else Digest(cells={})
+    baseline = load_results([before]) if before else None
     found = nightly_regressions(load_results([now]), baseline, memory_mib=memory_mib, memory_percent=memory_percent)
     if not found:
         return []
@@ -1108,6 +1108,23 @@ def test_the_issue_lists_triages_new_reds_so_a_floating_release_is_one_story(fak
     [issue] = fake.issues.values()
     assert f"- `h200-2gpu-torch2.13.0-tf5.20.0` `{T}` real failure\n" in issue["body"]
     assert "no result the night before" not in issue["body"]
+
+
+def test_without_triage_the_issue_reads_the_same_rule_as_triage(fake, nightly_env, tmp_path):
+    """The floating release of the test above, without --triage-json: the issue compares with the night before as
+    triage does (results.compare.new_reds), so the cell of last night's transformers is the one compared with."""
+    before, now = tmp_path / "before", tmp_path / "now"
+    write_cell(before, "h200-2gpu-torch2.13.0-tf5.19.0", "passed", {"t": "passed", "u": "failed"})
+    write_cell(now, "h200-2gpu-torch2.13.0-tf5.20.0", "failed", {"t": "failed", "u": "failed"})
+    for folder, version in ((before, "5.19.0"), (now, "5.20.0")):
+        env_file = next(folder.iterdir()) / "env.json"
+        record = json.loads(env_file.read_text())
+        record["cell"]["transformers"] = version
+        env_file.write_text(json.dumps(record))
+    assert nightly(tmp_path, now, before) == 0
+    [issue] = fake.issues.values()
+    assert f"- `h200-2gpu-torch2.13.0-tf5.20.0` `{T}` failed\n" in issue["body"]
+    assert "no result the night before" not in issue["body"] and "::u`" not in issue["body"]  # u failed then too
 
 
 def test_a_triage_file_that_is_not_triages_json_is_one_line_and_exit_2(fake, nightly_env, tmp_path, capsys):

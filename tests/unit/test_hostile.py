@@ -167,9 +167,7 @@ def test_hostile_names_add_no_markup_to_the_nightly_issue(tmp_path):
     write_cell(before / CELL, junit(case(f"test_bad[{HOSTILE}]")), env={"status": "passed", "exit_code": 0})
     write_cell(before / "h200-8gpu-torch2.11.0-tf5.18.0", junit(case("t")), env={"status": "passed"})
     current = load_results([hostile_results(tmp_path / "now")])
-    from harness.results import load_baseline
-
-    found = nightly_regressions(current, load_baseline(before), memory_mib=64, memory_percent=10)
+    found = nightly_regressions(current, load_results([before]), memory_mib=64, memory_percent=10)
     assert {item.kind for item in found} == {"failing", "errored"}
     for kind in ("issue", "again"):
         text = render_nightly(
@@ -398,10 +396,11 @@ def test_a_memory_json_listing_thousands_of_gpus_reads_the_first_64(tmp_path):
 
 def test_hostile_messages_add_no_markup_to_the_triage_table():
     from harness.report.templates import render_template
+    from harness.results.nightly_records import BisectRecord
     from harness.results.triage import Red, Triage, with_bisects
 
     red = Red(cell_id=CELL, test_id=f"tests/gpu/test_ep.py::test_bad[{HOSTILE}]", test_name="test_bad",
               message=HOSTILE, triage=Triage.REAL, cause=HOSTILE, good={"transformers": "5.9.0"},
               bad={"transformers": "5.10.0"})
-    rows = with_bisects([red], {CELL: {"line": HOSTILE}})
+    rows = with_bisects([red], {CELL: BisectRecord(cell=CELL, line=HOSTILE)})
     assert_safe_markdown(render_template("triage.md.j2", reds=rows, baseline=True))

@@ -39,6 +39,6 @@ def test_each_test_id_reaches_bisect_as_one_argument(tmp_path):
     (venv / "python").symlink_to(sys.executable)
     script = bisect_step_reader() + '\nprintf "%s\\0" "${tests[@]}"'
     done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, check=True,
-                          env={**os.environ, "TESTS": job["tests"], "RUNNER_TEMP": str(tmp_path)})
+                          env={**os.environ, "TESTS": job.tests, "RUNNER_TEMP": str(tmp_path)})
     assert done.stdout.decode().split("\0")[:-1] == IDS
     assert not (tmp_path / "pwned").exists()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.results import CellStatus, load_results, reader
+from harness.results import CellStatus, junit, load_results
 
 CELL = "ada-2gpu-torch2.11.0-tf5.9.0"
 FORMATS = ["pr-comment", "summary", "terminal", "html"]
@@ -57,7 +57,7 @@ def test_a_symbolic_link_is_not_followed(tmp_path):
 
 
 def test_a_junit_xml_over_the_cap_is_refused_unread(tmp_path, monkeypatch):
-    monkeypatch.setattr(reader, "JUNIT_BYTES", len(JUNIT) - 1)  # the cap is 32 MiB; the rule is the same
+    monkeypatch.setattr(junit, "JUNIT_BYTES", len(JUNIT) - 1)  # the cap is 32 MiB; the rule is the same
     folder = tmp_path / "results" / CELL
     env_json(folder)
     (folder / "junit.xml").write_text(JUNIT)
@@ -67,7 +67,7 @@ def test_a_junit_xml_over_the_cap_is_refused_unread(tmp_path, monkeypatch):
 
 
 def test_a_junit_xml_at_the_cap_is_read(tmp_path, monkeypatch):
-    monkeypatch.setattr(reader, "JUNIT_BYTES", len(JUNIT))
+    monkeypatch.setattr(junit, "JUNIT_BYTES", len(JUNIT))
     folder = tmp_path / "results" / CELL
     env_json(folder)
     (folder / "junit.xml").write_text(JUNIT)

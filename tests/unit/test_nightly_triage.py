@@ -68,7 +68,7 @@ def test_the_regression_issue_lists_each_red_with_its_class_and_bisect_line(requ
     )
     bisects = tmp_path / "bisects" / f"bisect-{H200}"
     bisects.mkdir(parents=True)
-    write_json(bisects / "bisect.json", answer, 12.5, {"cell": job["cell"]})
+    write_json(bisects / "bisect.json", answer.record(12.5, cell=job["cell"]))
 
     # Job `regression`: the table, then the issue.
     triage_md = tmp_path / "triage.md"

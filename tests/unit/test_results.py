@@ -303,12 +303,27 @@ def test_broken_files_become_values(tmp_path, files, status, text):
     assert any(text in line for line in told), told
 
 
-def test_without_env_json_the_id_still_tells_the_cell(tmp_path):
+def test_without_env_json_a_cell_shows_its_id_and_nothing_parsed_from_it(tmp_path):
+    """A cell id is built once (Cell.id) and never parsed: without env.json the folder's name is the id, and the
+    cell's fields are unknown (what a report shows of such a cell is its id, its tests and why it errored)."""
     cell = read_cell(write_cell(tmp_path / "gb200-4gpu-torch2.12.0-tf5.24.0", env=None))
     info = cell.info
-    assert (info.gpu, info.gpus, info.torch, info.transformers) == ("gb200", 4, "2.12.0", "5.24.0")
+    assert info.id == "gb200-4gpu-torch2.12.0-tf5.24.0"
+    assert (info.gpu, info.gpus, info.hosts, info.torch, info.transformers) == (None, None, None, None, None)
     assert cell.duration_s == 1.5  # from the testsuite's time
     assert cell.reproduce == "harness run --cell gb200-4gpu-torch2.12.0-tf5.24.0"
+
+
+@pytest.mark.parametrize("matrix", ["cpu-4host", "cpu"])
+def test_the_cell_fields_come_from_env_json_as_harness_run_writes_them(tmp_path, matrix):
+    """Ids such as `cpu-slurm-4x2rank-...` (hosts x ranks) read as what Cell.to_json() recorded."""
+    from harness.plan.matrix import load_matrix
+
+    planned = load_matrix(matrix).cells[0]
+    cell = read_cell(write_cell(tmp_path / planned.id, env=env_json(cell=planned.to_json())))
+    assert (cell.id, cell.info.gpu, cell.info.gpus, cell.info.hosts, cell.info.torch, cell.info.transformers) == (
+        planned.id, planned.gpu, planned.gpus, planned.hosts, planned.torch, planned.transformers)
+    assert not [problem for problem in cell.problems if problem.file == "env.json"]
 
 
 def test_memory_nulls_stay_unknown(tmp_path):
@@ -447,6 +462,21 @@ def test_a_tiny_budget_keeps_the_first_cells_and_says_it_is_partial():
 def test_unreadable_digests_say_why(text, message):
     with pytest.raises(ValueError, match=message):
         decode_digest(text)
+
+
+def test_the_night_before_is_a_cell_of_the_same_gpus_and_hosts():
+    """transformers floated: tonight's cell of 2 hosts x 8 GPUs is compared with last night's of 2 x 8, not with
+    the one-host cell of 8 that ran the same torch."""
+    from harness.results import CellInfo
+    from harness.results.compare import night_before
+
+    def cell(cell_id: str, hosts: int | None, transformers: str) -> CellResult:
+        info = CellInfo(id=cell_id, gpu="h200", gpus=8, hosts=hosts, torch="2.13.0", transformers=transformers)
+        return CellResult(info=info, status=CellStatus.PASSED)
+
+    one_host, two_hosts = cell("h200-8gpu-a", None, "5.19.0"), cell("h200-2x8gpu-a", 2, "5.19.0")
+    assert night_before(cell("h200-2x8gpu-b", 2, "5.20.0"), ResultSet((one_host, two_hosts))) is two_hosts
+    assert night_before(cell("h200-8gpu-b", 1, "5.20.0"), ResultSet((one_host, two_hosts))) is one_host
 
 
 def test_comparison_with_the_night_before():

@@ -12,6 +12,7 @@ import pytest
 from harness import contract
 from harness.cli import main
 from harness.results import Outcome, TestResult, load_results, triage
+from harness.results.nightly_records import BisectRecord, TriageRecord
 from harness.results.triage import Triage, classify_text
 
 # (text a red carries, class, pattern). Texts are what torch, NCCL, gloo, pip, uv, the rank launcher,
@@ -165,7 +166,7 @@ def test_an_errored_cell_is_classified_by_its_kind_and_a_hang_or_crash_is_bisect
     if expected is Triage.REAL:
         assert (red.good, red.bad) == ({"torch": "2.13.0", "transformers": "5.19.0"},
                                        {"torch": "2.13.0", "transformers": "5.20.0"})
-        assert [(job["cell"], job["tests"]) for job in plan] == [(red.cell_id, "[]")]  # no test: the cell's whole suite
+        assert [(job.cell, job.tests) for job in plan] == [(red.cell_id, "[]")]  # no test: the cell's whole suite
     else:
         assert plan == []
 
@@ -173,8 +174,23 @@ def test_an_errored_cell_is_classified_by_its_kind_and_a_hang_or_crash_is_bisect
 def test_a_crash_that_the_last_good_build_shows_too_is_infrastructure():
     red = triage.Red(cell_id="c", test_id="t", test_name="t", message="rank 1 exited by signal SIGSEGV",
                      triage=Triage.REAL, cause=triage.CRASH_CAUSE, good={"torch": "1"}, bad={"torch": "2"}, crash=True)
-    (row,) = triage.with_bisects([red], {"c": {"cell": "c", "same_verdict": "fail", "error": "both fail"}})
-    assert (row["class"], row["cause"]) == ("infrastructure", "crashes on the last good build too")
+    (row,) = triage.with_bisects([red], {"c": BisectRecord(cell="c", same_verdict="fail", error="both fail")})
+    assert (row.triage_class, row.cause) == ("infrastructure", "crashes on the last good build too")
+
+
+def test_triage_json_and_bisect_json_are_written_and_read_through_their_records(nights, tmp_path):
+    before, after = nights
+    bisects = tmp_path / "bisects"
+    bisects.mkdir()
+    (bisects / "bisect-typed.json").write_text(json.dumps({"cell": "h200-2gpu-torch2.13.0-tf5.20.0", "line": 7}))
+    assert triage.load_bisects(bisects) == {}  # a wrong type: a bisect that said nothing, not a crash
+    reds = triage.triage(load_results([after]), load_results([before]))
+    record = TriageRecord(reds=triage.with_bisects(reds, {}), bisect=triage.bisect_plan(reds, {}, {
+        red.cell_id: "h200" for red in reds}))
+    assert TriageRecord.from_json(json.loads(json.dumps(record.to_json()))) == record
+    answer = BisectRecord(cell="c", pytest_args=["-k", "x"], error="both pass", exit_code=2, same_verdict="pass")
+    assert list(answer.to_json()) == ["cell", "pytest_args", "error", "exit_code", "same_verdict"]
+    assert BisectRecord.from_json(answer.to_json()) == answer
 
 
 # --------------------------------------------------------------------------- folders
@@ -371,8 +387,8 @@ def test_a_bisect_whose_bad_end_passes_again_makes_the_red_flaky(nights, tmp_pat
     rows = triage.with_bisects(
         triage.triage(load_results([after]), load_results([before])), triage.load_bisects(bisects)
     )
-    (row,) = [row for row in rows if row["name"] == "test_fsdp_ep_moe[2-float32]"]
-    assert (row["class"], row["cause"]) == ("flaky", "passed when the bisect job ran it again")
+    (row,) = [row for row in rows if row.name == "test_fsdp_ep_moe[2-float32]"]
+    assert (row.triage_class, row.cause) == ("flaky", "passed when the bisect job ran it again")
 
 
 def test_escapes_what_came_from_results(tmp_path, capsys):

@@ -5,6 +5,7 @@ autouse, and it imports nothing but the standard library, pytest and those helpe
 
 from __future__ import annotations
 
+import importlib.metadata
 import threading
 from http.server import ThreadingHTTPServer
 
@@ -52,3 +53,29 @@ def env(fake, tmp_path, monkeypatch, sleeps):
     monkeypatch.setenv("GITHUB_REPOSITORY", REPO)
     monkeypatch.setenv("GITHUB_OUTPUT", str(outputs))
     return outputs
+
+
+# --------------------------------------------------------------------------- the package index (harness.plan.versions)
+
+
+@pytest.fixture
+def pip_index(monkeypatch):
+    """The package index as pip lists it, newest first; records which packages were asked. It lists the installed
+    torch and transformers, and torch 0.0.1: the release test_run's broken-environment cells pin, so their build
+    starts (and fails offline)."""
+    from harness.plan import versions
+
+    torch, transformers = (importlib.metadata.version(name).split("+")[0] for name in ("torch", "transformers"))
+    index = {"torch": ["0.0.1", "2.11.0", "2.12.0", torch, "2.14.0rc1"],
+             "transformers": ["5.9.0", "5.20.0", transformers]}
+    asked = []
+
+    def ask_pip(package, pre):
+        asked.append(package)
+        listed = [v for v in index[package] if pre or "rc" not in v]
+        return f"{package} ({listed[-1]})\nAvailable versions: {', '.join(reversed(listed))}\n"
+
+    monkeypatch.setattr(versions, "ask_pip", ask_pip)
+    versions._cached.cache_clear()
+    yield asked
+    versions._cached.cache_clear()

@@ -9,13 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
+from env_helpers import CELL
 from tamper import plant_pth
 
 from harness.envs import build as env
-from harness.plan.matrix import Cell
 
-CELL = Cell(gpu="cpu", gpus=2, torch="0.0.1", transformers="0.0.2", matrix="test", labels=(),
-            timeout_minutes=5, reruns=0, suite=("tests/gpu",))
 CELL_VERSIONS = {"torch": "0.0.1+cpu", "transformers": "0.0.2", "accelerate": "1.10.0", "pytest": "8.0.0",
                  "pytest-rerunfailures": "14.0", "pytest-timeout": "2.3.1"}
 

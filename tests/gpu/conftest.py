@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,15 @@ if str(SUITE_DIR) not in sys.path:
     sys.path.insert(0, str(SUITE_DIR))
 # Everything is built locally; never reach for the Hub, in this process or the ranks it starts.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# Each family's tiny checkpoint (fixtures `checkpoints`, `checkpoint`): defined beside the suite's modules, as the
+# suite's self-tests (tests/unit/suite) use them too. Imported once the suite directory is on sys.path; bound by
+# assignment, as the case runners below take a `checkpoint` argument of their own.
+import checkpoint_fixtures  # noqa: E402
+
+Checkpoint = checkpoint_fixtures.Checkpoint
+checkpoints = checkpoint_fixtures.checkpoints
+checkpoint = checkpoint_fixtures.checkpoint
 
 # The ranks fixture and its rank pool (HARNESS_RANKS_POOL=0 turns the pool off). An installed harness
 # registers the plugin through its pytest11 entry point, `harness run` with `-p`; this covers a checkout
@@ -50,41 +58,6 @@ def ep_coverage(record_testsuite_property) -> dict[str, str]:
     for name, value in properties.items():
         record_testsuite_property(name, value)
     return properties
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    family: str  # a key of families.FAMILIES
-    path: str
-
-
-@pytest.fixture(scope="session")
-def checkpoints(tmp_path_factory):
-    """Each family's tiny checkpoint, built the first time a test asks for it."""
-    import families
-    import tiny_models
-
-    built: dict[str, Checkpoint] = {}
-
-    def get(model_type: str) -> Checkpoint:
-        if model_type not in built:
-            path = tiny_models.build_checkpoint(families.family(model_type), tmp_path_factory.mktemp(model_type))
-            built[model_type] = Checkpoint(model_type, str(path))
-        return built[model_type]
-
-    return get
-
-
-@pytest.fixture
-def checkpoint(request, checkpoints) -> Checkpoint:
-    """Parametrize indirectly with a family's model_type: `parametrize("checkpoint", [...], indirect=True)`."""
-    import families
-    import tf_adapter
-
-    below = tf_adapter.below_ep_floor(families.family(request.param))
-    if below:
-        pytest.skip(below)
-    return checkpoints(request.param)
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ same code, scaled by the RMS norm. The code carries most of the hidden state's n
 a few percent only. Each router row reads only its own channel, so token `t` goes to experts `t % 8` and
 `secondary_expert(t)` in every MoE layer with logits near 5.4 and 4.7, the other six near 0: the third
 score is about 4 below the top two, and the top routing weight's share stays well under 1 (bounds in
-tolerances.py, asserted on the suite's batch by test_tiny_models.py). A router that scales what it reads
-has its code raised until its margin clears the bound with room (calibrate_router_gain); a hash router's
+tolerances.py, asserted on the suite's batch by tests/unit/suite/test_tiny_models.py). A router that scales what
+it reads has its code raised until its margin clears the bound with room (calibrate_router_gain); a hash router's
 token table is written with the same experts.
 
 The families' own extras keep their part in the decision without changing it: GPT-OSS's router bias and

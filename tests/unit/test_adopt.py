@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_workflows import RULES, load, uses_pinned
+from workflow_rules import RULES, load, uses_pinned, zizmor
 
 from harness.cli import main
 from harness.github.adopt import starter_files
@@ -110,8 +110,6 @@ def test_the_steps_holding_a_token_run_no_installed_code():
 
 
 def test_zizmor_finds_nothing_in_what_init_writes(repository):
-    from test_workflows import zizmor
-
     assert main(["init", "--uses", "acme/harness@" + "a" * 40]) == 0
     result = zizmor(repository / ".github" / "workflows")
     assert result.returncode == 0 and json.loads(result.stdout or "[]") == [], result.stdout[-3000:]

@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
+from env_helpers import SPEC
 from tamper import plant_pth
 
 from harness.envs import build as env
 
-SPEC = env.EnvSpec(torch="0.0.1", transformers="0.0.2")
 CELL_VERSIONS = {"torch": "0.0.1+cpu", "transformers": "0.0.2", "accelerate": "1.10.0", "pytest": "8.0.0",
                  "pytest-rerunfailures": "14.0", "pytest-timeout": "2.3.1"}
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_env import SPEC
+from env_helpers import SPEC
 
 from harness.cli import main
 from harness.envs import build as env

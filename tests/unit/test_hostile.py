@@ -5,7 +5,6 @@ render, stay within its size limit, keep its digest readable, and add no markup,
 from __future__ import annotations
 
 import html
-import html.parser
 import json
 import os
 import re
@@ -14,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from markup_helpers import TagCollector, without_code_spans, without_fences
 
 from harness.cli import main
 from harness.contract import COMMENT_LIMIT
@@ -106,14 +106,9 @@ def hostile_results(root: Path) -> Path:
 # What a rendering may hold
 
 
-def without_fences(markdown: str) -> str:
-    return re.sub(r"^(`{3,})[a-z]*\n.*?^\1$", "", markdown, flags=re.MULTILINE | re.DOTALL)
-
-
 def outside_code(markdown: str) -> str:
     """What GitHub renders as Markdown: no fenced blocks, no code spans, no HTML comments."""
-    prose = without_fences(markdown)
-    prose = re.sub(r"(?<![\\`])(`+)(?!`).*?(?<!`)\1(?!`)", "", prose)
+    prose = without_code_spans(without_fences(markdown))
     return re.sub(r"<!-- harness-[a-z:0-9]+ -->|<!-- harness-digest v1 [A-Za-z0-9+/=]+ -->", "", prose)
 
 
@@ -130,17 +125,6 @@ def assert_safe_markdown(text: str) -> None:
     assert max(map(len, text.splitlines())) < 5_000, "a 100 KB line came through whole"
 
 
-class Tags(html.parser.HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.tags: set[str] = set()
-        self.urls: list[str] = []
-
-    def handle_starttag(self, tag, attrs):
-        self.tags.add(tag)
-        self.urls += [value for key, value in attrs if key in ("src", "href") and value]
-
-
 @pytest.mark.parametrize("fmt", ["pr-comment", "summary"])
 def test_hostile_names_add_no_markup_to_markdown(tmp_path, fmt):
     text = render(load_results([hostile_results(tmp_path)]), fmt)
@@ -151,7 +135,7 @@ def test_hostile_names_add_no_markup_to_markdown(tmp_path, fmt):
 
 
 def test_hostile_names_add_no_markup_to_html(tmp_path):
-    parser = Tags()
+    parser = TagCollector()
     parser.feed(render(load_results([hostile_results(tmp_path)]), "html"))
     assert not {"img", "script", "a", "iframe"} & parser.tags and parser.urls == []
 

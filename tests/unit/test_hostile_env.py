@@ -10,15 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from env_helpers import CELL
 from tamper import plant_pth
 
 from harness.bisect import commits
 from harness.cli import main
 from harness.envs import build as env
-from harness.plan.cells import Cell
 
-CELL = Cell(gpu="cpu", gpus=2, torch="0.0.1", transformers="0.0.2", matrix="test", labels=(),
-            timeout_minutes=5, reruns=0, suite=("tests/gpu",))
 AXES = "axes: {gpu: [GPU], gpus: [1], torch: ['2.11.0'], transformers: ['5.9.0']}\n"
 
 

@@ -1,5 +1,5 @@
 """The nightly's triage steps as nightly.yml runs them, against the local GitHub API stand-in of
-test_github.py: `harness triage` plans the bisects, a bisect answers, `harness triage --bisects`
+fake_github.py: `harness triage` plans the bisects, a bisect answers, `harness triage --bisects`
 renders every red with its class and bisect line, and `harness gh nightly-issue --triage` puts that
 in the regression issue."""
 
@@ -9,9 +9,10 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 import yaml
-from test_github import env, fake, gh, sleeps  # noqa: F401  (fixtures: the local API server)
-from test_triage import GRAD, junit_case, write_cell
+from bisect_helpers import regression_from, table_probe
+from triage_helpers import GRAD, junit_case, write_cell
 
 from harness.bisect.search import bisect, write_json
 from harness.cli import main
@@ -43,9 +44,8 @@ def nights(tmp_path):
     return before, after
 
 
-def test_the_regression_issue_lists_each_red_with_its_class_and_bisect_line(request, tmp_path, capsys, monkeypatch):
-    request.getfixturevalue("env")  # GITHUB_* pointing at the local API server
-    api = request.getfixturevalue("fake")
+@pytest.mark.usefixtures("env")  # GITHUB_* pointing at the local API server
+def test_the_regression_issue_lists_each_red_with_its_class_and_bisect_line(fake, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("GITHUB_RUN_ID", "4242")
     before, after = nights(tmp_path)
 
@@ -61,8 +61,6 @@ def test_the_regression_issue_lists_each_red_with_its_class_and_bisect_line(requ
     )
 
     # Job `bisect`, on the cell's runner: its --json answer, from the real search over a known table.
-    from test_bisect import regression_from, table_probe
-
     answer = bisect(
         "transformers", RELEASES, good="5.19.0", bad="5.20.0", probe=table_probe(regression_from("5.20.0", RELEASES))
     )
@@ -80,7 +78,8 @@ def test_the_regression_issue_lists_each_red_with_its_class_and_bisect_line(requ
     report = tmp_path / "summary.md"
     report.write_text("| cell | result |\n")
     assert (
-        gh(
+        main([
+            "gh",
             "nightly-issue",
             "--results",
             str(after),
@@ -92,10 +91,10 @@ def test_the_regression_issue_lists_each_red_with_its_class_and_bisect_line(requ
             "6dcb09b5b57875f334f61aebed695e2e4193db5e",
             "--triage",
             str(triage_md),
-        )
+        ])
         == 0
     )
-    [issue] = api.issues.values()
+    [issue] = fake.issues.values()
     body = issue["body"]
     assert "### Triage: 2 new reds" in body
     [real] = [line for line in body.splitlines() if "test_fsdp_ep_moe" in line and line.startswith("| ")]

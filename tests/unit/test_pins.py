@@ -7,8 +7,6 @@ import importlib.metadata
 import json
 import textwrap
 
-import pytest
-
 from harness.cli import main
 from harness.plan import versions
 from harness.plan.cells import Cell
@@ -16,24 +14,6 @@ from harness.plan.pins import missing_pins
 
 TORCH = importlib.metadata.version("torch").split("+")[0]
 TRANSFORMERS = importlib.metadata.version("transformers").split("+")[0]
-# 0.0.1: the release test_run's broken-environment cells pin, so their build starts (and fails offline).
-INDEX = {"torch": ["0.0.1", "2.11.0", "2.12.0", TORCH, "2.14.0rc1"], "transformers": ["5.9.0", "5.20.0", TRANSFORMERS]}
-
-
-@pytest.fixture
-def index(monkeypatch):
-    """The package index as pip lists it, newest first; records which packages were asked."""
-    asked = []
-
-    def ask_pip(package, pre):
-        asked.append(package)
-        listed = [v for v in INDEX[package] if pre or "rc" not in v]
-        return f"{package} ({listed[-1]})\nAvailable versions: {', '.join(reversed(listed))}\n"
-
-    monkeypatch.setattr(versions, "ask_pip", ask_pip)
-    versions._cached.cache_clear()
-    yield asked
-    versions._cached.cache_clear()
 
 
 def matrix(tmp_path, torch: str, transformers: str = TRANSFORMERS) -> str:
@@ -46,7 +26,7 @@ def matrix(tmp_path, torch: str, transformers: str = TRANSFORMERS) -> str:
     return str(path)
 
 
-def test_a_pin_the_index_lacks_is_named_with_the_newest_release(index):
+def test_a_pin_the_index_lacks_is_named_with_the_newest_release(pip_index):
     assert missing_pins([]) == []
     problems = missing_pins([_cell("2.99.0"), _cell("2.14.0rc1"), _cell(TORCH)])
     assert problems == [f"torch 2.99.0 is not on the package index (newest: {TORCH})"]
@@ -57,17 +37,17 @@ def _cell(torch: str) -> Cell:
                 timeout_minutes=5, reruns=0, suite=("tests",))
 
 
-def test_matrix_check_fails_in_one_line(index, tmp_path, capsys):
+def test_matrix_check_fails_in_one_line(pip_index, tmp_path, capsys):
     path = matrix(tmp_path, "2.99.0")
     assert main(["matrix", "--matrix", path]) == 0  # without --check the index is not asked
-    assert index == []
+    assert pip_index == []
     capsys.readouterr()
     assert main(["matrix", "--matrix", path, "--check"]) == 2
     assert capsys.readouterr().err == (f"harness: error: {path}: torch 2.99.0 is not on the package index "
                                        f"(newest: {TORCH})\n")
 
 
-def test_run_errors_a_cell_whose_pin_is_missing_at_once_and_runs_the_others(index, tmp_path, capsys, monkeypatch):
+def test_run_errors_a_cell_whose_pin_is_missing_at_once_and_runs_the_others(pip_index, tmp_path, capsys, monkeypatch):
     def no_build(spec, path, log):
         raise AssertionError(f"built {path.name}")
 
@@ -88,25 +68,25 @@ def test_run_errors_a_cell_whose_pin_is_missing_at_once_and_runs_the_others(inde
     assert passed["status"] == "passed"
 
 
-def test_dry_run_says_a_missing_pin_would_error_the_cell(index, tmp_path, capsys):
+def test_dry_run_says_a_missing_pin_would_error_the_cell(pip_index, tmp_path, capsys):
     assert main(["run", "--matrix", matrix(tmp_path, "2.99.0"), "--env-dir", str(tmp_path / "envs"), "--dry-run"]) == 0
     assert (f"torch 2.99.0 is not on the package index (newest: {TORCH}) (the cell would be errored at once)"
             in capsys.readouterr().out)
 
 
-def test_a_cell_this_interpreter_runs_asks_no_index(index, tmp_path, capsys):
+def test_a_cell_this_interpreter_runs_asks_no_index(pip_index, tmp_path, capsys):
     assert main(["run", "--matrix", matrix(tmp_path, TORCH), "--env-dir", str(tmp_path / "envs"), "--dry-run"]) == 0
-    assert index == [] and "environment: this interpreter" in capsys.readouterr().out
+    assert pip_index == [] and "environment: this interpreter" in capsys.readouterr().out
 
 
-def test_dry_run_says_why_it_would_build(index, tmp_path, capsys):
+def test_dry_run_says_why_it_would_build(pip_index, tmp_path, capsys):
     assert main(["run", "--matrix", matrix(tmp_path, "2.12.0"), "--env-dir", str(tmp_path / "envs"), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert (f"(this interpreter has torch {importlib.metadata.version('torch')} and transformers {TRANSFORMERS}, "
             f"the cell pins 2.12.0 and {TRANSFORMERS}; the cache has none)") in out
 
 
-def test_when_the_index_cannot_be_asked_the_build_decides(index, tmp_path, monkeypatch, capsys):
+def test_when_the_index_cannot_be_asked_the_build_decides(pip_index, tmp_path, monkeypatch, capsys):
     def unreachable(package, pre):
         raise versions.VersionLookupError(f"{package}: cannot ask the package index: network unreachable")
 

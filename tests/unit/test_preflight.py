@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from test_run import cell_folder, run, write_matrix
+from run_helpers import cell_folder, run, write_matrix
 
 from harness.cli import main
 from harness.errors import ConfigError

@@ -4,13 +4,13 @@ the comment size limit, and the `harness report` command."""
 from __future__ import annotations
 
 import dataclasses
-import html.parser
 import importlib.util
 import re
 import sys
 from pathlib import Path
 
 import pytest
+from markup_helpers import TagCollector, without_code_spans, without_fences
 
 from harness.cli import main
 from harness.contract import COMMENT_LIMIT, COMMENT_MARKER
@@ -137,15 +137,6 @@ def hostile_set() -> ResultSet:
     return ResultSet((cell("h200-2gpu", *tests, gpu=HOSTILE, torch=HOSTILE, peaks=(100.0, 200.0)),))
 
 
-def without_fences(markdown: str) -> str:
-    return re.sub(r"^(`{3,})[a-z]*\n.*?^\1$", "", markdown, flags=re.MULTILINE | re.DOTALL)
-
-
-def without_code_spans(markdown: str) -> str:
-    # A span opens on a backtick run that is not escaped, and closes on a run of the same length.
-    return re.sub(r"(?<![\\`])(`+)(?!`).*?(?<!`)\1(?!`)", "", markdown)
-
-
 def outside_code(markdown: str) -> str:
     """What GitHub renders as Markdown: without fenced blocks and code spans, where text is literal."""
     return without_code_spans(without_fences(markdown))
@@ -179,17 +170,6 @@ def test_a_message_cannot_close_its_code_fence():
     text = render(hostile_set(), "pr-comment")
     fences = re.findall(r"^(`{3,})text$", text, flags=re.MULTILINE)
     assert fences and all(len(fence) > 3 for fence in fences)  # longer than the ``` inside the message
-
-
-class TagCollector(html.parser.HTMLParser):
-    def __init__(self):
-        super().__init__()
-        self.tags: set[str] = set()
-        self.urls: list[str] = []
-
-    def handle_starttag(self, tag, attrs):
-        self.tags.add(tag)
-        self.urls += [value for key, value in attrs if key in ("src", "href") and value]
 
 
 def test_html_escapes_tests_and_needs_nothing_from_outside():

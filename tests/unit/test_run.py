@@ -1,9 +1,8 @@
-"""The run loop against small throwaway suites: pass, fail, crash, hang, broken environment."""
+"""The run loop against small throwaway suites (run_helpers.py): pass, fail, crash, hang, broken environment."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import json
 import os
 import subprocess
@@ -11,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_pins import index  # noqa: F401  (a package index that lists torch 0.0.1: the build itself must fail)
+from run_helpers import TORCH, TRANSFORMERS, cell_folder, run, write_matrix
 
 import harness.engines.local
 import harness.run.command
@@ -21,94 +20,9 @@ import harness.run.record
 from harness.cli import main
 from harness.plan.matrix import load_matrix
 
-TORCH = importlib.metadata.version("torch").split("+")[0]
-TRANSFORMERS = importlib.metadata.version("transformers").split("+")[0]
-
-SUITES = {
-    "passing": """
-        def test_one():
-            assert 1 + 1 == 2
-
-        def test_two(record_property):
-            record_property("max_rel_grad_error", 0.001)
-    """,
-    "failing": """
-        def test_ok():
-            pass
-
-        def test_broken():
-            assert 1 == 2, "one is not two"
-    """,
-    "crashing": """
-        import os, signal
-
-        def test_dies():
-            os.kill(os.getpid(), signal.SIGKILL)
-    """,
-    "hanging": """
-        import os, subprocess, sys, time
-
-        def test_hangs():
-            # a child like a rank process: the cell's timeout must take it down too
-            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-            open(os.environ["CHILD_PID_FILE"], "w").write(str(child.pid))
-            time.sleep(300)
-    """,
-    "empty": """
-        x = 1
-    """,
-    # The ranks fixture with a trivial function: on one rank both world sizes skip before any rank starts.
-    "distributed": """
-        import pytest
-
-        def plus_one(value):
-            return value + 1
-
-        @pytest.mark.parametrize("world_size", [2, 4])
-        def test_on_ranks(ranks, world_size):
-            assert ranks.run(world_size, plus_one, 1) == [2] * world_size
-
-        def test_in_one_process():
-            pass
-    """,
-    "chatty": """
-        import os
-
-        def say_hello():
-            os.write(1, b"a rank says hello\\n")
-
-        def test_ranks_talk(ranks):
-            ranks.run(2, say_hello)
-    """,
-}
-
-
-def write_matrix(tmp_path: Path, suite: str, *, torch: str = TORCH, timeout_minutes: float = 5,
-                 ranks: int = 2) -> str:
-    suite_dir = tmp_path / f"suite_{suite}"
-    suite_dir.mkdir(exist_ok=True)
-    (suite_dir / f"test_{suite}.py").write_text(textwrap.dedent(SUITES[suite]))
-    path = tmp_path / f"{suite}.yaml"
-    path.write_text(textwrap.dedent(f"""
-        axes: {{gpu: [cpu], gpus: [{ranks}], torch: ["{torch}"], transformers: ["{TRANSFORMERS}"]}}
-        suite: ["{suite_dir}"]
-        timeout_minutes: {timeout_minutes}
-        test_timeout_seconds: 120
-    """))
-    return str(path)
-
-
-def cell_folder(results: Path, torch: str = TORCH, ranks: int = 2) -> Path:
-    return results / f"cpu-{ranks}rank-torch{torch}-tf{TRANSFORMERS}"
-
 
 def read_env(folder: Path) -> dict:
     return json.loads((folder / "env.json").read_text())
-
-
-def run(tmp_path: Path, matrix: str, *extra: str) -> int:
-    return main(["run", "--matrix", matrix, "--results", str(tmp_path / "results"),
-                 "--env-dir", str(tmp_path / "envs"), *extra])
 
 
 def test_passing_cell_leaves_a_complete_folder(tmp_path):
@@ -256,7 +170,7 @@ def test_hang_past_the_cell_timeout_is_killed_with_its_children(tmp_path, monkey
         os.kill(child, 0)
 
 
-@pytest.mark.usefixtures("index")
+@pytest.mark.usefixtures("pip_index")  # it lists torch 0.0.1: the build itself must fail
 def test_broken_environment_is_errored_with_the_installer_message(tmp_path, monkeypatch):
     monkeypatch.setenv("HARNESS_INSTALLER", "uv")
     monkeypatch.setenv("HARNESS_INSTALLER_ARGS", "--offline")
@@ -268,7 +182,7 @@ def test_broken_environment_is_errored_with_the_installer_message(tmp_path, monk
     assert (folder / "memory.json").is_file() and (folder / "install.log").is_file()
 
 
-@pytest.mark.usefixtures("index")
+@pytest.mark.usefixtures("pip_index")  # it lists torch 0.0.1: the build itself must fail
 def test_one_broken_cell_does_not_stop_the_next(tmp_path, monkeypatch):
     monkeypatch.setenv("HARNESS_INSTALLER", "uv")
     monkeypatch.setenv("HARNESS_INSTALLER_ARGS", "--offline")

@@ -1,6 +1,6 @@
 """The workflows run as a runner would run them: `/ok to test <sha>` -> authorize -> gpu-tests.yml on the
 cpu cell -> the report job's PR comment, and the nightly, each job in a fresh clone and a fresh venv,
-against the local GitHub API stand-in of test_github.py. Minutes, not seconds: marked `workflows`."""
+against the local GitHub API stand-in of fake_github.py. Minutes, not seconds: marked `workflows`."""
 
 from __future__ import annotations
 
@@ -10,12 +10,10 @@ import os
 import shutil
 import subprocess
 import textwrap
-import threading
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from test_github import BOT, REPO, TOKEN, FakeGitHub, Handler, comment_event
+from fake_github import BOT, REPO, TOKEN, FakeGitHub, comment_event
 from workflow_runner import Runner
 
 # Minutes of pip installs and fresh venvs, longer on a busy machine: no per-test clock (pyproject's 600 s would
@@ -74,17 +72,6 @@ def upstream(tmp_path_factory) -> tuple[Path, str, str]:
     return repo, main, head
 
 
-@pytest.fixture
-def api():
-    state = FakeGitHub()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), type("BoundHandler", (Handler,), {"fake": state}))
-    state.base = f"http://127.0.0.1:{server.server_port}"
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
-    yield state
-    server.shutdown()
-    server.server_close()
-
-
 def machine_environment(api: FakeGitHub, tmp_path: Path) -> dict[str, str]:
     """The runner machine's environment: this one without anything of this test's session or of Actions."""
     environ = {
@@ -139,23 +126,23 @@ def explain(run: Runner) -> str:
     return "\n".join(run.logs)[-12000:]
 
 
-def test_ok_to_test_runs_the_approved_head_and_comments_on_the_pull_request(upstream, api, tmp_path):
+def test_ok_to_test_runs_the_approved_head_and_comments_on_the_pull_request(upstream, fake, tmp_path):
     _repo, _main, head = upstream
-    api.add_pull(7, head=head)
-    api.permissions["maintainer"] = ("write", "write")
+    fake.add_pull(7, head=head)
+    fake.permissions["maintainer"] = ("write", "write")
     event = json.loads(comment_event(tmp_path, f"/ok to test {head}").read_text())
-    run = runner(upstream, api, tmp_path, "issue_comment", event)
+    run = runner(upstream, fake, tmp_path, "issue_comment", event)
     results = run.run_workflow("ok-to-test.yml")
     assert {job: result.result for job, result in results.items()} == {
         "authorize": "success",
         "gpu-tests": "success",
     }, explain(run)
-    (comment,) = api.marker_comments(7)
+    (comment,) = fake.marker_comments(7)
     body = comment["body"]
     assert comment["user"]["login"] == BOT
     assert CPU_CELL in body and head[:12] in body and "passed" in body, body
     assert f"[workflow run](https://github.com/{REPO}/actions/runs/4242)" in body, body  # the run's own link
-    assert "rocket" in api.reactions[555001]
+    assert "rocket" in fake.reactions[555001]
     assert any(CPU_CELL in summary for summary in run.summaries)
     cell = json.loads((run.artifacts / f"results-{CPU_CELL}" / CPU_CELL / "env.json").read_text())
     assert cell["status"] == "passed" and cell["git_sha"] == head  # the approved head ran, not main
@@ -164,9 +151,9 @@ def test_ok_to_test_runs_the_approved_head_and_comments_on_the_pull_request(upst
     )
 
 
-def test_nightly_runs_the_nightly_matrix_and_keeps_an_html_report(upstream, api, tmp_path):
+def test_nightly_runs_the_nightly_matrix_and_keeps_an_html_report(upstream, fake, tmp_path):
     event = {"schedule": "17 2 * * *", "repository": {"full_name": REPO, "default_branch": "main"}}
-    run = runner(upstream, api, tmp_path, "schedule", event)
+    run = runner(upstream, fake, tmp_path, "schedule", event)
     results = run.run_workflow("nightly.yml")
     assert {job: result.result for job, result in results.items()} == {
         "gpu-tests": "success",
@@ -175,5 +162,5 @@ def test_nightly_runs_the_nightly_matrix_and_keeps_an_html_report(upstream, api,
         "regression": "success",
     }, explain(run)
     assert (run.artifacts / "nightly-report" / "nightly.html").read_text().startswith("<!DOCTYPE html>")
-    assert api.requests("GET", r"/actions/workflows/nightly\.yml/runs")
-    assert api.issues == {}  # a green first night opens no regression issue
+    assert fake.requests("GET", r"/actions/workflows/nightly\.yml/runs")
+    assert fake.issues == {}  # a green first night opens no regression issue

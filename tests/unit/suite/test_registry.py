@@ -9,7 +9,7 @@ from pathlib import Path
 import families
 import pytest
 
-SUITE_DIR = Path(__file__).resolve().parent
+SUITE_DIR = Path(families.__file__).resolve().parent  # tests/gpu: the suite's code, its tests included
 # Data tables that name families on purpose: the registry itself and the known upstream bugs (with their
 # standalone reproductions, which must not import the suite).
 REGISTRIES = {"families.py", "known_bugs.py"}

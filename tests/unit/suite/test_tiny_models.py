@@ -15,6 +15,8 @@ from rank_cases import DTYPES, summarize
 from routing import RoutingRecorder
 from tf_adapter import load_whole, transformers_version
 
+from harness import contract
+
 TOP1_SHARE = tolerances.TOP_WEIGHT_RANGE  # one chosen expert: no share to check (its weight alone is the gate)
 
 
@@ -52,9 +54,9 @@ def test_router_decides_clearly_on_the_test_batch(checkpoint, record_property, d
     record_property("dtype", dtype)
 
 
-def test_registry_ep_floors_match_the_installed_release(ep_coverage):
+def test_registry_ep_floors_match_the_installed_release():
     """A mechanics family's EP cases run exactly when the installed release declares an EP plan for it."""
-    declared = set(ep_coverage["ep_families_declared"].split(","))
+    declared = set(ep_coverage.suite_properties()[contract.EP_FAMILIES_DECLARED].split(","))
     installed = transformers_version()
     for family in map(families.family, families.deep_moe()):
         has_floor = installed >= Version(family.ep_floor)

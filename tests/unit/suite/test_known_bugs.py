@@ -11,9 +11,9 @@ import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from rank_cases import Case
+from rank_failures import REDUCE_VALUE, rank_raised
 
 from harness.ranks.failures import Died, failure_error
-from harness.ranks.protocol import Failed
 from harness.ranks.raised import NO_MESSAGE, RaisingFrame
 from harness.results import triage
 
@@ -39,15 +39,6 @@ def a_bug(**fields) -> known_bugs.KnownBug:
     )
 
 
-def rank_raised(error_type: str, message: str, raised_at: RaisingFrame | None = None):
-    """The ranks fixture's error for a launch in which rank 1 raised `error_type: message` (at `raised_at`)."""
-    failure = Failed(failed_at=1.0, error_type=error_type, error_message=message, traceback="Traceback: ...",
-                     error_frame=raised_at)
-    return failure_error(2, {}, {1: failure}, {})
-
-
-# Where torch 2.13.0 raised the inkling_text / muse_spark_text EP cases' bare AssertionError (the reproduction).
-REDUCE_VALUE = RaisingFrame("torch/distributed/tensor/placement_types.py", "_reduce_value", 1703)
 ELSEWHERE = RaisingFrame("checks.py", "check_gradients", 88)  # a bare assert of the suite's own
 BOTH = {"transformers": "5.19.0", "torch": "2.13.0"}
 
@@ -317,7 +308,9 @@ def test_a_covered_case_is_xfailed_only_for_the_failure_its_entry_names(pytester
     pytester.makepyfile(
         """
         import pytest
-        from test_known_bugs import NO_MESSAGE, REDUCE_VALUE, rank_raised
+        from rank_failures import REDUCE_VALUE, rank_raised
+
+        from harness.ranks.protocol import NO_MESSAGE
 
         def test_the_known_failure(known):
             with known():
@@ -349,7 +342,7 @@ def test_a_covered_case_is_xfailed_only_for_the_failure_its_entry_names(pytester
         """
     )
     junit = pytester.path / "junit.xml"
-    # in-process: the suite directory is on sys.path
+    # in-process: the suite's directory (tests/gpu) and this one are on sys.path
     result = pytester.runpytest("-p", "no:cacheprovider", "-rA", f"--junitxml={junit}")
     result.assert_outcomes(failed=4, xfailed=2, skipped=1)
     # A summary line carries " - <reason>" only when the terminal is wide enough: every pattern ends open.

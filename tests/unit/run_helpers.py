@@ -1,0 +1,95 @@
+"""Small throwaway suites, a one-cell matrix running one, and `harness run` on it: shared by the run tests
+(test_run.py, test_preflight.py)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import textwrap
+from pathlib import Path
+
+from harness.cli import main
+
+TORCH = importlib.metadata.version("torch").split("+")[0]
+TRANSFORMERS = importlib.metadata.version("transformers").split("+")[0]
+
+SUITES = {
+    "passing": """
+        def test_one():
+            assert 1 + 1 == 2
+
+        def test_two(record_property):
+            record_property("max_rel_grad_error", 0.001)
+    """,
+    "failing": """
+        def test_ok():
+            pass
+
+        def test_broken():
+            assert 1 == 2, "one is not two"
+    """,
+    "crashing": """
+        import os, signal
+
+        def test_dies():
+            os.kill(os.getpid(), signal.SIGKILL)
+    """,
+    "hanging": """
+        import os, subprocess, sys, time
+
+        def test_hangs():
+            # a child like a rank process: the cell's timeout must take it down too
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+            open(os.environ["CHILD_PID_FILE"], "w").write(str(child.pid))
+            time.sleep(300)
+    """,
+    "empty": """
+        x = 1
+    """,
+    # The ranks fixture with a trivial function: on one rank both world sizes skip before any rank starts.
+    "distributed": """
+        import pytest
+
+        def plus_one(value):
+            return value + 1
+
+        @pytest.mark.parametrize("world_size", [2, 4])
+        def test_on_ranks(ranks, world_size):
+            assert ranks.run(world_size, plus_one, 1) == [2] * world_size
+
+        def test_in_one_process():
+            pass
+    """,
+    "chatty": """
+        import os
+
+        def say_hello():
+            os.write(1, b"a rank says hello\\n")
+
+        def test_ranks_talk(ranks):
+            ranks.run(2, say_hello)
+    """,
+}
+
+
+def write_matrix(tmp_path: Path, suite: str, *, torch: str = TORCH, timeout_minutes: float = 5,
+                 ranks: int = 2) -> str:
+    suite_dir = tmp_path / f"suite_{suite}"
+    suite_dir.mkdir(exist_ok=True)
+    (suite_dir / f"test_{suite}.py").write_text(textwrap.dedent(SUITES[suite]))
+    path = tmp_path / f"{suite}.yaml"
+    path.write_text(textwrap.dedent(f"""
+        axes: {{gpu: [cpu], gpus: [{ranks}], torch: ["{torch}"], transformers: ["{TRANSFORMERS}"]}}
+        suite: ["{suite_dir}"]
+        timeout_minutes: {timeout_minutes}
+        test_timeout_seconds: 120
+    """))
+    return str(path)
+
+
+def cell_folder(results: Path, torch: str = TORCH, ranks: int = 2) -> Path:
+    return results / f"cpu-{ranks}rank-torch{torch}-tf{TRANSFORMERS}"
+
+
+def run(tmp_path: Path, matrix: str, *extra: str) -> int:
+    return main(["run", "--matrix", matrix, "--results", str(tmp_path / "results"),
+                 "--env-dir", str(tmp_path / "envs"), *extra])

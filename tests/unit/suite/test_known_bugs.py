@@ -310,7 +310,7 @@ def test_a_covered_case_is_xfailed_only_for_the_failure_its_entry_names(pytester
         import pytest
         from rank_failures import REDUCE_VALUE, rank_raised
 
-        from harness.ranks.protocol import NO_MESSAGE
+        from harness.ranks.raised import NO_MESSAGE
 
         def test_the_known_failure(known):
             with known():

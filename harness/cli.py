@@ -198,11 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def dispatch(args: argparse.Namespace) -> int:
-    # Stage modules are imported lazily so `harness matrix` never pays for the others.
+    # Stage modules are imported lazily so `harness matrix` pays only for the engines' settings checks.
     if args.command == "matrix":
+        from harness.engines import check_settings
         from harness.plan import command as matrix_command
 
-        return matrix_command.command(args)
+        return matrix_command.command(args, check_settings)
     if args.command == "run":
         from harness.run import command as run
 

@@ -16,13 +16,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from harness.contract import JUNIT_XML, RANKS_LOG
+from harness.errors import ConfigError
 
 if TYPE_CHECKING:
     from harness.cell.gpus import GpuIdentity
     from harness.cell.memory import MemoryReport
-    from harness.plan.cells import Cell
+    from harness.plan.cells import Cell, SubmitOptions
 
 PLUGIN = "harness.ranks.plugin"
+
+
+def word(value: object, where: str) -> str:
+    """A setting that goes on a command line or into a manifest: one word, no spaces."""
+    if not isinstance(value, str) or not value or any(ch.isspace() for ch in value):
+        raise ConfigError(f"{where}: expected a word without spaces, got {value!r}")
+    return value
 
 
 class Interrupted(BaseException):  # a signal, like KeyboardInterrupt: `except Exception` lets it through
@@ -71,6 +79,11 @@ class Engine(Protocol):
     # The cell's ranks run on this machine: harness matches the cell to this machine's GPUs, refuses busy
     # ones, and samples them while it runs. Otherwise the engine's hosts do that for themselves.
     runs_here: bool
+
+    def settings(self, options: SubmitOptions | None) -> object:
+        """This engine's own settings type, read from runners.yaml's `submit:`; a `ConfigError` naming the
+        file and key when one is unknown or wrong. The run's plan stage asks before any cell starts."""
+        ...
 
     def run(self, launch: Launch, job: JobFields) -> Ran:
         """Runs the cell's pytest to its end (or its timeout); raises `Interrupted` after stopping it."""

@@ -14,6 +14,7 @@ waits for `status.terminalState`, collects each pod's log with its host's name, 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import subprocess
@@ -26,9 +27,10 @@ import yaml
 
 from harness.contract import HOST_LOG, HOST_LOST_JSON, HOST_MEMORY_JSON, JOB_MANIFEST, JUNIT_XML, PYTEST_LOG
 from harness.engines import hostmemory
-from harness.engines.base import JobFields, Launch, Ran, pytest_command
+from harness.engines.base import JobFields, Launch, Ran, pytest_command, word
 from harness.errors import ConfigError
-from harness.plan.cells import Cell
+from harness.plan.cells import Cell, SubmitOptions
+from harness.plan.files import reject_unknown_keys
 from harness.ranks.hosts import KEY_ENV
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
@@ -41,12 +43,35 @@ POLL_S = 1.0
 NAME = re.compile(r"[a-z]([-a-z0-9]{0,40}[a-z0-9])?")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class JobSetSettings:
+    """runners.yaml `submit:` of a jobset runner: the pods' image and namespace, the GPU resource name, and
+    results_claim (a PVC mounted where the results folder is, so host 0 writes junit.xml there as on a shared
+    file system)."""
+
+    image: str | None = None
+    namespace: str | None = None
+    gpu_resource: str = "nvidia.com/gpu"
+    results_claim: str | None = None
+
+    @classmethod
+    def parse(cls, options: SubmitOptions | None) -> JobSetSettings:
+        if options is None:
+            return cls()
+        given = options.as_dict()
+        reject_unknown_keys(given, [field.name for field in dataclasses.fields(cls)], options.where)
+        return cls(**{key: word(value, f"{options.where}.{key}") for key, value in given.items()})
+
+
 class JobSetEngine:
     """One JobSet across the cell's hosts, through kubectl. The image holds the project and its environment:
     pytest runs as `python` there, with the cell's paths as they are in it."""
 
     name = "jobset"
     runs_here = False
+
+    def settings(self, options: SubmitOptions | None) -> JobSetSettings:
+        return JobSetSettings.parse(options)
 
     def run(self, launch: Launch, job: JobFields) -> Ran:
         cell, folder = launch.cell, launch.folder
@@ -72,8 +97,8 @@ def host0_name(name: str) -> str:
 def render(cell: Cell, name: str, host_command: list[str], timeout_s: int, results_root: Path | None = None) -> dict:
     """The JobSet of one cell: H pods, each `host_command` (harness host ...), pod 0 the coordinator; the
     runner's results_claim mounted at `results_root`."""
-    submit = cell.submit
-    if submit is None or not submit.image:
+    submit = JobSetSettings.parse(cell.submit)
+    if not submit.image:
         raise ConfigError(f"{cell.id}: a jobset runner needs submit.image in runners.yaml")
     container: dict = {
         "name": "host",

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from harness.contract import RUNNING_TEST, RUNNING_TEST_ENV
 from harness.engines.base import Interrupted, JobFields, Launch, Ran, pytest_command, pytest_environment
-from harness.plan.cells import Cell
+from harness.errors import ConfigError
+from harness.plan.cells import Cell, SubmitOptions
 from harness.ranks import lifecycle
 from harness.ranks.lifecycle import CELL_TOKEN_ENV, kill_cell_processes
 
@@ -38,6 +39,11 @@ class LocalEngine:
 
     name = "local"
     runs_here = True
+
+    def settings(self, options: SubmitOptions | None) -> None:
+        if options is not None:  # nothing to submit to: a `submit:` here is a runner meant for another engine
+            raise ConfigError(f"{options.where}: the local engine takes no submit: settings "
+                              "(set the runner's engine: slurm or jobset)")
 
     def run(self, launch: Launch, job: JobFields) -> Ran:
         exit_code, timed_out = run_pytest(launch.cell, launch.python, launch.folder, list(launch.gpus),

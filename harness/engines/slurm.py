@@ -31,9 +31,10 @@ from pathlib import Path
 
 from harness.contract import HOST_LOG, HOST_LOST_JSON, HOST_MEMORY_JSON, JOB_SCRIPT, PYTEST_LOG
 from harness.engines import hostmemory
-from harness.engines.base import JobFields, Launch, Ran, pytest_command, pytest_environment
+from harness.engines.base import JobFields, Launch, Ran, pytest_command, pytest_environment, word
 from harness.errors import ConfigError
-from harness.plan.cells import Cell
+from harness.plan.cells import Cell, SubmitOptions
+from harness.plan.files import positive_int, reject_unknown_keys
 from harness.ranks.hosts import KEY_ENV, port_outside_ephemeral_range
 
 POLL_S = 0.5
@@ -43,12 +44,47 @@ FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL", "TIMEOUT", "OUT
                 "BOOT_FAIL", "DEADLINE"}
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SlurmSettings:
+    """runners.yaml `submit:` of a slurm runner: sbatch's partition, account, time and segment, more sbatch
+    --options, and pyxis's container_image for srun."""
+
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None
+    sbatch_args: tuple[str, ...] = ()
+    segment: int | None = None
+    container_image: str | None = None
+
+    @classmethod
+    def parse(cls, options: SubmitOptions | None) -> SlurmSettings:
+        if options is None:
+            return cls()
+        given = options.as_dict()
+        reject_unknown_keys(given, [field.name for field in dataclasses.fields(cls)], options.where)
+        values: dict = {}
+        for key, value in given.items():
+            where = f"{options.where}.{key}"
+            if key == "sbatch_args":
+                if not isinstance(value, tuple) or not all(word(v, where).startswith("--") for v in value):
+                    raise ConfigError(f"{where}: expected a list of --options, got {value!r}")
+            elif key == "segment":
+                positive_int(value, where)
+            else:
+                word(value, where)
+            values[key] = value
+        return cls(**values)
+
+
 class SlurmEngine:
     """One Slurm job across the cell's hosts, submitted from this login node; the cluster shares the project
     folder, so the job runs the cell environment's interpreter and this harness as they are here."""
 
     name = "slurm"
     runs_here = False
+
+    def settings(self, options: SubmitOptions | None) -> SlurmSettings:
+        return SlurmSettings.parse(options)
 
     def run(self, launch: Launch, job: JobFields) -> Ran:
         cell, folder = launch.cell, launch.folder
@@ -71,8 +107,9 @@ def batch_script(cell: Cell, host_command: list[str], folder: Path) -> str:
     """job.sh: one srun step, one task per host, each host's output to its own log in the cell's folder."""
     srun = ["srun", "--kill-on-bad-exit=1", f"--nodes={cell.hosts}", "--ntasks-per-node=1",
             f"--output={folder / HOST_LOG.format(index='%t')}"]
-    if cell.submit is not None and cell.submit.container_image:
-        srun.append(f"--container-image={cell.submit.container_image}")  # pyxis
+    image = SlurmSettings.parse(cell.submit).container_image
+    if image:
+        srun.append(f"--container-image={image}")  # pyxis
     return "#!/bin/sh\n# harness: one cell across hosts; harness host starts pytest on host 0, an agent elsewhere\n" \
            f"exec {shlex.join(srun + host_command)}\n"
 
@@ -82,12 +119,10 @@ def sbatch_command(cell: Cell, folder: Path, script: Path) -> list[str]:
                "--ntasks-per-node=1", "--no-requeue", f"--output={folder / 'slurm.log'}"]
     if not cell.is_cpu:
         command.append(f"--gpus-per-node={cell.gpus}")
-    submit = cell.submit
-    if submit is not None:
-        command += [f"--{name}={value}" for name, value in (("partition", submit.partition),
-                                                            ("account", submit.account), ("time", submit.time),
-                                                            ("segment", submit.segment)) if value]
-        command += list(submit.sbatch_args)
+    submit = SlurmSettings.parse(cell.submit)
+    command += [f"--{name}={value}" for name, value in (("partition", submit.partition), ("account", submit.account),
+                                                        ("time", submit.time), ("segment", submit.segment)) if value]
+    command += list(submit.sbatch_args)
     return [*command, str(script)]
 
 

@@ -1,5 +1,6 @@
-"""The plan's values: a runner type (`Runner`) and how an engine submits to it (`Submit`, parsed here from
-runners.yaml's `submit:`), one job (`Cell`) and a loaded matrix (`Matrix`), with the constants they name.
+"""The plan's values: a runner type (`Runner`) and what it hands its engine (`SubmitOptions`, runners.yaml's
+`submit:` as written: each engine parses its own settings type from it), one job (`Cell`) and a loaded
+matrix (`Matrix`), with the constants they name.
 
 Frozen dataclasses that every stage after the plan reads; nothing here reads a file."""
 
@@ -11,15 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import ConfigError
-from harness.plan.files import positive_int
 from harness.project import ProjectRoot
 
 AXES = ("gpu", "gpus", "torch", "transformers")
 # Axes a matrix may leave out, and the value a cell then has: `hosts` makes a cell H hosts x `gpus` each.
 OPTIONAL_AXES = {"hosts": 1}
 ENGINES = ("local", "slurm", "jobset")
-SUBMIT_KEYS = {"partition", "account", "time", "sbatch_args", "segment", "container_image", "image",
-               "namespace", "gpu_resource", "results_claim"}
 CPU = "cpu"
 # A job's timeout is the cell's pytest budget plus this much for checkout and building its environment.
 JOB_SETUP_MINUTES = 20
@@ -38,7 +36,7 @@ class Runner:
     ephemeral: bool = False
     engine: str = "local"  # what a cell's hosts are started by: local (this host), slurm, jobset
     hosts: int = 1  # the most hosts one cell may span
-    submit: Submit | None = None  # what the engine needs (partition, account, image, ...)
+    submit: SubmitOptions | None = None  # what the engine needs (partition, account, image, ...)
 
     @property
     def is_cpu(self) -> bool:
@@ -50,41 +48,32 @@ class Runner:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Submit:
-    """How an engine submits a cell (runners.yaml `submit:`); Slurm: partition, account, time, sbatch_args,
-    segment; pyxis: container_image; JobSet: image, namespace, gpu_resource, results_claim (a PVC mounted
-    where the results folder is, so host 0 writes junit.xml there as on a shared file system)."""
+class SubmitOptions:
+    """runners.yaml's `submit:` of one runner, as written: words, numbers and lists of words. The plan checks
+    only that shape; the runner's engine reads its own settings from it (harness.engines: SlurmSettings,
+    JobSetSettings) and names `where` (the file and key) when a setting is wrong."""
 
-    partition: str | None = None
-    account: str | None = None
-    time: str | None = None
-    sbatch_args: tuple[str, ...] = ()
-    segment: int | None = None
-    container_image: str | None = None
-    image: str | None = None
-    namespace: str | None = None
-    gpu_resource: str = "nvidia.com/gpu"
-    results_claim: str | None = None
+    where: str
+    items: tuple[tuple[str, str | int | tuple[str, ...]], ...]
+
+    def as_dict(self) -> dict[str, str | int | tuple[str, ...]]:
+        return dict(self.items)
 
 
-def parse_submit(entry: Any, where: str) -> Submit | None:
-    """A runner's `submit:` mapping as a `Submit`; None when the runner has none."""
+def parse_submit(entry: Any, where: str) -> SubmitOptions | None:
+    """A runner's `submit:` mapping as `SubmitOptions`; None when the runner has none."""
     if entry is None:
         return None
     if not isinstance(entry, dict):
-        raise ConfigError(f"{where}: expected a mapping (partition, account, time, sbatch_args, ...)")
-    unknown = set(entry) - SUBMIT_KEYS
-    if unknown:
-        raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(SUBMIT_KEYS))})")
+        raise ConfigError(f"{where}: expected a mapping of settings for the runner's engine")
+    items = []
     for key, value in entry.items():
-        if key == "sbatch_args":
-            if not isinstance(value, list) or not all(isinstance(v, str) and v.startswith("--") for v in value):
-                raise ConfigError(f"{where}.sbatch_args: expected a list of --options, got {value!r}")
-        elif key == "segment":
-            positive_int(value, f"{where}.segment")
-        elif not isinstance(value, str) or not value or any(ch.isspace() for ch in value):
-            raise ConfigError(f"{where}.{key}: expected a word without spaces, got {value!r}")
-    return Submit(**{**entry, "sbatch_args": tuple(entry.get("sbatch_args", ()))})
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            value = tuple(value)
+        elif isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise ConfigError(f"{where}.{key}: expected a word, a number or a list of words, got {value!r}")
+        items.append((str(key), value))
+    return SubmitOptions(where=where, items=tuple(items))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -105,7 +94,7 @@ class Cell:
     install: tuple[str, ...] = ()
     hosts: int = 1  # a cell spans `hosts` hosts of `gpus` each: world hosts x gpus
     engine: str = "local"
-    submit: Submit | None = None
+    submit: SubmitOptions | None = None
     cpu_ranks: bool = False  # its runner has no GPUs (a runner type other than `cpu` may be CPU-only too)
 
     @property
@@ -123,8 +112,10 @@ class Cell:
         return f"{self.gpu}-{shape}{unit}-torch{self.torch}-tf{self.transformers}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, **{k: list(v) if isinstance(v, tuple) else v
-                                  for k, v in dataclasses.asdict(self).items()}}
+        fields = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        fields["submit"] = None if self.submit is None else {k: list(v) if isinstance(v, tuple) else v
+                                                             for k, v in self.submit.items}
+        return {"id": self.id, **{k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}}
 
     def to_github(self) -> dict[str, Any]:
         """One entry of ``strategy.matrix.include``."""

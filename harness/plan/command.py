@@ -5,6 +5,7 @@ package index lacks (`--check`) first."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from harness.errors import ConfigError
 from harness.plan import isolation, pins
@@ -14,7 +15,9 @@ from harness.plan.runners import load_runners
 from harness.project import project_root
 
 
-def command(args) -> int:
+def command(args, check_settings: Callable[[list[Cell]], None]) -> int:
+    """`harness matrix`; `check_settings` is the engines' reading of each cell's `submit:` (the plan knows no
+    engine: the command line hands it down)."""
     if args.list:
         print(format_sources(named_matrices(project_root())))
         return 0
@@ -24,6 +27,7 @@ def command(args) -> int:
     cells = select(matrix.cells, args.cell)
     if not cells:
         raise ConfigError(f"{matrix.path}: no cell matches --cell {' '.join(args.cell)}")
+    check_settings(cells)
     if args.pull_request:
         isolation.refuse_persistent_runners(cells, load_runners(matrix.root, beside=matrix.path.parent),
                                             str(matrix.path))

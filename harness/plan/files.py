@@ -4,6 +4,7 @@ and the checks of the numbers they hold. Every problem is a `ConfigError` naming
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +85,10 @@ def positive_int(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{where}: expected a whole number >= 1, got {value!r}")
     return value
+
+
+def reject_unknown_keys(entry: Mapping[str, Any], known: Iterable[str], where: str) -> None:
+    """One line naming the first key `entry` has that `known` lacks, and the keys it may have."""
+    unknown = sorted(set(entry) - set(known), key=str)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(known))})")

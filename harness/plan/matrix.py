@@ -20,7 +20,8 @@ from typing import Any
 
 from harness.errors import ConfigError
 from harness.plan.cells import AXES, OPTIONAL_AXES, Cell, Matrix, Runner
-from harness.plan.files import matrix_dirs, non_negative_int, positive_int, positive_number, read_yaml
+from harness.plan.files import (matrix_dirs, non_negative_int, positive_int, positive_number, read_yaml,
+                                reject_unknown_keys)
 from harness.plan.index import FLOATING
 from harness.plan.runners import load_runners
 from harness.project import find_project_root, project_root
@@ -113,9 +114,7 @@ def expand(spec: Any, runners: Mapping[str, Runner], *, name: str, source: str,
     floating = _Floating(resolve, source)
     if not isinstance(spec, dict):
         raise ConfigError(f"{source}: expected a mapping with axes, include, exclude, suite")
-    unknown = set(spec) - MATRIX_KEYS
-    if unknown:
-        raise ConfigError(f"{source}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(MATRIX_KEYS))})")
+    reject_unknown_keys(spec, MATRIX_KEYS, source)
     axes = spec.get("axes")
     if not isinstance(axes, dict):
         raise ConfigError(f"{source}: axes: expected a mapping of {', '.join(AXES)} to lists")

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from harness.errors import ConfigError
 from harness.plan.cells import ENGINES, Runner, parse_submit
-from harness.plan.files import matrix_dirs, non_negative_int, positive_int, read_yaml, same_folder
+from harness.plan.files import (matrix_dirs, non_negative_int, positive_int, read_yaml, reject_unknown_keys,
+                                same_folder)
 from harness.project import project_root
 
 RUNNER_KEYS = {"labels", "gpus", "nvml_name", "ranks", "ephemeral", "engine", "hosts", "submit"}
@@ -38,9 +39,7 @@ def read_runners(path: Path) -> dict[str, Runner]:
         where = f"{path}: {name}"
         if not isinstance(entry, dict):
             raise ConfigError(f"{where}: expected a mapping with labels and gpus")
-        unknown = set(entry) - RUNNER_KEYS
-        if unknown:
-            raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(RUNNER_KEYS))})")
+        reject_unknown_keys(entry, RUNNER_KEYS, where)
         labels = entry.get("labels")
         if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
             raise ConfigError(f"{where}.labels: expected a non-empty list of strings")

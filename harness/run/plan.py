@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from harness.cell import memory, preflight
-from harness.engines import engine
+from harness.engines import check_settings, engine
 from harness.envs.build import env_root, probe_versions
 from harness.errors import ConfigError, HostMismatchError
 from harness.plan.cells import Cell, Matrix
@@ -56,6 +56,7 @@ def plan(args) -> Plan:
     cells = select(matrix.cells, args.cell)
     if not cells:
         raise ConfigError(f"{matrix.path}: no cell matches --cell {' '.join(args.cell or [])}")
+    check_settings(cells)
     if args.reruns is not None:
         if args.reruns < 0:
             raise ConfigError(f"--reruns {args.reruns}: expected a whole number >= 0")

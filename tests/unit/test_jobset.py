@@ -101,7 +101,8 @@ def test_broken_manifests_are_refused(tmp_path):
 
 def test_a_runner_without_an_image_is_refused(tmp_path):
     one = cell(tmp_path, "gb200", 2, 4)
-    bare = dataclasses.replace(one, submit=dataclasses.replace(one.submit, image=None))
+    options = dataclasses.replace(one.submit, items=tuple(item for item in one.submit.items if item[0] != "image"))
+    bare = dataclasses.replace(one, submit=options)
     with pytest.raises(ConfigError, match=r"submit\.image"):
         jobset.render(bare, "h-x-1", ["harness", "host"], 60)
 

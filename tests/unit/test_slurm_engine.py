@@ -12,9 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness.engines import slurm
+from harness.engines import check_settings, slurm
 from harness.errors import ConfigError
-from harness.plan.cells import Submit
 from harness.plan.matrix import expand
 from harness.plan.runners import read_runners
 from harness.ranks import hosts
@@ -47,7 +46,7 @@ def test_a_cell_spans_hosts_and_its_id_says_so(tmp_path):
     assert [cell.id for cell in cells] == ["cpu-slurm-2rank-torch2.13.0-tf5.24.0",
                                            "cpu-slurm-4x2rank-torch2.13.0-tf5.24.0"]
     assert [cell.world_size for cell in cells] == [2, 8] and all(cell.is_cpu for cell in cells)
-    assert cells[1].engine == "slurm" and cells[1].submit.partition == "ci"
+    assert cells[1].engine == "slurm" and slurm.SlurmSettings.parse(cells[1].submit).partition == "ci"
     gb200 = expand(spec("gb200", [18], gpus=4), runners(tmp_path), name="m", source="m.yaml")[0]
     assert gb200.id == "gb200-18x4gpu-torch2.13.0-tf5.24.0" and not gb200.is_cpu
     # A matrix without a hosts axis keeps today's cells (and ids).
@@ -58,15 +57,34 @@ def test_a_cell_spans_hosts_and_its_id_says_so(tmp_path):
 
 @pytest.mark.parametrize(("entries", "axes_hosts", "message"), [
     ({**RUNNERS, "x": {"labels": ["l"], "gpus": 1, "engine": "pbs"}}, [1], "x.engine: 'pbs'"),
-    ({**RUNNERS, "x": {"labels": ["l"], "gpus": 1, "submit": {"partiton": "a"}}}, [1], "unknown key 'partiton'"),
-    ({**RUNNERS, "x": {"labels": ["l"], "gpus": 1, "submit": {"sbatch_args": ["-N 2"]}}}, [1], "sbatch_args"),
-    ({**RUNNERS, "x": {"labels": ["l"], "gpus": 1, "submit": {"partition": "a b"}}}, [1], "submit.partition"),
+    ({**RUNNERS, "x": {"labels": ["l"], "gpus": 1, "submit": {"partition": {"a": 1}}}}, [1], "x.submit.partition"),
     (RUNNERS, [8], "hosts 8 for gpu 'cpu-slurm': its runner spans at most 4 hosts"),
     (RUNNERS, [0], "axes.hosts: 0"),
 ])
 def test_bad_hosts_and_engines_name_the_key(tmp_path, entries, axes_hosts, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         expand(spec("cpu-slurm", axes_hosts), runners(tmp_path, entries), name="m", source="m.yaml")
+
+
+SLURM_X = {"labels": ["l"], "gpus": 1, "engine": "slurm"}
+
+
+@pytest.mark.parametrize(("runner", "message"), [
+    ({**SLURM_X, "submit": {"partiton": "a"}}, "runners.yaml: x.submit: unknown key 'partiton' (known: account, "),
+    ({**SLURM_X, "submit": {"sbatch_args": ["-N 2"]}}, "x.submit.sbatch_args: expected a word without spaces"),
+    ({**SLURM_X, "submit": {"sbatch_args": ["-N"]}}, "x.submit.sbatch_args: expected a list of --options"),
+    ({**SLURM_X, "submit": {"partition": "a b"}}, "x.submit.partition: expected a word"),
+    ({**SLURM_X, "submit": {"segment": 0}}, "x.submit.segment: expected a whole number >= 1"),
+    ({**SLURM_X, "engine": "jobset", "submit": {"partition": "a"}}, "x.submit: unknown key 'partition' (known: "
+                                                                   "gpu_resource, image, namespace, results_claim)"),
+    ({"labels": ["l"], "gpus": 1, "submit": {"partition": "a"}}, "x.submit: the local engine takes no submit:"),
+])
+def test_each_engine_reads_its_own_settings_and_names_the_key(tmp_path, runner, message):
+    """The plan keeps `submit:` as written; the runner's engine refuses what is not its own, naming the file."""
+    cells = expand({"axes": {"gpu": ["x"], "gpus": [1], "torch": ["2.13.0"], "transformers": ["5.24.0"]}},
+                   runners(tmp_path, {"x": runner}), name="m", source="m.yaml")
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_settings(cells)
 
 
 def test_every_engine_runners_yaml_may_name_is_registered():
@@ -210,8 +228,10 @@ def test_only_the_portable_environment_crosses_hosts():
                                      "TMPDIR": "/tmp/b", "CUDA_VISIBLE_DEVICES": "0"}
 
 
-def test_submit_options_are_frozen_and_hashable():
-    assert hash(Submit(partition="ci", sbatch_args=("--exclusive",)))
+def test_submit_options_are_frozen_and_hashable(tmp_path):
+    cell = expand(spec("cpu-slurm", [2]), runners(tmp_path), name="m", source="m.yaml")[0]
+    assert hash(cell) and hash(slurm.SlurmSettings.parse(cell.submit))
+    assert cell.to_json()["submit"] == {"partition": "ci", "sbatch_args": ["--exclusive"]}
 
 
 # ---------------------------------------------------------------- a rank's own host

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.contract import RUNNING_TEST, RUNNING_TEST_ENV
+from harness.contract import PYTEST_LOG, RUNNING_TEST, RUNNING_TEST_ENV
 from harness.engines.base import Interrupted, JobFields, Launch, Ran, pytest_command, pytest_environment
 from harness.errors import ConfigError
 from harness.plan.cells import Cell, SubmitOptions
@@ -70,7 +70,7 @@ def run_pytest(cell: Cell, python: Path, folder: Path, gpus: list, pytest_args: 
     before = lifecycle.descendants(os.getpid())
     adopting = lifecycle.adopt_orphans(True)
     try:
-        with (folder / "pytest.log").open("wb") as pytest_log:
+        with (folder / PYTEST_LOG).open("wb") as pytest_log:
             process = subprocess.Popen(command, cwd=project, env=environ,
                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                        start_new_session=True)  # its own group, so a timeout kills every rank

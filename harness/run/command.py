@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from harness.cell import preflight
-from harness.contract import STATUS_NOT_RUN
+from harness.contract import STATUS_NOT_RUN, STATUS_PASSED
 from harness.engines import Interrupted
 from harness.plan.cells import Cell
 from harness.run import execute, plan, prepare, record, render
@@ -66,7 +66,7 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
 
 def exit_status(statuses: list[str]) -> int:
     """1 when a cell failed or errored; EXIT_NOT_RUN when none did but one ran nothing distributed; else 0."""
-    if any(status not in ("passed", STATUS_NOT_RUN) for status in statuses):
+    if any(status not in (STATUS_PASSED, STATUS_NOT_RUN) for status in statuses):
         return 1
     return EXIT_NOT_RUN if STATUS_NOT_RUN in statuses else 0
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import harness
 from harness import __version__, contract
 from harness.cell import memory, preflight
-from harness.contract import EnvRecord
+from harness.contract import INSTALL_LOG, EnvRecord
 from harness.engines import Launch, engine
 from harness.envs import cache as env_cache
 from harness.envs.build import EnvironmentBuildError
@@ -72,7 +72,7 @@ def prepare_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, p
     log(f"== {cell.id}: results in {folder}")
     prepared = Prepared(cell=cell, folder=folder, started=started, record=record, launch=None)
     try:
-        with (folder / "install.log").open("w") as install_log:
+        with (folder / INSTALL_LOG).open("w") as install_log:
             environment = prepare_environment(cell, env_dir, tee(install_log, log))
         env_cache.mark_used(environment.path)
         versions = {**record.versions, **{k: environment.versions.get(k) for k in

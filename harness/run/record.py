@@ -18,7 +18,8 @@ from pathlib import Path
 
 from harness import contract
 from harness.cell import memory
-from harness.contract import ENV_JSON, JUNIT_XML, STATUS_NOT_RUN, EnvRecord
+from harness.contract import (ENV_JSON, JUNIT_XML, MEMORY_JSON, STATUS_ERRORED, STATUS_FAILED, STATUS_NOT_RUN,
+                              STATUS_PASSED, EnvRecord)
 from harness.engines import Interrupted
 from harness.plan.cells import Cell
 from harness.results import nothing_distributed_ran, read_junit_tests
@@ -48,7 +49,7 @@ def record(executed: Executed, log: Callable[[str], None]) -> CellOutcome:
         if raised is None and executed.ran is not None:
             ran = executed.ran
             if ran.cause:  # the engine knows why (a host lost, scancel, NODE_FAIL)
-                env = dataclasses.replace(env, status="errored", error=ran.cause, error_kind=contract.ERROR_ENGINE)
+                env = dataclasses.replace(env, status=STATUS_ERRORED, error=ran.cause, error_kind=contract.ERROR_ENGINE)
             else:
                 status, error, kind = classify(cell, ran.exit_code, ran.timed_out, folder / JUNIT_XML)
                 env = dataclasses.replace(env, status=status, error=error, error_kind=kind)
@@ -58,13 +59,13 @@ def record(executed: Executed, log: Callable[[str], None]) -> CellOutcome:
         error = str(raised)
         if env.job_id:  # an engine's job: harness cancelled it on the way out
             error = f"cancelled: harness {raised}; {cell.engine} job {env.job_id} cancelled"
-        env = dataclasses.replace(env, status="errored", error=error, error_kind=contract.ERROR_INTERRUPTED)
+        env = dataclasses.replace(env, status=STATUS_ERRORED, error=error, error_kind=contract.ERROR_INTERRUPTED)
     elif isinstance(raised, Exception):
         env = dataclasses.replace(env, error=f"harness: {type(raised).__name__}: {raised}",
                                   error_kind=contract.ERROR_HARNESS)
     ended = time.time()
     env = dataclasses.replace(env, end=iso(ended), duration_s=round(ended - prepared.started, 3))
-    memory.write_memory_json(folder / "memory.json", executed.memory)
+    memory.write_memory_json(folder / MEMORY_JSON, executed.memory)
     write_env_json(folder, env)
     if raised is not None:
         raise raised
@@ -82,19 +83,19 @@ def classify(cell: Cell, exit_code: int | None, timed_out: bool, junit: Path) ->
     is 'errored'; a clean run where cases were skipped for too few GPUs or ranks and no distributed case ran is
     'not_run' (from the cases' typed properties in junit.xml, read as the reports read them)."""
     if timed_out:
-        return "errored", f"timed out after {cell.timeout_minutes} min; killed", contract.ERROR_TIMEOUT
+        return STATUS_ERRORED, f"timed out after {cell.timeout_minutes} min; killed", contract.ERROR_TIMEOUT
     if exit_code is not None and exit_code < 0:
-        return "errored", f"pytest crashed: killed by signal {signal.Signals(-exit_code).name}", contract.ERROR_SIGNAL
+        return STATUS_ERRORED, f"pytest crashed: killed by signal {signal.Signals(-exit_code).name}", contract.ERROR_SIGNAL
     if not junit.is_file() or junit.stat().st_size == 0:
-        return "errored", f"pytest exited {exit_code} and wrote no junit.xml", contract.ERROR_NO_JUNIT
+        return STATUS_ERRORED, f"pytest exited {exit_code} and wrote no junit.xml", contract.ERROR_NO_JUNIT
     if exit_code == 0:
-        return (STATUS_NOT_RUN if nothing_distributed_ran(read_junit_tests(junit)) else "passed"), None, None
+        return (STATUS_NOT_RUN if nothing_distributed_ran(read_junit_tests(junit)) else STATUS_PASSED), None, None
     if exit_code == 1:
-        return "failed", None, None
+        return STATUS_FAILED, None, None
     words, kind = PYTEST_EXITS.get(exit_code, ("unexpected exit", contract.ERROR_PYTEST))
     if exit_code == 2 and _collection_failed(junit):
         words, kind = "errors during collection", contract.ERROR_COLLECTION
-    return "errored", f"pytest exited {exit_code} ({words}); see pytest.log", kind
+    return STATUS_ERRORED, f"pytest exited {exit_code} ({words}); see pytest.log", kind
 
 
 def _collection_failed(junit: Path) -> bool:

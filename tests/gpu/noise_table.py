@@ -18,7 +18,7 @@ from collections import defaultdict
 
 from harness import contract
 
-KEY = ("family", "layout", "experts_implementation", "dtype")
+KEY = (contract.FAMILY, contract.CASE_LAYOUT, contract.CASE_EXPERTS_IMPLEMENTATION, contract.CASE_DTYPE)
 COLUMNS = (
     "cases",
     "failed",
@@ -112,7 +112,7 @@ def worst_ratios(cases: list[dict]) -> dict[tuple[str, str], tuple[float, str]]:
             ("gradients", contract.GRAD_ERROR, contract.GRAD_BOUND),
         ):
             ratio = _ratio(case.get(error), case.get(bound))
-            key = (case["dtype"], quantity)
+            key = (case[contract.CASE_DTYPE], quantity)
             if ratio is not None and ratio > worst.get(key, (-1.0, ""))[0]:
                 worst[key] = (ratio, case["test"])
     return worst

@@ -50,8 +50,8 @@ def test_router_decides_clearly_on_the_test_batch(checkpoint, record_property, d
         assert tolerances.TOP_WEIGHT_RANGE[0] <= low <= high <= tolerances.TOP_WEIGHT_RANGE[1], (
             f"layer {layer}: top routing weight in [{low:.3f}, {high:.3f}]"
         )
-    record_property("min_routing_margin", min(routing.margin for routing in recorder.layers))
-    record_property("dtype", dtype)
+    record_property(contract.ROUTING_MARGIN, min(routing.margin for routing in recorder.layers))
+    record_property(contract.CASE_DTYPE, dtype)
 
 
 def test_registry_ep_floors_match_the_installed_release():
@@ -236,31 +236,31 @@ def test_fake_quantizer_swaps_the_weight_for_the_forward_only():
 
 def test_metrics_of_all_ranks_are_summarized_by_their_worst():
     ranks = [
-        {"dtype": "float32", "max_rel_grad_error": 1e-7, "max_rel_grad_error_param": "a", "min_routing_margin": 3},
-        {"dtype": "float32", "max_rel_grad_error": 2e-7, "max_rel_grad_error_param": "b", "min_routing_margin": 4},
+        {contract.CASE_DTYPE: "float32", contract.GRAD_ERROR: 1e-7, contract.GRAD_ERROR_PARAM: "a", contract.ROUTING_MARGIN: 3},
+        {contract.CASE_DTYPE: "float32", contract.GRAD_ERROR: 2e-7, contract.GRAD_ERROR_PARAM: "b", contract.ROUTING_MARGIN: 4},
     ]
     assert summarize(ranks) == {
-        "dtype": "float32",
-        "max_rel_grad_error": 2e-7,
-        "max_rel_grad_error_param": "b",
-        "min_routing_margin": 3,
+        contract.CASE_DTYPE: "float32",
+        contract.GRAD_ERROR: 2e-7,
+        contract.GRAD_ERROR_PARAM: "b",
+        contract.ROUTING_MARGIN: 3,
     }
 
 
 def test_an_error_is_summarized_with_its_own_bound_from_the_rank_where_it_is_worst_against_it():
     """Each rank measures its own bound: the larger error under a much larger bound is not the worst."""
     ranks = [
-        {"max_rel_grad_error": 4e-6, "grad_error_bound": 1e-4, "max_rel_grad_error_param": "a",
-         "whole_rel_grad_error": 1e-5, "max_logits_difference": 1e-6, "logits_atol": 1e-5,
-         "whole_logits_difference": 2e-6},
-        {"max_rel_grad_error": 1e-6, "grad_error_bound": 2e-6, "max_rel_grad_error_param": "b",
-         "whole_rel_grad_error": 2e-7, "max_logits_difference": float("nan"), "logits_atol": 1e-5,
-         "whole_logits_difference": 3e-6},
+        {contract.GRAD_ERROR: 4e-6, contract.GRAD_BOUND: 1e-4, contract.GRAD_ERROR_PARAM: "a",
+         contract.WHOLE_GRAD_ERROR: 1e-5, contract.LOGITS_DIFFERENCE: 1e-6, contract.LOGITS_ATOL: 1e-5,
+         contract.WHOLE_LOGITS_DIFFERENCE: 2e-6},
+        {contract.GRAD_ERROR: 1e-6, contract.GRAD_BOUND: 2e-6, contract.GRAD_ERROR_PARAM: "b",
+         contract.WHOLE_GRAD_ERROR: 2e-7, contract.LOGITS_DIFFERENCE: float("nan"), contract.LOGITS_ATOL: 1e-5,
+         contract.WHOLE_LOGITS_DIFFERENCE: 3e-6},
     ]
     summary = summarize(ranks)
-    assert (summary["max_rel_grad_error"], summary["grad_error_bound"]) == (1e-6, 2e-6)
-    assert (summary["max_rel_grad_error_param"], summary["whole_rel_grad_error"]) == ("b", 2e-7)
-    assert summary["whole_logits_difference"] == 3e-6  # beside the NaN, which counts as the worst
+    assert (summary[contract.GRAD_ERROR], summary[contract.GRAD_BOUND]) == (1e-6, 2e-6)
+    assert (summary[contract.GRAD_ERROR_PARAM], summary[contract.WHOLE_GRAD_ERROR]) == ("b", 2e-7)
+    assert summary[contract.WHOLE_LOGITS_DIFFERENCE] == 3e-6  # beside the NaN, which counts as the worst
 
 
 def test_the_float64_reference_keeps_float64_where_a_model_casts_to_float32():

@@ -82,6 +82,16 @@ WHOLE_GRAD_ERROR = "whole_rel_grad_error"
 WHOLE_LOGITS_DIFFERENCE = "whole_logits_difference"
 PEAK_ALLOCATED_PREFIX = "peak_allocated_mib."  # + "rank" and the rank (harness.ranks.plugin)
 PEAK_RESERVED_PREFIX = "peak_reserved_mib."  # likewise: the allocator's reserved peak
+# Training cases (tests/gpu/training.py): the steps taken, then per step k (from 1) the sharded run's loss and
+# global gradient norm, and the whole model's loss beside it; a resume case says after which step it resumed.
+TRAIN_STEPS = "train_steps"
+LOSS_STEP = "loss_step_{step}"
+WHOLE_LOSS_STEP = "whole_loss_step_{step}"
+GRAD_NORM_STEP = "grad_norm_step_{step}"
+RESUMED_AT_STEP = "resumed_at_step"
+PARAM_ERROR = "max_rel_param_error"  # the updated parameters' worst relative error against float64, any step
+PARAM_BOUND = "param_error_bound"
+PARAM_ERROR_PARAM = "max_rel_param_error_param"  # "step K: NAME"
 CASE_METRICS = (GRAD_ERROR, GRAD_BOUND, GRAD_ERROR_PARAM, ROUTING_MARGIN, LOGITS_DIFFERENCE, LOGITS_ATOL)
 # (WHOLE_GRAD_ERROR and WHOLE_LOGITS_DIFFERENCE are the evidence behind each bound, recorded for the nightly's
 # history and tests/gpu/noise_table.py; the reports show the bound itself.)

@@ -84,6 +84,27 @@ def run_case(request, ranks, tmp_path):
 
 
 @pytest.fixture
+def run_training(request, ranks, tmp_path):
+    """Run a `training.TrainCase` on N ranks, recorded and covered by the known-bugs table as `run_case` is; a
+    resume case's checkpoints go to a folder under the test's tmp_path."""
+    import families
+    import tf_adapter
+    import training
+
+    def run(world_size: int, checkpoint: Checkpoint, layout: str, **options) -> dict:
+        case = training.TrainCase(checkpoint.family, layout, **options)
+        reason = tf_adapter.missing_feature(layout, families.family(case.family), case.experts_implementation)
+        if reason is not None:
+            pytest.skip(reason)
+        saves = tmp_path / "checkpoints"
+        saves.mkdir(exist_ok=True)
+        return _run_recorded(request, ranks, tmp_path, world_size, checkpoint, case, training.run_training,
+                             str(saves))
+
+    return run
+
+
+@pytest.fixture
 def run_device_case(request, ranks, tmp_path):
     """Run a `device_cases.DeviceCase` on one rank (this host's first GPU, or the CPU), recorded and covered by
     the known-bugs table as `run_case` is."""
@@ -100,7 +121,7 @@ def run_device_case(request, ranks, tmp_path):
     return run
 
 
-def _run_recorded(request, ranks, tmp_path, world_size: int, checkpoint: Checkpoint, case, function) -> dict:
+def _run_recorded(request, ranks, tmp_path, world_size: int, checkpoint: Checkpoint, case, function, *more) -> dict:
     import known_bugs
     import rank_cases
     import tf_adapter
@@ -117,7 +138,7 @@ def _run_recorded(request, ranks, tmp_path, world_size: int, checkpoint: Checkpo
         with known_bugs.expecting(request, known_bugs.known_bug(case)):
             metrics = rank_cases.summarize(
                 ranks.run(world_size, function, checkpoint.path, case, str(metrics_dir),
-                          tf_adapter.model_class(checkpoint.path))
+                          tf_adapter.model_class(checkpoint.path), *more)
             )
     except BaseException:
         measured = rank_cases.read_metrics(str(metrics_dir))

@@ -625,6 +625,7 @@ def plant_gradient_bug(model, family: families.Family, bug: str) -> None:
 MEASURED_AGAINST_BOUND = (
     (contract.GRAD_ERROR, contract.GRAD_BOUND, (contract.GRAD_ERROR_PARAM, contract.WHOLE_GRAD_ERROR)),
     (contract.LOGITS_DIFFERENCE, contract.LOGITS_ATOL, (contract.WHOLE_LOGITS_DIFFERENCE,)),
+    (contract.PARAM_ERROR, contract.PARAM_BOUND, (contract.PARAM_ERROR_PARAM,)),
 )
 
 

@@ -1,0 +1,81 @@
+"""Training as users train: the same N-step loop (AdamW, gradient clipping, a warm-up schedule, 2 micro-batches
+accumulated) on the sharded model and the whole model, compared after every step (training.py).
+
+Deep (the mechanics families): EP and FSDP2+EP of every MoE family, FSDP2 and bare fully_shard of the dense ones,
+2/4/8 ranks, both dtypes. Wide (every other declared EP family): EP and FSDP2+EP, float32, 2 ranks. AdamW's
+kernels (foreach off, fused) on one family per layout; a checkpoint resumed mid-run for each layout."""
+
+from __future__ import annotations
+
+import families
+import pytest
+from rank_cases import DTYPES, WORLD_SIZES
+
+from harness.ranks import RankFailedError
+
+MOE_LAYOUTS = ("ep", "fsdp_ep")
+DENSE_LAYOUTS = ("fsdp", "fully_shard")
+STEPS = 3
+
+
+def _layouts(family: str) -> tuple[str, ...]:
+    return MOE_LAYOUTS if families.family(family).is_moe else DENSE_LAYOUTS
+
+
+DEEP = [
+    pytest.param(name, layout, world_size, dtype, marks=pytest.mark.deep)
+    for name in families.deep_moe() + families.dense()
+    for layout in _layouts(name)
+    for world_size in WORLD_SIZES
+    for dtype in DTYPES
+]
+WIDE = [
+    pytest.param(name, layout, 2, "float32", marks=pytest.mark.wide)
+    for name in families.wide_moe()
+    for layout in MOE_LAYOUTS
+]
+
+
+@pytest.mark.parametrize(("checkpoint", "layout", "world_size", "dtype"), DEEP + WIDE, indirect=["checkpoint"])
+def test_training_steps(run_training, checkpoint, layout, world_size, dtype):
+    """Per step: replicated parameters bit-identical across ranks; loss, global gradient norm and every updated
+    parameter within the whole run's bounds."""
+    run_training(world_size, checkpoint, layout, dtype=dtype, steps=STEPS)
+
+
+# AdamW's other kernels: one MoE and one dense family, each of their layouts.
+KERNEL_FAMILIES = (families.role("quantized_moe")[0], families.role("quantized_dense")[0])
+
+
+@pytest.mark.parametrize("optimizer", ["foreach_off", "fused"])
+@pytest.mark.parametrize(("checkpoint", "layout"), [(name, layout) for name in KERNEL_FAMILIES
+                                                    for layout in _layouts(name)], indirect=["checkpoint"])
+def test_training_optimizer_kernels(run_training, checkpoint, layout, optimizer):
+    run_training(2, checkpoint, layout, steps=STEPS, optimizer=optimizer)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize(("checkpoint", "layout"), [(name, layout) for name in KERNEL_FAMILIES
+                                                    for layout in _layouts(name)], indirect=["checkpoint"])
+def test_training_resumes_from_a_sharded_checkpoint(run_training, checkpoint, layout, world_size):
+    """Saved with torch.distributed.checkpoint after step 2, loaded into a freshly loaded sharded model with a new
+    optimizer and schedule; steps 3-4 match the uninterrupted whole run."""
+    run_training(world_size, checkpoint, layout, steps=4, resume_at=2)
+
+
+# ---------------------------------------------------------------- planted bugs: the checks catch them
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("checkpoint", families.role("quantized_moe"), indirect=True)
+def test_a_rank_skipping_one_replicated_update_is_named_with_its_step(run_training, checkpoint, world_size):
+    with pytest.raises(RankFailedError, match=rf"step 2: parameter \S*norm\S* differs across ranks "
+                                              rf"\(rank {world_size - 1} vs rank 0: "):
+        run_training(world_size, checkpoint, "ep", steps=STEPS, bug="skip_replicated_update")
+
+
+@pytest.mark.parametrize("layout", MOE_LAYOUTS)
+@pytest.mark.parametrize("checkpoint", families.role("quantized_moe"), indirect=True)
+def test_a_resume_that_loads_stale_optimizer_state_is_caught(run_training, checkpoint, layout):
+    with pytest.raises(RankFailedError, match=r"step 3: updated parameters differ from the whole model's"):
+        run_training(2, checkpoint, layout, steps=4, resume_at=2, bug="stale_optimizer_state")

@@ -20,8 +20,14 @@ from typing import Any
 
 from harness.errors import ConfigError
 from harness.plan.cells import AXES, OPTIONAL_AXES, Cell, Matrix, Runner
-from harness.plan.files import (matrix_dirs, non_negative_int, positive_int, positive_number, read_yaml,
-                                reject_unknown_keys)
+from harness.plan.files import (
+    matrix_dirs,
+    non_negative_int,
+    positive_int,
+    positive_number,
+    read_yaml,
+    reject_unknown_keys,
+)
 from harness.plan.index import FLOATING
 from harness.plan.runners import load_runners
 from harness.project import find_project_root, project_root

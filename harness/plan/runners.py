@@ -10,8 +10,7 @@ from pathlib import Path
 
 from harness.errors import ConfigError
 from harness.plan.cells import ENGINES, Runner, parse_submit
-from harness.plan.files import (matrix_dirs, non_negative_int, positive_int, read_yaml, reject_unknown_keys,
-                                same_folder)
+from harness.plan.files import matrix_dirs, non_negative_int, positive_int, read_yaml, reject_unknown_keys, same_folder
 from harness.project import project_root
 
 RUNNER_KEYS = {"labels", "gpus", "nvml_name", "ranks", "ephemeral", "engine", "hosts", "submit"}

@@ -131,10 +131,10 @@ def scientific(value: Number | None) -> str:
     return "—" if value is None else f"{value:.2e}"
 
 
-def significant(value: Number | None) -> str:
+def significant(value: Number | None, digits: int = 3) -> str:
     if isinstance(value, Labelled):
         return one_line(value.label, 24)
-    return "—" if value is None else f"{value:.3g}"
+    return "—" if value is None else f"{value:.{digits}g}"
 
 
 _BREAK_AFTER = re.compile(r"(?<=::)|(?<=[/\[,_-])|(?<=\.)(?!py\b)")

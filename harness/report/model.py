@@ -27,6 +27,7 @@ from harness.results import (
     Outcome,
     ResultSet,
     TestResult,
+    TrainingCurve,
     compare,
     digest,
     finite,
@@ -44,6 +45,7 @@ class FailureGroup:
     excerpt: str | None
     attempts: int  # most attempts any of its cells made
     cells: tuple[str, ...]
+    training: TrainingCurve | None = None  # a training case's per-step loss and gradient norm (its first cell's)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -290,7 +292,7 @@ def _failure_groups(cells: Iterable[CellResult]) -> tuple[FailureGroup, ...]:
     groups = [
         FailureGroup(test_id=test_id, outcome=outcome, message=message, excerpt=found[0][1].excerpt,
                      attempts=max(test.attempts for _, test in found),
-                     cells=tuple(cell_id for cell_id, _ in found))
+                     cells=tuple(cell_id for cell_id, _ in found), training=found[0][1].training)
         for (test_id, outcome, message), found in grouped.items()
     ]
     return tuple(sorted(groups, key=lambda group: (natural_key(group.test_id), group.message)))

@@ -1,15 +1,17 @@
-"""Geometry of the HTML report's plots (SVG markup is in reports/_plot.svg.j2): peak memory per GPU and
-the largest gradient error against its bound. Labelled values (inf, nan) never reach the arithmetic."""
+"""Geometry of the HTML report's plots (SVG markup is in reports/_plot.svg.j2): peak memory per GPU, the
+largest gradient error against its bound, and a failing training case's loss per step. Labelled values (inf,
+nan) never reach the arithmetic."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from harness.report.filters import gib, one_line, scientific
-from harness.results import CellResult, finite
+from harness.results import CellResult, TrainingCurve, finite
 
 if TYPE_CHECKING:
     from harness.report.model import CaseMetrics, Report
@@ -250,3 +252,53 @@ def _linear_ticks(largest: float) -> list[float]:
     magnitude = 10 ** math.floor(math.log10(raw))
     step = next(factor * magnitude for factor in (1, 2, 5, 10) if factor * magnitude >= raw)
     return [index * step for index in range(int(largest // step) + 1)]
+
+
+_CURVE_WIDTH = 320.0
+_CURVE_HEIGHT = 140.0
+_CURVE_LEFT = 64.0  # room for the loss axis' labels
+_CURVE_TOP = 12.0
+_CURVE_BOTTOM = 24.0  # room for the step labels
+
+
+def loss_plot(curve: TrainingCurve) -> Plot | None:
+    """A failing training case's loss per step: the sharded run (blue) and the whole model's (grey), one dot a
+    step, a dashed rule where the run resumed from its checkpoint. None with fewer than one finite loss."""
+    points = [(step, finite(sharded), finite(whole)) for step, sharded, whole, _ in curve.rows()]
+    values = [value for _, sharded, whole in points for value in (sharded, whole) if value is not None]
+    if not values:
+        return None
+    low, high = min(values), max(values)
+    if high - low < 1e-12 * max(1.0, abs(high)):  # a flat curve still gets a band to sit in
+        low, high = low - 0.5, high + 0.5
+    span_x = max(1, len(points) - 1)
+
+    def x_of(step: int) -> float:
+        return _CURVE_LEFT + (step - 1) / span_x * _CURVE_WIDTH
+
+    def y_of(value: float) -> float:
+        return _CURVE_TOP + (high - value) / (high - low) * _CURVE_HEIGHT
+
+    bottom = _CURVE_TOP + _CURVE_HEIGHT
+    rules = [Rule(x1=_CURVE_LEFT, y1=y_of(value), x2=_CURVE_LEFT + _CURVE_WIDTH, y2=y_of(value), kind="grid")
+             for value in (low, high)]
+    labels = [Label(x=_CURVE_LEFT - 6, y=y_of(value) + 4, text=f"{value:.6g}", anchor="end", kind="axis")
+              for value in (low, high)]
+    labels += [Label(x=x_of(step), y=bottom + 16, text=str(step), anchor="middle", kind="axis")
+               for step, _, _ in points]
+    if curve.resumed_at is not None:
+        x = (x_of(curve.resumed_at) + x_of(curve.resumed_at + 1)) / 2
+        rules.append(Rule(x1=x, y1=_CURVE_TOP, x2=x, y2=bottom, kind="resumed",
+                          title=f"resumed from its checkpoint after step {curve.resumed_at}"))
+    dots = []
+    for kind, index in (("whole", 2), ("sharded", 1)):  # the sharded run drawn last, over the whole one
+        series = [(point[0], point[index]) for point in points if point[index] is not None]
+        for (step, value), (next_step, next_value) in itertools.pairwise(series):
+            rules.append(Rule(x1=x_of(step), y1=y_of(value), x2=x_of(next_step), y2=y_of(next_value), kind=kind))
+        dots += [Dot(x=x_of(step), y=y_of(value), kind=kind, title=f"step {step}: {kind} loss {value:.9g}")
+                 for step, value in series]
+    return Plot(title="Loss per step",
+                caption="The sharded run (blue) and the whole model's (grey) on the same steps" +
+                (f"; resumed after step {curve.resumed_at} (dashed)" if curve.resumed_at is not None else ""),
+                width=_CURVE_LEFT + _CURVE_WIDTH + 24, height=bottom + _CURVE_BOTTOM,
+                dots=tuple(dots), rules=tuple(rules), labels=tuple(labels))

@@ -25,7 +25,7 @@ from harness.report.filters import (
 )
 from harness.report.links import RunLinks, links_from
 from harness.report.model import Report, build_report
-from harness.report.plots import html_plots
+from harness.report.plots import html_plots, loss_plot
 from harness.report.templates import environment as _environment
 from harness.report.terminal import COLUMNS, wants_color
 from harness.results import (
@@ -111,7 +111,7 @@ def _render_format(report: Report, fmt: str, *, color: bool = False) -> str:
                     SUMMARY_LADDER, _utf8_length, SUMMARY_LIMIT_BYTES, unit="bytes")
     if fmt == "terminal":
         return _render("terminal.txt.j2", report, TERMINAL_LIMITS, table=terminal_table(report.cells), color=color)
-    return _render("report.html.j2", report, UNLIMITED, plots=html_plots(report))
+    return _render("report.html.j2", report, UNLIMITED, plots=html_plots(report), loss_plot=loss_plot)
 
 
 def _render_pr_comment(report: Report) -> str:

@@ -3,7 +3,7 @@
 By stage: `model` (the frozen values; `values` makes recorded numbers and texts safe), `reader` (folders ->
 model, through `files` for bounded reads, `junit` for junit.xml and `records` for env.json and memory.json),
 `digest` (the bounded numbers a PR comment carries), `compare` (a result set against a baseline, and the one rule
-for what is new since the night before), `triage` (the nightly's class of each new red) and `nightly_records`
+for what is new since the night before), `training` (a training case's per-step curve), `triage` (the nightly's class of each new red) and `nightly_records`
 (bisect.json and triage.json, typed). The names below are what callers import; the file names, env.json record and metric names
 live in `harness.contract`.
 """
@@ -48,6 +48,7 @@ from harness.results.model import (
     nothing_distributed_ran,
 )
 from harness.results.reader import find_cell_folders, load_results, paused_gc, read_cell
+from harness.results.training import TrainingCurve
 from harness.results.values import Labelled, Number, finite, number
 
 __all__ = [
@@ -76,6 +77,7 @@ __all__ = [
     "ResultSet",
     "SuiteInfo",
     "TestResult",
+    "TrainingCurve",
     "cell_key",
     "compare",
     "decode_digest",

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from harness.errors import ConfigError
 from harness.results.model import CellResult, CellStatus, Counts, Outcome, ResultSet
-from harness.results.values import capped, finite
 from harness.results.reader import load_results
+from harness.results.values import capped, finite
 
 DIGEST_TAG = "harness-digest v1"
 CELL_ID_CHARS = 120  # cell ids are ~40 characters; anything longer is cut, keyed by its hash

@@ -33,6 +33,7 @@ from harness.contract import (
     TRANSFORMERS_VERSION,
     WORLD_SIZE,
 )
+from harness.results.training import TrainingCurve, training_curve
 from harness.results.values import Labelled, Number, number, whole_number
 
 # `-k` accepts these characters in one identifier (pytest's mark expression grammar).
@@ -101,6 +102,7 @@ class TestResult:
     host_ranks: int | None = field(init=False, compare=False, repr=False)
     host_rank_unit: str | None = field(init=False, compare=False, repr=False)  # one of contract.RANK_UNITS
     family: str | None = field(init=False, compare=False, repr=False)
+    training: TrainingCurve | None = field(init=False, compare=False, repr=False)  # a training case's steps
     # Skipped for too few GPUs or ranks: the property is there, whatever its value (a garbled number still
     # says the case did not run).
     not_run_for_ranks: bool = field(init=False, compare=False, repr=False)
@@ -124,6 +126,7 @@ class TestResult:
         object.__setattr__(self, "host_rank_unit", unit if unit in RANK_UNITS else None)
         family = values.get(FAMILY)
         object.__setattr__(self, "family", family if family and len(family) <= FAMILY_CHARS else None)
+        object.__setattr__(self, "training", training_curve(values))
         skipped = self.outcome is Outcome.SKIPPED
         object.__setattr__(self, "not_run_for_ranks", skipped and NEEDS_WORLD_SIZE in values)
 

@@ -18,8 +18,16 @@ from pathlib import Path
 
 from harness import contract
 from harness.cell import memory
-from harness.contract import (ENV_JSON, JUNIT_XML, MEMORY_JSON, STATUS_ERRORED, STATUS_FAILED, STATUS_NOT_RUN,
-                              STATUS_PASSED, EnvRecord)
+from harness.contract import (
+    ENV_JSON,
+    JUNIT_XML,
+    MEMORY_JSON,
+    STATUS_ERRORED,
+    STATUS_FAILED,
+    STATUS_NOT_RUN,
+    STATUS_PASSED,
+    EnvRecord,
+)
 from harness.engines import Interrupted
 from harness.plan.cells import Cell
 from harness.results import nothing_distributed_ran, read_junit_tests
@@ -78,7 +86,8 @@ def write_env_json(folder: Path, record: EnvRecord) -> None:
     (folder / ENV_JSON).write_text(json.dumps(record.to_json(), indent=2) + "\n")
 
 
-def classify(cell: Cell, exit_code: int | None, timed_out: bool, junit: Path) -> tuple[str, str | None, str | None]:
+def classify(cell: Cell, exit_code: int | None, timed_out: bool,
+             junit: Path) -> tuple[str, str | None, str | None]:
     """(status, error, error_kind) from how pytest ended. Failed tests are 'failed'; anything else abnormal
     is 'errored'; a clean run where cases were skipped for too few GPUs or ranks and no distributed case ran is
     'not_run' (from the cases' typed properties in junit.xml, read as the reports read them)."""

@@ -44,7 +44,7 @@ def rank(index: int, folder: str, layout: str) -> None:
         try:
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=foreach)
             outcome = f"total norm {norm.full_tensor() if isinstance(norm, DTensor) else norm}"
-        except Exception as error:  # noqa: BLE001 - printed, the point of the script
+        except Exception as error:
             outcome = f"{type(error).__name__}: {str(error).splitlines()[0]}"
         print(f"rank {index} {layout}: {sum(kinds)} DTensor and {len(kinds) - sum(kinds)} plain parameters; "
               f"clip_grad_norm_(foreach={foreach}): {outcome}", flush=True)

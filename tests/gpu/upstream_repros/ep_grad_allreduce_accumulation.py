@@ -39,7 +39,8 @@ def rank(index: int, folder: str) -> None:
 
     batches = torch.randint(0, 128, (2, 4, 16), generator=torch.Generator().manual_seed(0))
     for micro_batches in (1, 2):
-        sharded = Qwen3MoeForCausalLM.from_pretrained(folder, distributed_config=DistributedConfig(ep_size=2, tp_size=2))
+        layout = DistributedConfig(ep_size=2, tp_size=2)
+        sharded = Qwen3MoeForCausalLM.from_pretrained(folder, distributed_config=layout)
         whole = Qwen3MoeForCausalLM.from_pretrained(folder)
         for model in (sharded, whole):
             for batch in batches[:micro_batches]:

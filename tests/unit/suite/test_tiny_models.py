@@ -236,8 +236,10 @@ def test_fake_quantizer_swaps_the_weight_for_the_forward_only():
 
 def test_metrics_of_all_ranks_are_summarized_by_their_worst():
     ranks = [
-        {contract.CASE_DTYPE: "float32", contract.GRAD_ERROR: 1e-7, contract.GRAD_ERROR_PARAM: "a", contract.ROUTING_MARGIN: 3},
-        {contract.CASE_DTYPE: "float32", contract.GRAD_ERROR: 2e-7, contract.GRAD_ERROR_PARAM: "b", contract.ROUTING_MARGIN: 4},
+        {contract.CASE_DTYPE: "float32", contract.GRAD_ERROR: 1e-7, contract.GRAD_ERROR_PARAM: "a",
+         contract.ROUTING_MARGIN: 3},
+        {contract.CASE_DTYPE: "float32", contract.GRAD_ERROR: 2e-7, contract.GRAD_ERROR_PARAM: "b",
+         contract.ROUTING_MARGIN: 4},
     ]
     assert summarize(ranks) == {
         contract.CASE_DTYPE: "float32",

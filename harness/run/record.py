@@ -94,7 +94,8 @@ def classify(cell: Cell, exit_code: int | None, timed_out: bool,
     if timed_out:
         return STATUS_ERRORED, f"timed out after {cell.timeout_minutes} min; killed", contract.ERROR_TIMEOUT
     if exit_code is not None and exit_code < 0:
-        return STATUS_ERRORED, f"pytest crashed: killed by signal {signal.Signals(-exit_code).name}", contract.ERROR_SIGNAL
+        signal_name = signal.Signals(-exit_code).name
+        return STATUS_ERRORED, f"pytest crashed: killed by signal {signal_name}", contract.ERROR_SIGNAL
     if not junit.is_file() or junit.stat().st_size == 0:
         return STATUS_ERRORED, f"pytest exited {exit_code} and wrote no junit.xml", contract.ERROR_NO_JUNIT
     if exit_code == 0:

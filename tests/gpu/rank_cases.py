@@ -502,7 +502,7 @@ def check_gradients_against_reference(
     bound goes into `metrics` before the check can raise."""
     errors = checks.gradient_errors(grads, reference_grads)
     sampled = [checks.gradient_errors(sample, reference_grads) for sample in whole_samples]
-    whole_errors = {name: _largest(sample[name] for sample in sampled) for name in errors}
+    whole_errors = {name: largest(sample[name] for sample in sampled) for name in errors}
     bounds = {name: tolerances.gradient_bound(dtype_name, whole_errors[name]) for name in errors}
     worst = checks.worst_parameter(errors, bounds)
     metrics.update(
@@ -518,7 +518,7 @@ def check_gradients_against_reference(
         checks.check_gradients(errors, bounds, notes)
 
 
-def _largest(values) -> float:
+def largest(values) -> float:
     """The largest value, NaN if any is NaN."""
     values = list(values)
     return math.nan if any(math.isnan(value) for value in values) else max(values)

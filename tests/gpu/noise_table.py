@@ -102,7 +102,7 @@ def _worst_ratio(group: list[dict], error: str, bound: str) -> float | None:
 
 
 def worst_ratios(cases: list[dict]) -> dict[tuple[str, str], tuple[float, str]]:
-    """(dtype, "logits" | "gradients") -> the largest error / bound of a case that passed, with its test."""
+    """(dtype, "logits" | "gradients" | "trained parameters") -> the largest error / bound of a case that passed, with its test."""
     worst: dict[tuple[str, str], tuple[float, str]] = {}
     for case in cases:
         if not case["passed"]:
@@ -110,6 +110,7 @@ def worst_ratios(cases: list[dict]) -> dict[tuple[str, str], tuple[float, str]]:
         for quantity, error, bound in (
             ("logits", contract.LOGITS_DIFFERENCE, contract.LOGITS_ATOL),
             ("gradients", contract.GRAD_ERROR, contract.GRAD_BOUND),
+            ("trained parameters", contract.PARAM_ERROR, contract.PARAM_BOUND),
         ):
             ratio = _ratio(case.get(error), case.get(bound))
             key = (case[contract.CASE_DTYPE], quantity)

@@ -1,16 +1,22 @@
-"""torch.nn.utils.clip_grad_norm_ on a model transformers loaded expert-parallel raises: the model holds
-DTensor parameters (the experts, and the dense weights that the EP plan shards with TP) beside plain tensors
-(norms, embeddings), and clip_grad_norm_'s foreach norm refuses the mix:
+"""torch.nn.utils.clip_grad_norm_ and a fused AdamW step on a model transformers loaded expert-parallel raise:
+the model holds DTensor parameters on several device meshes (the experts on the ep mesh; the dense weights the EP
+plan shards with TP on the tp mesh; under FSDP2+EP the fsdp and efsdp x ep meshes) and, under EP, plain tensors
+beside them (norms, routers). torch's clip_grad_norm_ and its foreach/fused optimizer kernels take all parameters
+in one call and refuse the mix:
 
     RuntimeError: aten._foreach_norm.Scalar got mixed torch.Tensor and DTensor, need to convert all torch.Tensor
-    to DTensor before calling distributed operators!
+    to DTensor before calling distributed operators!            (EP, clip_grad_norm_ with foreach)
+    RuntimeError: All operands in aten.stack.default must have the same mesh, ...   (foreach=False; FSDP2+EP)
+    RuntimeError: aten._fused_adamw_.default got mixed torch.Tensor and DTensor, ...  (EP, AdamW(fused=True))
 
-A user who trains an EP model as they train any model (forward, backward, clip, step) stops at the clip. This
-script loads a tiny Qwen3-MoE (2 layers, 8 experts, 2 per token) on 2 gloo ranks with the layout's
+A user who trains an EP model as they train any model (forward, backward, clip, step) stops at the clip, or at
+a fused step. transformers' own Trainer clips per mesh (`Trainer._mixed_mesh_grad_norm`), a plain loop cannot.
+This script loads a tiny Qwen3-MoE (2 layers, 8 experts, 2 per token) on 2 gloo ranks with the layout's
 DistributedConfig, prints how many parameters are DTensors and how many plain, runs a forward and a backward,
-then clip_grad_norm_ (foreach, torch's default where it can, then foreach=False), and prints what each raised.
+then clip_grad_norm_ (foreach, torch's default where it can, then foreach=False) and a fused AdamW step, and
+prints what each raised.
 
-Run by hand: python tests/gpu/upstream_repros/ep_clip_grad_norm_mixed_tensors.py [ep|fsdp_ep]
+Run by hand: python tests/gpu/upstream_repros/ep_mixed_meshes_clip_and_fused_adamw.py [ep|fsdp_ep]
 """
 
 import os
@@ -48,6 +54,12 @@ def rank(index: int, folder: str, layout: str) -> None:
             outcome = f"{type(error).__name__}: {str(error).splitlines()[0]}"
         print(f"rank {index} {layout}: {sum(kinds)} DTensor and {len(kinds) - sum(kinds)} plain parameters; "
               f"clip_grad_norm_(foreach={foreach}): {outcome}", flush=True)
+    try:
+        torch.optim.AdamW(model.parameters(), fused=True).step()
+        outcome = "stepped"
+    except Exception as error:  # printed: the point of the script
+        outcome = f"{type(error).__name__}: {str(error).splitlines()[0]}"
+    print(f"rank {index} {layout}: AdamW(fused=True).step(): {outcome}", flush=True)
     dist.destroy_process_group()
 
 

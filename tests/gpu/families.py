@@ -184,6 +184,10 @@ ROLES: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
         "quantized_moe": ("qwen3_moe",),  # fake quantization on expert stacks
         "quantized_dense": ("qwen3",),  # fake quantization on dense MLPs
+        # trained with every AdamW kernel, torch's clip_grad_norm_, a resume and the planted training bugs: a MoE
+        # whose EP plan has no replicated_with_grad_allreduce norm (its gradient accumulation is a known bug)
+        "trained_moe": ("mixtral",),
+        "trained_dense": ("qwen3",),
         "perturb_expert": ("qwen3_moe", "granitemoe"),  # an expert perturbed on one rank
         "perturb_expert_bias": ("gpt_oss",),  # families with expert biases
         "perturb_correction_bias": ("deepseek_v3",),  # a router correction-bias buffer

@@ -43,11 +43,10 @@ def test_training_steps(run_training, checkpoint, layout, world_size, dtype):
     run_training(world_size, checkpoint, layout, dtype=dtype, steps=STEPS)
 
 
-# AdamW's other kernels, resuming and torch's own clipping: one MoE and one dense family, each of their layouts
-# (Mixtral: its EP plan has no replicated_with_grad_allreduce norm, whose gradient accumulation is a known bug).
-TRAINED_MOE = "mixtral"
-KERNEL_CASES = [(TRAINED_MOE, layout) for layout in MOE_LAYOUTS] + [
-    (families.role("quantized_dense")[0], layout) for layout in DENSE_LAYOUTS]
+# AdamW's other kernels, resuming and torch's own clipping: one MoE and one dense family, each of their layouts.
+TRAINED_MOE = families.role("trained_moe")
+KERNEL_CASES = [(name, layout) for name in TRAINED_MOE for layout in MOE_LAYOUTS] + [
+    (name, layout) for name in families.role("trained_dense") for layout in DENSE_LAYOUTS]
 
 
 @pytest.mark.parametrize("optimizer", ["foreach_off", "fused"])
@@ -75,7 +74,7 @@ def test_training_clips_with_torch_clip_grad_norm(run_training, checkpoint, layo
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
-@pytest.mark.parametrize("checkpoint", [TRAINED_MOE], indirect=True)
+@pytest.mark.parametrize("checkpoint", TRAINED_MOE, indirect=True)
 def test_a_rank_skipping_one_replicated_update_is_named_with_its_step(run_training, checkpoint, world_size):
     with pytest.raises(RankFailedError, match=rf"step 2: parameter \S*norm\S* differs across ranks "
                                               rf"\(rank {world_size - 1} vs rank 0: "):
@@ -83,7 +82,7 @@ def test_a_rank_skipping_one_replicated_update_is_named_with_its_step(run_traini
 
 
 @pytest.mark.parametrize("layout", MOE_LAYOUTS)
-@pytest.mark.parametrize("checkpoint", [TRAINED_MOE], indirect=True)
+@pytest.mark.parametrize("checkpoint", TRAINED_MOE, indirect=True)
 def test_a_resume_that_loads_stale_optimizer_state_is_caught(run_training, checkpoint, layout):
     with pytest.raises(RankFailedError, match=r"step 3: updated parameters differ from the whole model's"):
         run_training(2, checkpoint, layout, steps=4, resume_at=2, bug="stale_optimizer_state")

@@ -102,7 +102,8 @@ def _worst_ratio(group: list[dict], error: str, bound: str) -> float | None:
 
 
 def worst_ratios(cases: list[dict]) -> dict[tuple[str, str], tuple[float, str]]:
-    """(dtype, "logits" | "gradients" | "trained parameters") -> the largest error / bound of a case that passed, with its test."""
+    """(dtype, "logits" | "gradients" | "trained parameters") -> the largest error / bound of a case that passed,
+    with its test."""
     worst: dict[tuple[str, str], tuple[float, str]] = {}
     for case in cases:
         if not case["passed"]:

@@ -345,14 +345,22 @@ def parameters(run: Run) -> dict[str, torch.Tensor]:
 def check_scalar(step: int, name: str, mine: float, samples: list[float], truth: float, dtype_name: str) -> None:
     """A number every rank agrees on (the loss, the global gradient norm) within the whole runs' distance from the
     float64 run."""
-    theirs = samples[0]
+    problem = scalar_problem(step, name, mine, samples, truth, dtype_name)
+    with together(f"step {step}: the {name} check"):
+        if problem is not None:
+            raise AssertionError(problem)
+
+
+def scalar_problem(step: int, name: str, mine: float, samples: list[float], truth: float,
+                   dtype_name: str) -> str | None:
+    """What is wrong with `mine` against the float64 run's `truth`, bounded by the whole runs' `samples`; None when
+    nothing is."""
     bound = tolerances.logits_bound(dtype_name, rank_cases.largest(abs(sample - truth) for sample in samples),
                                     abs(truth))
-    with together(f"step {step}: the {name} check"):
-        if not abs(mine - truth) <= bound:
-            raise AssertionError(
-                f"step {step}: {name} {mine:.9g} differs from the float64 run's {truth:.9g} by "
-                f"{abs(mine - truth):.3g}, over its bound {bound:.3g} (the whole model's run: {theirs:.9g})")
+    if abs(mine - truth) <= bound:
+        return None
+    return (f"step {step}: {name} {mine:.9g} differs from the float64 run's {truth:.9g} by {abs(mine - truth):.3g}, "
+            f"over its bound {bound:.3g} (the whole model's run: {samples[0]:.9g})")
 
 
 def _shares(sharded: dict, whole: dict, reference: dict, family, layout) -> tuple[dict, dict, dict]:

@@ -1,0 +1,64 @@
+"""The training layer's parts that need no ranks: what a case may ask for, the steps' data, the per-mesh clip
+against torch's own, and the messages a failing step gives."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import training
+
+
+def test_a_case_refuses_what_it_cannot_run():
+    with pytest.raises(ValueError, match="unknown optimizer 'lion'"):
+        training.TrainCase("mixtral", "ep", optimizer="lion")
+    with pytest.raises(ValueError, match="resume_at 3: a step before the last"):
+        training.TrainCase("mixtral", "ep", steps=3, resume_at=3)
+    with pytest.raises(ValueError, match="stale_optimizer_state needs resume_at >= 2"):
+        training.TrainCase("mixtral", "ep", steps=4, resume_at=1, bug="stale_optimizer_state")
+    with pytest.raises(ValueError, match="unknown clip"):
+        training.TrainCase("mixtral", "ep", clip="norm")
+
+
+def test_the_known_bugs_table_sees_a_training_case_by_what_it_runs():
+    assert training.TrainCase("mixtral", "ep").checks == ("load", "train")
+    assert training.TrainCase("mixtral", "ep", clip="torch", optimizer="fused").checks == (
+        "load", "train", "torch_clip", "fused_adamw")
+    # EP and FSDP2+EP put parameters on several meshes: the loop clips per mesh unless the case asks for torch's
+    assert [training.TrainCase("mixtral", layout).clipping for layout in ("ep", "fsdp_ep")] == ["per_mesh"] * 2
+    assert training.TrainCase("qwen3", "fsdp").clipping == "torch"
+
+
+def test_every_micro_batch_and_step_feeds_other_data_and_the_other_order_the_same_data():
+    first, second = training.micro_batches(1), training.micro_batches(2)
+    batches = [*first, *second]
+    assert len(first) == training.MICRO_BATCHES
+    assert all(not torch.equal(a, b) for i, a in enumerate(batches) for b in batches[i + 1:])
+    other = training.micro_batches(1, other_order=True)
+    assert [torch.equal(a, b.flip(0)) for a, b in zip(first, reversed(other), strict=True)] == [True, True]
+
+
+def test_the_per_mesh_clip_equals_torchs_where_there_is_one_mesh():
+    torch.manual_seed(0)
+    models = [torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    norms = []
+    inputs = torch.randn(4, 8)
+    for model, clip in zip(models, ("torch", "per_mesh"), strict=True):
+        model(inputs).square().sum().mul(100).backward()
+        norms.append(training.clip_gradients(model, clip).item())
+    assert norms[0] == pytest.approx(norms[1], rel=1e-6) and norms[0] > training.MAX_GRAD_NORM
+    for one, other in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        assert torch.allclose(one.grad, other.grad, rtol=1e-6, atol=0)
+    clipped = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in models[1].parameters()]))
+    assert clipped.item() == pytest.approx(training.MAX_GRAD_NORM, rel=1e-5)
+
+
+def test_a_scalar_over_its_bound_names_the_step_the_quantity_and_both_runs():
+    assert training.scalar_problem(2, "loss", 4.0000001, [4.0000002, 3.9999999], 4.0, "float32") is None
+    problem = training.scalar_problem(2, "loss", 4.1, [4.0000002, 3.9999999], 4.0, "float32")
+    assert re.fullmatch(r"step 2: loss 4\.1 differs from the float64 run's 4 by 0\.1, over its bound \S+ "
+                        r"\(the whole model's run: 4\.0000002\)", problem), problem
+    # a NaN is never within a bound
+    assert training.scalar_problem(1, "gradient norm", float("nan"), [1.0], 1.0, "float32").startswith("step 1: ")

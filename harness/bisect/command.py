@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections.abc import Callable, Mapping, Sequence
 
 from harness.bisect.search import PACKAGES, BisectResult, Probe, SameVerdictError, Verdict, bisect, timed, write_json
@@ -60,8 +61,7 @@ def choose_cell(cells: Sequence, source: str, patterns: list[str] | None):
 
 
 def command(args) -> int:
-    from harness.bisect.probes import CellProber
-    from harness.envs.build import env_root
+    from harness.engines import Interrupted, interruptible
     from harness.plan.matrix import load_matrix, select
     from harness.run import plan as run_plan
     from harness.run.prepare import harness_import_path
@@ -86,20 +86,33 @@ def command(args) -> int:
         raise ConfigError("--repo needs --package: the distribution name the checkout builds")
     if not args.repo:
         good, bad = parse_side(args.good, args.package, "--good"), parse_side(args.bad, args.package, "--bad")
-    with harness_import_path() as import_path:
-        prober = CellProber(
-            cell=cell,
-            host=host,
-            results_root=run_plan.results_folder(args.results, matrix.root),
-            env_dir=env_root(args.env_dir),
-            pytest_args=list(args.pytest_args),
-            project=matrix.root,
-            matrix_reference=matrix.reference,
-            import_path=import_path,
-            runs=args.runs,
-            log=_say,
-        )
-        return _bisect(args, cell, prober, good if not args.repo else None, bad if not args.repo else None)
+    try:
+        with interruptible(), harness_import_path() as import_path:
+            return _bisect_with(args, cell, host, matrix, import_path, good if not args.repo else None,
+                                bad if not args.repo else None)
+    except Interrupted as interrupted:  # the probe's cell folder says so; its installer and pytest are gone
+        print(f"harness: {interrupted}; bisect stopped", file=sys.stderr, flush=True)
+        return 128 + interrupted.signum
+
+
+def _bisect_with(args, cell, host, matrix, import_path, good, bad) -> int:
+    from harness.bisect.probes import CellProber
+    from harness.envs.build import env_root
+    from harness.run import plan as run_plan
+
+    prober = CellProber(
+        cell=cell,
+        host=host,
+        results_root=run_plan.results_folder(args.results, matrix.root),
+        env_dir=env_root(args.env_dir),
+        pytest_args=list(args.pytest_args),
+        project=matrix.root,
+        matrix_reference=matrix.reference,
+        import_path=import_path,
+        runs=args.runs,
+        log=_say,
+    )
+    return _bisect(args, cell, prober, good, bad)
 
 
 def _bisect(args, cell, prober, good, bad) -> int:

@@ -8,10 +8,12 @@ is interrupted and the engine raises `Interrupted` on the way out.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypedDict
 
@@ -39,6 +41,26 @@ class Interrupted(BaseException):  # a signal, like KeyboardInterrupt: `except E
     def __init__(self, signum: int):
         super().__init__(f"interrupted by {signal.Signals(signum).name}")
         self.signum = signum
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """SIGTERM and SIGINT raise `Interrupted` (once: a second signal waits for the cleanup the first began)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame) -> None:
+        for each in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(each, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    previous = {each: signal.signal(each, interrupt) for each in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for each, handler in previous.items():
+            signal.signal(each, handler)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

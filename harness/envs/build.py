@@ -363,12 +363,28 @@ def run_logged(command: list[str], log: Callable[[str], None]) -> None:
     except OSError as error:
         raise EnvironmentBuildError(f"{command[0]}: {error.strerror}") from None
     assert process.stdout is not None
-    for line in process.stdout:
-        lines.append(line.rstrip())
-        log(line.rstrip())
+    try:
+        for line in process.stdout:
+            lines.append(line.rstrip())
+            log(line.rstrip())
+    except BaseException:  # interrupted (SIGTERM, Ctrl-C) or failing: the installer must not outlive harness
+        stop(process)
+        raise
     if process.wait() != 0:
         raise EnvironmentBuildError(f"{Path(command[0]).name} exited {process.returncode}: "
                                     f"{_tail(chr(10).join(lines))}")
+
+
+def stop(process: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL after `grace_s`: the installer gone before harness goes on."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _tail(text: str) -> str:

@@ -9,16 +9,13 @@ crash, timeout), and one cell's failure never stops the next.
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import sys
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from harness.cell import preflight
 from harness.contract import STATUS_NOT_RUN, STATUS_PASSED
-from harness.engines import Interrupted
+from harness.engines import Interrupted, interruptible
 from harness.plan.cells import Cell
 from harness.run import execute, plan, prepare, record, render
 from harness.run.plan import Host
@@ -71,21 +68,3 @@ def exit_status(statuses: list[str]) -> int:
     return EXIT_NOT_RUN if STATUS_NOT_RUN in statuses else 0
 
 
-@contextlib.contextmanager
-def interruptible() -> Iterator[None]:
-    """SIGTERM and SIGINT raise `Interrupted` (once: a second signal waits for the cleanup the first began)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame) -> None:
-        for each in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(each, signal.SIG_IGN)
-        raise Interrupted(signum)
-
-    previous = {each: signal.signal(each, interrupt) for each in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for each, handler in previous.items():
-            signal.signal(each, handler)

@@ -126,3 +126,34 @@ def test_an_environment_without_a_manifest_is_not_trusted(file_builds, tmp_path)
     (built.path / env.MANIFEST).unlink()  # a cache from before manifests, or a run deleted it
     assert env.manifest_difference(built.path) == "no readable manifest"
     assert env.ensure_environment(SPEC, tmp_path, log=lambda line: None).origin == "built"
+
+
+INTERRUPTED_BUILD = """
+import signal, sys
+from harness.engines import Interrupted, interruptible
+from harness.envs.build import run_logged
+
+with interruptible():
+    try:
+        run_logged(["sh", "-c", "echo $$ > {pid_file}; echo started; exec sleep 600"], print)
+    except Interrupted:
+        sys.exit(143)
+"""
+
+
+def test_an_interrupted_build_stops_its_installer(tmp_path):
+    """SIGTERM while the installer runs (harness run and harness bisect take it as `Interrupted`): the installer is
+    gone before harness exits, not left behind as an orphan."""
+    import signal
+    import subprocess
+
+    from process_helpers import is_alive
+
+    pid_file = tmp_path / "installer.pid"
+    harness = subprocess.Popen([sys.executable, "-c", INTERRUPTED_BUILD.format(pid_file=pid_file)],
+                               stdout=subprocess.PIPE, text=True)
+    assert harness.stdout.readline().strip() == "started"  # the installer runs, its pid written first
+    installer = int(pid_file.read_text())
+    harness.send_signal(signal.SIGTERM)
+    assert harness.wait(timeout=120) == 143
+    assert not is_alive(installer)

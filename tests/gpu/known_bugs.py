@@ -465,6 +465,10 @@ _GRAD_ALLREDUCE_FAMILIES = (
     "beam", "diffusion_gemma_text", "dots1", "exaone_moe", "gemma4_text", "hy_v3", "kolibri1", "laguna", "lara_mini",
     "mellum", "qwen3_5_moe_text", "qwen3_moe", "qwen3_next",
 )
+_CLIP_EP = "harness bisect --package transformers -- -k 'test_training_clips_with_torch_clip_grad_norm and mixtral-ep'"
+_CLIP_FSDP_EP = ("harness bisect --package transformers -- -k "
+                 "'test_training_clips_with_torch_clip_grad_norm and mixtral-fsdp_ep'")
+_FUSED_EP = "harness bisect --package transformers -- -k 'test_training_optimizer_kernels and mixtral-ep-fused'"
 _TRAINING_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
         transformers=">=5.23,<=5.24.0",
@@ -505,6 +509,69 @@ _TRAINING_BUGS: tuple[KnownBug, ...] = (
         bisected=(
             _bisect("5.22.2", "test_training_steps and qwen3_vl_moe_text-ep-2-float32",
                     "first bad: transformers 5.23.0 (last good 5.22.2); 3 probes, 81s"),
+            _NEWEST,
+        ),
+    ),
+    KnownBug(
+        transformers=">=5.16,<=5.24.0",
+        torch=TORCH_2_13_ONLY,
+        torch_verified=RUN_ON_2_13_ONLY,
+        layouts=("ep",),
+        checks=("torch_clip",),
+        raises="RuntimeError",
+        match=r"^aten\._foreach_norm\.Scalar got mixed torch\.Tensor and DTensor",
+        cause="an EP model holds DTensor parameters (experts; from 5.23 the TP-sharded dense weights) beside plain "
+        "tensors (norms, routers): torch.nn.utils.clip_grad_norm_ takes every gradient in one foreach norm and "
+        "refuses the mix (with foreach=False: 'All operands in aten.stack.default must have the same mesh')",
+        reproduced="upstream_repros/ep_mixed_meshes_clip_and_fused_adamw.py ep: 14 DTensor and 11 plain "
+        "parameters, clip_grad_norm_ raises with foreach and without, 5.24.0, 2 CPU ranks",
+        bisected=(
+            f"{_CLIP_EP} --good 5.13.0 --bad 5.24.0: the good end fails, otherwise: step 1: parameter "
+            "model.embed_tokens.weight differs across ranks (as at 5.15.0: replicas part before the clip)",
+            f"{_CLIP_EP} --good 5.16.0 --bad 5.17.0, --good 5.17.0 --bad 5.18.0, --good 5.18.0 --bad 5.22.2, "
+            "--good 5.22.2 --bad 5.24.0: each good end fails this way (RuntimeError: aten._foreach_norm.Scalar got "
+            "mixed torch.Tensor and DTensor); 1 probe each, 22-32s",
+            "lower end: 5.16.0, the first release probed after 5.15.0 (which fails before the clip)",
+            _NEWEST,
+        ),
+    ),
+    KnownBug(
+        transformers=">=5.20,<=5.24.0",
+        torch=TORCH_2_13_ONLY,
+        torch_verified=RUN_ON_2_13_ONLY,
+        layouts=("fsdp_ep",),
+        checks=("torch_clip",),
+        raises="RuntimeError",
+        match=r"^All operands in aten\.stack\.default must have the same mesh",
+        cause="an FSDP2+EP model's parameters live on two meshes (the experts on efsdp x ep, the rest on fsdp): "
+        "torch.nn.utils.clip_grad_norm_ stacks their norms as one DTensor and refuses meshes that differ",
+        reproduced="upstream_repros/ep_mixed_meshes_clip_and_fused_adamw.py fsdp_ep: 25 DTensor parameters on "
+        "DeviceMesh((efsdp=1, ep=2)) and DeviceMesh((fsdp=2)), clip_grad_norm_ raises with foreach and without, "
+        "5.24.0, 2 CPU ranks",
+        bisected=(
+            f"{_CLIP_FSDP_EP} --good 5.20.0 --bad 5.24.0: the good end fails this way; 1 probe, 78s",
+            "lower end: 5.20.0, the FSDP2+EP floor, fails so",
+            _NEWEST,
+        ),
+    ),
+    KnownBug(
+        transformers=">=5.16,<=5.24.0",
+        torch=TORCH_2_13_ONLY,
+        torch_verified=RUN_ON_2_13_ONLY,
+        layouts=("ep",),
+        checks=("fused_adamw",),
+        raises="RuntimeError",
+        match=r"^aten\._fused_adamw_\.default got mixed torch\.Tensor and DTensor",
+        cause="the EP model's DTensor parameters beside plain tensors (as for clip_grad_norm_): "
+        "torch.optim.AdamW(fused=True) steps every parameter in one fused call and refuses the mix",
+        reproduced="upstream_repros/ep_mixed_meshes_clip_and_fused_adamw.py ep: AdamW(fused=True).step() raises, "
+        "5.24.0, 2 CPU ranks (FSDP2+EP, all DTensors, steps)",
+        bisected=(
+            f"{_FUSED_EP} --good 5.13.0 --bad 5.24.0: the good end fails, otherwise: step 1: parameter "
+            "model.embed_tokens.weight differs across ranks",
+            f"{_FUSED_EP} --good 5.16.0 --bad 5.17.0, --good 5.22.2 --bad 5.24.0: each good end fails this way; "
+            "1 probe each, 13-19s",
+            "lower end: 5.16.0, as for clip_grad_norm_",
             _NEWEST,
         ),
     ),

@@ -263,6 +263,24 @@ MEASURED_FAILURES = (
         "AssertionError",
         "step 1: parameter layers.0.self_attn.q_norm.weight differs across ranks (rank 1 vs rank 0: 0.000999)",
     ),
+    (  # mixtral EP, torch's clip_grad_norm_, 5.16.0-5.24.0
+        19,
+        "RuntimeError",
+        "aten._foreach_norm.Scalar got mixed torch.Tensor and DTensor, need to convert all torch.Tensor to DTensor "
+        "before calling distributed operators!",
+    ),
+    (  # mixtral FSDP2+EP, torch's clip_grad_norm_, 5.20.0 and 5.24.0
+        20,
+        "RuntimeError",
+        "All operands in aten.stack.default must have the same mesh, but got DeviceMesh((efsdp=1, ep=2), 'cpu', "
+        "stride=((), 1)) and DeviceMesh((fsdp=2), 'cpu', stride=(1,)).",
+    ),
+    (  # mixtral EP, AdamW(fused=True), 5.16.0-5.24.0
+        21,
+        "RuntimeError",
+        "aten._fused_adamw_.default got mixed torch.Tensor and DTensor, need to convert all torch.Tensor to DTensor "
+        "before calling distributed operators!",
+    ),
 )
 
 

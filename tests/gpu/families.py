@@ -17,6 +17,8 @@ Hand entries are data, for what introspection cannot know:
 - OVERRIDES: config values a family needs to build small (a validator's constraint) or to switch on a
   mechanic its default leaves off (an MoE block, q/k norms, shared experts).
 - NOT_COVERED: declared families the suite cannot build, each with its reason (reports list them).
+- EARLY_EP: generated families whose EP cases run below the EP layout's floor, from their first release declaring
+  an EP plan (ep_plan_history.json), where their EP loading was verified on ranks.
 
 Roles are data too (`ROLES`): which family the fake-quantization and deliberate-bug tests use.
 """
@@ -47,7 +49,8 @@ class Family:
     model_type: str  # as transformers spells it: the test ids carry it
     config: Mapping = field(repr=False)  # keyword arguments of the config class, tiny
     # first transformers release whose config declares an EP plan for it (mechanics families, read from each
-    # release's configuration_<family>.py); None for a generated family (declared by the installed release)
+    # release's configuration_<family>.py; ep_plan_history.json has them all); for a generated family, only where
+    # it runs below the EP layout's floor (EARLY_EP), else None (declared by the installed release)
     ep_floor: str | None = None
     deep: bool = False  # runs the full cross (a mechanics family)
     layers_prefix: str = "model.layers"  # where the decoder layers live in the loaded model
@@ -249,6 +252,17 @@ NOT_COVERED: Mapping[str, str] = MappingProxyType(
         "routing code needs an [experts, hidden] router weight and top-2",
     }
 )
+
+# Generated families whose EP loading was verified on ranks at their first release declaring an EP plan, below
+# the EP layout's floor (tf_adapter.LAYOUTS["ep"].floor): their EP cases run from that release (ep_floors.py).
+# Verified at 5.6.0 and 5.6.2 (their first minor), torch 2.13.0, 2 gloo CPU ranks, the suite's tiny config and
+# wide experts implementation (grouped_mm), through tf_adapter.load_sharded (upstream_repros/ep_before_5_7.py):
+# each rank holds 4 of the 8 experts, logits within 1e-5 of the whole model, every gradient error as at 5.7.0.
+# Not listed, and why: gpt_oss (first declared in 5.3.0, where EP loading fails for every family: 5.0-5.5 hand
+# the weight loader the TP plan instead of the EP plan; from 5.6.0 its EP matches too, but its eager experts fail
+# there as at 5.7-5.17, which the known-bugs table records from 5.7 only); llama4_text (first declared in 4.54.0;
+# its EP forward fails at 5.6-5.7: the EP router hook unpacks three outputs from a router returning two).
+EARLY_EP: tuple[str, ...] = ("gemma4_text", "openai_privacy_filter")
 
 
 # ---------------------------------------------------------------- the generic shrink
@@ -494,6 +508,14 @@ def router_weight(module):
     return None
 
 
+def _generated_ep_floor(model_type: str) -> str | None:
+    """A generated family's EP floor: its first release declaring an EP plan where its EP loading was verified
+    there (EARLY_EP); else None (the layout's floor holds)."""
+    import ep_floors
+
+    return ep_floors.first_ep_release(model_type) if model_type in EARLY_EP else None
+
+
 @functools.cache
 def family(model_type: str) -> Family:
     """The registry's entry: hand data where there is some, the rest read from the release and a meta-device build."""
@@ -514,7 +536,7 @@ def family(model_type: str) -> Family:
     return Family(
         model_type,
         MappingProxyType(kwargs),
-        ep_floor=MECHANICS[model_type][1] if model_type in MECHANICS else None,
+        ep_floor=MECHANICS[model_type][1] if model_type in MECHANICS else _generated_ep_floor(model_type),
         deep=model_type in MECHANICS,
         layers_prefix=prefix,
         moe_block=block,

@@ -5,15 +5,23 @@ The subject under test is transformers' own distributed loading,
 
 | releases    | expert parallel (EP) of Qwen3-MoE                   | FSDP2            | FSDP2 + EP             |
 | ----------- | --------------------------------------------------- | ---------------- | ---------------------- |
-| 5.0 - 5.6   | no EP plan for Qwen3-MoE                             | -                | -                      |
+| 5.0 - 5.6   | no EP plan for Qwen3-MoE (EP of others: see below)   | -                | -                      |
 | 5.7 - 5.12  | enable_expert_parallel=True (TP group = the world)   | -                | -                      |
 | 5.13 - 5.18 | enable_expert_parallel=True, tp_size=N               | fsdp_size (5.15) | -                      |
 | 5.19        | ep_size=N, tp_size=N, tp_plan={} (dense TP-sharded)  | fsdp_size        | refused (all-reduce EP) |
 | 5.20 - 5.22 | ep_size=N, tp_size=N, tp_plan={} (dense replicated)  | fsdp_size        | ep_size=N, fsdp_size=N |
 | 5.23 -      | ep_size=N, tp_size=N (replicated dense refused: TP)  | fsdp_size        | ep_size=N, fsdp_size=N |
 
-Other MoE families got their EP plans later (families.py: `ep_floor`). A case skips below the first release
-that *has* its feature (the floor), with the floor as the reason.
+Other MoE families got their EP plans later (families.py: `ep_floor`), four earlier (ep_plan_history.json has
+each model type's first release: one from 4.54, one from 5.3, two from 5.6). Those releases speak the 5.7 API,
+`enable_expert_parallel=True` (from 4.56: `dtype=`, before it `torch_dtype=`; 4.x needs accelerate), and it loads
+and matches on 2 gloo ranks at 4.56.2 and 4.57.6 (the one family declared there; its forward fails at 4.54.1) and
+from 5.6.0, not between: 4.54.0 raises `AttributeError: type object 'DistributedConfig' has no attribute
+'from_config'` for every model; 5.0 - 5.5 hand the weight loader the TP plan instead of the EP plan
+(`UnboundLocalError: cannot access local variable 'tp_plan_alt'` where a config has no TP plan, a `KeyError` of an
+EP-plan key where it has one). The EP layout's floor stays 5.7.0; families verified at their first release below
+it (families.EARLY_EP) run from there (`layout_floor`). A case skips below the first release that *has* its
+feature (the floor), with the floor as the reason.
 From the floor on it runs, so a release that has a feature and gets it wrong shows red.
 """
 
@@ -92,13 +100,26 @@ def missing_feature(layout_name: str, family=None, experts_implementation: str |
 
     layout = LAYOUTS[layout_name]
     installed = transformers_version()
-    if layout.floor is not None and installed < Version(layout.floor):
-        return f"needs transformers>={layout.floor} for {layout.feature} (installed: {installed})"
+    floor = layout_floor(layout_name, family)
+    if floor is not None and installed < Version(floor):
+        return f"needs transformers>={floor} for {layout.feature} (installed: {installed})"
     if family is not None and layout.experts_sharded:
         reason = below_ep_floor(family)
         if reason:
             return reason
     return missing_experts_implementation(experts_implementation)
+
+
+def layout_floor(layout_name: str, family=None) -> str | None:
+    """The first release a case of this layout runs on: the layout's floor; for the EP layout, the family's own EP
+    floor where it lies below that (families.EARLY_EP: verified on ranks there, see the table above)."""
+    from packaging.version import Version
+
+    floor = LAYOUTS[layout_name].floor
+    own = getattr(family, "ep_floor", None)
+    if layout_name == "ep" and floor is not None and own and Version(own) < Version(floor):
+        return own
+    return floor
 
 
 def below_ep_floor(family) -> str | None:

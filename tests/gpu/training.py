@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from float64_mode import stay_float64
 from rank_cases import full, local
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor, Partial, Shard
 
 from harness import contract
 from harness.ranks import together
@@ -301,7 +301,7 @@ def compare_step(step: int, sharded: Run, samples: tuple[Run, ...], reference: R
     with together(f"step {step}: the replicated parameters check"):
         check_replicated(step, sharded.model, family, layout)
     check_scalar(step, "loss", sharded.loss, [run.loss for run in samples], reference.loss, dtype_name)
-    errors, bounds = compared([_shares(sharded.grads, run.grads, reference.grads, family, layout) for run in samples],
+    errors, bounds = compared(sharded.grads, [run.grads for run in samples], reference.grads, family, layout,
                               dtype_name)
     keep_worst(metrics, (contract.GRAD_ERROR, contract.GRAD_BOUND, contract.GRAD_ERROR_PARAM), errors, bounds, step)
     with together(f"step {step}: the gradients check"):
@@ -311,8 +311,8 @@ def compare_step(step: int, sharded: Run, samples: tuple[Run, ...], reference: R
             raise AssertionError(f"step {step}: {error} (accumulated over {MICRO_BATCHES} micro-batches)") from None
     check_scalar(step, "gradient norm", sharded.grad_norm, [run.grad_norm for run in samples], reference.grad_norm,
                  dtype_name)
-    mine, truth = parameters(sharded), parameters(reference)
-    errors, bounds = compared([_shares(mine, parameters(run), truth, family, layout) for run in samples], dtype_name)
+    errors, bounds = compared(parameters(sharded), [parameters(run) for run in samples], parameters(reference), family,
+                              layout, dtype_name)
     keep_worst(metrics, (contract.PARAM_ERROR, contract.PARAM_BOUND, contract.PARAM_ERROR_PARAM), errors, bounds, step)
     over = sorted(((_ratio(errors[name], bounds[name]), name) for name in errors
                    if not errors[name] <= bounds[name]), reverse=True)
@@ -363,31 +363,57 @@ def scalar_problem(step: int, name: str, mine: float, samples: list[float], trut
             f"over its bound {bound:.3g} (the whole model's run: {samples[0]:.9g})")
 
 
-def _shares(sharded: dict, whole: dict, reference: dict, family, layout) -> tuple[dict, dict, dict]:
-    """Per parameter name, what this rank compares: its expert share under EP (some releases keep experts as
-    plain local tensors, with nothing to gather), else the whole tensor, gathered."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    mine, theirs, truth = {}, {}, {}
-    for name, tensor in sharded.items():
-        if tensor is None or whole[name] is None or reference[name] is None:
-            mine[name], theirs[name], truth[name] = tensor, whole[name], reference[name]
-        elif layout.experts_sharded and family.is_expert_stack(name):
-            mine[name] = local(tensor)
-            theirs[name] = rank_cases.expert_share(whole[name], rank, world_size)
-            truth[name] = rank_cases.expert_share(reference[name], rank, world_size)
-        else:
-            mine[name], theirs[name], truth[name] = full(tensor), whole[name], reference[name]
-    return mine, theirs, truth
-
-
-def compared(shares: list[tuple[dict, dict, dict]], dtype_name: str) -> tuple[dict, dict]:
-    """Each tensor's relative error against float64, and its bound from the whole runs' larger error for the same
-    one (`shares`: per sample of the whole run, this rank's (sharded, whole, float64) tensors)."""
-    mine, _, truth = shares[0]
-    errors = checks.gradient_errors(mine, truth)
-    sampled = [checks.gradient_errors(theirs, truth) for _, theirs, truth in shares]
-    return errors, {name: tolerances.gradient_bound(dtype_name, rank_cases.largest(sample[name] for sample in sampled))
+def compared(sharded: dict, samples: list[dict], truth: dict, family, layout,
+             dtype_name: str) -> tuple[dict, dict]:
+    """Each tensor's relative error against float64 (the sharded model's from the ranks' parts: sharded_errors), and
+    its bound from the whole runs' larger error for the same tensor."""
+    errors = sharded_errors(sharded, truth, family, layout)
+    sampled = [checks.gradient_errors(sample, truth) for sample in samples]
+    return errors, {name: tolerances.gradient_bound(dtype_name, rank_cases.largest(each[name] for each in sampled))
                     for name in errors}
+
+
+def sharded_errors(sharded: dict, truth: dict, family, layout) -> dict[str, float]:
+    """Each tensor's relative error (L2 over the whole tensor) against the float64 `truth`, from this rank's part of
+    it and the same part of the truth, summed over the ranks in one all-reduce: no gathers, and every rank gets
+    the same numbers. A part every rank holds (a replicated tensor) counts on each, in both sums alike."""
+    names = list(sharded)
+    sums = torch.zeros(2, len(names), dtype=torch.float64)
+    device = torch.device("cpu")
+    for index, name in enumerate(names):
+        mine, expected = sharded[name], truth[name]
+        if mine is None or expected is None:
+            continue
+        part, expected_part = _part(name, mine, expected, family, layout)
+        if part.shape != expected_part.shape:
+            raise AssertionError(f"{name}: this rank holds shape {tuple(part.shape)} where its share of the whole "
+                                 f"model's is {tuple(expected_part.shape)}")
+        device = part.device
+        sums[0, index] = (part.double() - expected_part.double().to(part.device)).square().sum().cpu()
+        sums[1, index] = expected_part.double().square().sum().cpu()
+    summed = sums.to(device)
+    dist.all_reduce(summed)
+    sums = summed.cpu()
+    errors = {}
+    for index, name in enumerate(names):
+        if sharded[name] is None or truth[name] is None:
+            errors[name] = 0.0 if sharded[name] is None and truth[name] is None else math.inf
+            continue
+        difference, scale = sums[0, index].item(), sums[1, index].item()
+        errors[name] = (0.0 if difference == 0.0 else math.inf) if scale == 0.0 else math.sqrt(difference / scale)
+    return errors
+
+
+def _part(name: str, tensor: torch.Tensor, whole: torch.Tensor, family, layout) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's part of a sharded tensor and the same part of the whole one: a DTensor's local shard (by its own
+    placements), a rank's plain expert share under EP, else the tensor itself."""
+    if isinstance(tensor, DTensor):
+        if any(isinstance(placement, Partial) for placement in tensor.placements):
+            return tensor.full_tensor(), whole  # a pending sum: its local part is no part of the value
+        return tensor.to_local(), rank_cases.dtensor_share(whole, tensor)
+    if layout.experts_sharded and family.is_expert_stack(name):
+        return tensor, rank_cases.expert_share(whole, dist.get_rank(), dist.get_world_size())
+    return tensor, whole
 
 
 def replicated_names(model, family: families.Family, layout: tf_adapter.Layout) -> list[str]:
@@ -403,17 +429,26 @@ def replicated_names(model, family: families.Family, layout: tf_adapter.Layout) 
 
 
 def check_replicated(step: int, model, family: families.Family, layout: tf_adapter.Layout) -> None:
-    """Every replicated parameter bit-identical on every rank (each rank's copy gathered, compared with rank 0's)."""
+    """Every replicated parameter bit-identical on every rank: each rank's copies, as bytes, gathered in one
+    collective and compared with rank 0's."""
     params = dict(model.named_parameters())
-    for name in replicated_names(model, family, layout):
-        mine = local(params[name]).detach().contiguous()
-        copies = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-        dist.all_gather(copies, mine)
+    names = replicated_names(model, family, layout)
+    if not names:
+        return
+    values = [local(params[name]).detach().contiguous() for name in names]
+    mine = torch.cat([value.reshape(-1).view(torch.uint8) for value in values])
+    copies = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(copies, mine)
+    start = 0
+    for name, value in zip(names, values, strict=True):
+        end = start + value.numel() * value.element_size()
         for other, copy in enumerate(copies[1:], start=1):
-            if not torch.equal(copy, copies[0]):
-                difference = checks.largest_difference(copy, copies[0])
+            if not torch.equal(copy[start:end], copies[0][start:end]):
+                theirs, first = (each[start:end].view(value.dtype) for each in (copy, copies[0]))
+                difference = checks.largest_difference(theirs, first)
                 raise AssertionError(f"step {step}: parameter {name} differs across ranks "
                                      f"(rank {other} vs rank 0: {difference:.3g})")
+        start = end
 
 
 # ---------------------------------------------------------------- checkpoints

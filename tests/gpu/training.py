@@ -302,7 +302,7 @@ def compare_step(step: int, sharded: Run, samples: tuple[Run, ...], reference: R
         check_replicated(step, sharded.model, family, layout)
     check_scalar(step, "loss", sharded.loss, [run.loss for run in samples], reference.loss, dtype_name)
     errors, bounds = compared(sharded.grads, [run.grads for run in samples], reference.grads, family, layout,
-                              dtype_name)
+                              dtype_name, step)
     keep_worst(metrics, (contract.GRAD_ERROR, contract.GRAD_BOUND, contract.GRAD_ERROR_PARAM), errors, bounds, step)
     with together(f"step {step}: the gradients check"):
         try:
@@ -312,7 +312,7 @@ def compare_step(step: int, sharded: Run, samples: tuple[Run, ...], reference: R
     check_scalar(step, "gradient norm", sharded.grad_norm, [run.grad_norm for run in samples], reference.grad_norm,
                  dtype_name)
     errors, bounds = compared(parameters(sharded), [parameters(run) for run in samples], parameters(reference), family,
-                              layout, dtype_name)
+                              layout, dtype_name, step)
     keep_worst(metrics, (contract.PARAM_ERROR, contract.PARAM_BOUND, contract.PARAM_ERROR_PARAM), errors, bounds, step)
     over = sorted(((_ratio(errors[name], bounds[name]), name) for name in errors
                    if not errors[name] <= bounds[name]), reverse=True)
@@ -355,21 +355,23 @@ def scalar_problem(step: int, name: str, mine: float, samples: list[float], trut
                    dtype_name: str) -> str | None:
     """What is wrong with `mine` against the float64 run's `truth`, bounded by the whole runs' `samples`; None when
     nothing is."""
-    bound = tolerances.logits_bound(dtype_name, rank_cases.largest(abs(sample - truth) for sample in samples),
-                                    abs(truth))
+    bound = tolerances.training_widening(step) * tolerances.logits_bound(
+        dtype_name, rank_cases.largest(abs(sample - truth) for sample in samples), abs(truth))
     if abs(mine - truth) <= bound:
         return None
     return (f"step {step}: {name} {mine:.9g} differs from the float64 run's {truth:.9g} by {abs(mine - truth):.3g}, "
             f"over its bound {bound:.3g} (the whole model's run: {samples[0]:.9g})")
 
 
-def compared(sharded: dict, samples: list[dict], truth: dict, family, layout,
-             dtype_name: str) -> tuple[dict, dict]:
+def compared(sharded: dict, samples: list[dict], truth: dict, family, layout, dtype_name: str,
+             step: int) -> tuple[dict, dict]:
     """Each tensor's relative error against float64 (the sharded model's from the ranks' parts: sharded_errors), and
-    its bound from the whole runs' larger error for the same tensor."""
+    its bound from the whole runs' larger error for the same tensor, widened from step 2 (tolerances.py)."""
     errors = sharded_errors(sharded, truth, family, layout)
     sampled = [checks.gradient_errors(sample, truth) for sample in samples]
-    return errors, {name: tolerances.gradient_bound(dtype_name, rank_cases.largest(each[name] for each in sampled))
+    widening = tolerances.training_widening(step)
+    return errors, {name: widening * tolerances.gradient_bound(dtype_name,
+                                                               rank_cases.largest(each[name] for each in sampled))
                     for name in errors}
 
 

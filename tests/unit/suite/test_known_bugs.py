@@ -269,6 +269,13 @@ MEASURED_FAILURES = (
         "aten._foreach_norm.Scalar got mixed torch.Tensor and DTensor, need to convert all torch.Tensor to DTensor "
         "before calling distributed operators!",
     ),
+    (  # the same, torch 2.11.0 (the GPU host's CPU)
+        19,
+        "RuntimeError",
+        "aten._foreach_norm.Scalar: got mixed torch.Tensor and DTensor, need to convert all torch.Tensor to DTensor "
+        "before calling distributed operators! Please see https://docs.pytorch.org/docs/main/distributed.tensor.html"
+        "#mixed-tensor-and-dtensor-operations for more details.",
+    ),
     (  # mixtral FSDP2+EP, torch's clip_grad_norm_, 5.20.0 and 5.24.0
         20,
         "RuntimeError",
@@ -280,6 +287,13 @@ MEASURED_FAILURES = (
         "RuntimeError",
         "aten._fused_adamw_.default got mixed torch.Tensor and DTensor, need to convert all torch.Tensor to DTensor "
         "before calling distributed operators!",
+    ),
+    (  # the same, torch 2.11.0
+        21,
+        "RuntimeError",
+        "aten._fused_adamw_.default: got mixed torch.Tensor and DTensor, need to convert all torch.Tensor to DTensor "
+        "before calling distributed operators! Please see https://docs.pytorch.org/docs/main/distributed.tensor.html"
+        "#mixed-tensor-and-dtensor-operations for more details.",
     ),
 )
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from harness.contract import JUNIT_XML, RANKS_LOG
 from harness.errors import ConfigError
+from harness.plan.files import reject_unknown_keys
 
 if TYPE_CHECKING:
     from harness.cell.gpus import GpuIdentity
@@ -26,6 +27,16 @@ if TYPE_CHECKING:
     from harness.plan.cells import Cell, SubmitOptions
 
 PLUGIN = "harness.ranks.plugin"
+
+
+def submitted(options: SubmitOptions | None, settings_type: type) -> dict:
+    """runners.yaml's `submit:` as written, refused where a key is no field of the engine's `settings_type`; {}
+    where the runner has none."""
+    if options is None:
+        return {}
+    given = options.as_dict()
+    reject_unknown_keys(given, [field.name for field in dataclasses.fields(settings_type)], options.where)
+    return given
 
 
 def word(value: object, where: str) -> str:

@@ -27,10 +27,9 @@ import yaml
 
 from harness.contract import HOST_LOG, HOST_LOST_JSON, HOST_MEMORY_JSON, JOB_MANIFEST, JUNIT_XML, PYTEST_LOG
 from harness.engines import hostmemory
-from harness.engines.base import JobFields, Launch, Ran, pytest_command, word
+from harness.engines.base import JobFields, Launch, Ran, pytest_command, submitted, word
 from harness.errors import ConfigError
 from harness.plan.cells import Cell, SubmitOptions
-from harness.plan.files import reject_unknown_keys
 from harness.ranks.hosts import KEY_ENV
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
@@ -56,11 +55,7 @@ class JobSetSettings:
 
     @classmethod
     def parse(cls, options: SubmitOptions | None) -> JobSetSettings:
-        if options is None:
-            return cls()
-        given = options.as_dict()
-        reject_unknown_keys(given, [field.name for field in dataclasses.fields(cls)], options.where)
-        return cls(**{key: word(value, f"{options.where}.{key}") for key, value in given.items()})
+        return cls(**{key: word(value, f"{options.where}.{key}") for key, value in submitted(options, cls).items()})
 
 
 class JobSetEngine:

@@ -31,10 +31,10 @@ from pathlib import Path
 
 from harness.contract import HOST_LOG, HOST_LOST_JSON, HOST_MEMORY_JSON, JOB_SCRIPT, PYTEST_LOG
 from harness.engines import hostmemory
-from harness.engines.base import JobFields, Launch, Ran, pytest_command, pytest_environment, word
+from harness.engines.base import JobFields, Launch, Ran, pytest_command, pytest_environment, submitted, word
 from harness.errors import ConfigError
 from harness.plan.cells import Cell, SubmitOptions
-from harness.plan.files import positive_int, reject_unknown_keys
+from harness.plan.files import positive_int
 from harness.ranks.hosts import KEY_ENV, port_outside_ephemeral_range
 
 POLL_S = 0.5
@@ -58,12 +58,8 @@ class SlurmSettings:
 
     @classmethod
     def parse(cls, options: SubmitOptions | None) -> SlurmSettings:
-        if options is None:
-            return cls()
-        given = options.as_dict()
-        reject_unknown_keys(given, [field.name for field in dataclasses.fields(cls)], options.where)
         values: dict = {}
-        for key, value in given.items():
+        for key, value in submitted(options, cls).items():
             where = f"{options.where}.{key}"
             if key == "sbatch_args":
                 if not isinstance(value, tuple) or not all(word(v, where).startswith("--") for v in value):

@@ -176,24 +176,35 @@ def check_gradients(
     """Every parameter's relative gradient error is within its own bound (measured in the run: tolerances.py);
     the message lists the worst ones by their ratio to it, each with its note (`notes`: what the difference looks
     like) where there is one."""
+    problem = over_bounds("gradients", errors, bounds, notes)
+    if problem is not None:
+        raise AssertionError(problem)
+
+
+def over_bounds(
+    subject: str, errors: Mapping[str, float], bounds: Mapping[str, float], notes: Mapping[str, str] | None = None
+) -> str | None:
+    """`{subject} differ from the whole model's: N of M parameters exceed their bound ...`, the worst five by their
+    ratio to it; None when every error is within its bound."""
     notes = notes or {}
     over = sorted(
-        ((_ratio(error, bounds[name]), name) for name, error in errors.items() if not error <= bounds[name]),
+        ((ratio_to_bound(error, bounds[name]), name) for name, error in errors.items() if not error <= bounds[name]),
         reverse=True,
     )
-    if over:
-        listed = "; ".join(
-            f"{name} {errors[name]:.3g} (its bound {bounds[name]:.3g})" + (f" ({notes[name]})" if name in notes else "")
-            for _, name in over[:5]
-        )
-        more = f"; and {len(over) - 5} more" if len(over) > 5 else ""
-        raise AssertionError(
-            f"gradients differ from the whole model's: {len(over)} of {len(errors)} parameters exceed their "
-            f"bound (rounding measured in this run): {listed}{more}"
-        )
+    if not over:
+        return None
+    listed = "; ".join(
+        f"{name} {errors[name]:.3g} (its bound {bounds[name]:.3g})" + (f" ({notes[name]})" if name in notes else "")
+        for _, name in over[:5]
+    )
+    more = f"; and {len(over) - 5} more" if len(over) > 5 else ""
+    return (
+        f"{subject} differ from the whole model's: {len(over)} of {len(errors)} parameters exceed their "
+        f"bound (rounding measured in this run): {listed}{more}"
+    )
 
 
-def _ratio(error: float, bound: float) -> float:
+def ratio_to_bound(error: float, bound: float) -> float:
     """error / bound for ordering; NaN (and an error over a zero bound) the worst."""
     if math.isnan(error):
         return math.inf
@@ -202,7 +213,7 @@ def _ratio(error: float, bound: float) -> float:
 
 def worst_parameter(errors: Mapping[str, float], bounds: Mapping[str, float]) -> str:
     """The parameter whose error is largest against its bound."""
-    return max(errors, key=lambda name: _ratio(errors[name], bounds[name]))
+    return max(errors, key=lambda name: ratio_to_bound(errors[name], bounds[name]))
 
 
 def differing_experts(local: torch.Tensor, expected: torch.Tensor, first_expert: int) -> list[tuple[int, float, float]]:

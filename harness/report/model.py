@@ -33,6 +33,7 @@ from harness.results import (
     finite,
     natural_key,
 )
+from harness.results.training_trends import TrainingTrends, training_trends
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -217,6 +218,9 @@ class Report:
     links: RunLinks | None = None  # where the run, each cell's job and artifact are (GitHub Actions only)
     red_classes: Mapping[RedKey, RedClass] | None = None  # against the baseline nightly, when one was given
     red_baseline_sha: str | None = None  # the commit of the nightly the classes were judged against
+    # Training cases' final steps against the baseline's curves (a results folder's digest carries them; a comment's
+    # does not): what moved beyond its threshold, new or gone.
+    training_trends: TrainingTrends | None = None
 
     @property
     def failing_cells(self) -> int:
@@ -280,6 +284,7 @@ def build_report(
         links=links,
         red_classes=classify_reds(result_set, red_baseline) if red_baseline is not None else None,
         red_baseline_sha=red_baseline.git_sha if red_baseline is not None else None,
+        training_trends=training_trends(result_set, baseline) if baseline is not None else None,
     )
 
 

@@ -13,12 +13,13 @@ import json
 import re
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.errors import ConfigError
 from harness.results.model import CellResult, CellStatus, Counts, Outcome, ResultSet
 from harness.results.reader import load_results
+from harness.results.training import TrainingCurve
 from harness.results.values import capped, finite
 
 DIGEST_TAG = "harness-digest v1"
@@ -38,6 +39,12 @@ class CellDigest:
     failing: frozenset[str] | None  # test ids (digest keys); None where a shortened digest dropped them
     skipped: frozenset[str] | None
     peak_used_mib: tuple[float | None, ...] = ()  # per GPU index
+    # Each training case's curve (steps capped as results.training caps them), by test key: what
+    # harness.results.training_trends compares night to night. A digest built from a results folder holds them (the
+    # nightly's record of a night is its results artifact, kept as long as its artifacts are); a comment's payload
+    # never carries them (None: not carried): float losses do not compress, and a comment's digest has 16,000
+    # characters for the next push's deltas. Not part of a digest's equality, which is what a comment carries.
+    training: Mapping[str, TrainingCurve] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,6 +85,7 @@ def cell_digest(cell: CellResult) -> CellDigest:
         skipped=frozenset(test_key(test.test_id) for test in cell.tests if test.outcome is Outcome.SKIPPED),
         # Whole MiB: what the comment carries, so a folder and a comment give the same digest.
         peak_used_mib=tuple(_whole_mib(gpu.peak_used_mib) for gpu in cell.memory),
+        training={test_key(test.test_id): test.training for test in cell.tests if test.training is not None},
     )
 
 

@@ -89,6 +89,12 @@ LOSS_STEP = "loss_step_{step}"
 WHOLE_LOSS_STEP = "whole_loss_step_{step}"
 GRAD_NORM_STEP = "grad_norm_step_{step}"
 RESUMED_AT_STEP = "resumed_at_step"
+# "made" or "reused": whether a training case ran the whole model's loops itself or compared with the identical
+# ones an earlier layout of its family ran in the same rank process (tests/gpu/training.py, WholeRuns)
+WHOLE_RUNS = "whole_runs"
+# A case a library refused on this device before any step (accelerate's ParallelismConfig on CPU ranks): its
+# message, recorded before the case is not run with it (tests/gpu/user_loops.py)
+REFUSED_BY_LIBRARY = "refused_by_library"
 PARAM_ERROR = "max_rel_param_error"  # the updated parameters' worst relative error against float64, any step
 PARAM_BOUND = "param_error_bound"
 PARAM_ERROR_PARAM = "max_rel_param_error_param"  # "step K: NAME"

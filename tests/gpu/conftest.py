@@ -94,12 +94,36 @@ def run_training(request, ranks, tmp_path):
     def run(world_size: int, checkpoint: Checkpoint, layout: str, **options) -> dict:
         case = training.TrainCase(checkpoint.family, layout, **options)
         reason = tf_adapter.missing_feature(layout, families.family(case.family), case.experts_implementation)
+        if reason is None and case.mixed_precision:
+            reason = tf_adapter.missing_mixed_precision(layout)
         if reason is not None:
             pytest.skip(reason)
         saves = tmp_path / "checkpoints"
         saves.mkdir(exist_ok=True)
         return _run_recorded(request, ranks, tmp_path, world_size, checkpoint, case, training.run_training,
                              str(saves))
+
+    return run
+
+
+@pytest.fixture
+def run_user_loop(request, ranks, tmp_path):
+    """Run a `user_loops.UserLoopCase` (accelerate's or the Trainer's loop) on N ranks, recorded and covered by the
+    known-bugs table as `run_case` is; not run, with the library's message, where the library refused the layout
+    on this device at setup (user_loops.REFUSED)."""
+    import families
+    import tf_adapter
+    import user_loops
+
+    def run(world_size: int, checkpoint: Checkpoint, layout: str, loop: str, **options) -> dict:
+        case = user_loops.UserLoopCase(checkpoint.family, layout, loop, **options)
+        reason = tf_adapter.missing_feature(layout, families.family(case.family), case.experts_implementation)
+        if reason is not None:
+            pytest.skip(reason)
+        metrics = _run_recorded(request, ranks, tmp_path, world_size, checkpoint, case, user_loops.run_user_loop)
+        if metrics.get(user_loops.REFUSED):
+            pytest.skip(metrics[user_loops.REFUSED])
+        return metrics
 
     return run
 
@@ -121,29 +145,65 @@ def run_device_case(request, ranks, tmp_path):
     return run
 
 
+@pytest.fixture
+def run_checkpoint_case(request, ranks, tmp_path):
+    """Run a `training_checkpoints.CheckpointCase`: phase 1 at its world size, then (a resume case) phase 2 at the
+    other, both saving to one folder under the test's tmp_path; recorded and covered by the known-bugs table as
+    `run_case` is, the two launches' metrics summarized together."""
+    import families
+    import tf_adapter
+    import training_checkpoints
+
+    def run(checkpoint: Checkpoint, layout: str, kind: str, **options) -> dict:
+        case = training_checkpoints.CheckpointCase(checkpoint.family, layout, kind, **options)
+        reason = tf_adapter.missing_feature(layout, families.family(case.family), case.experts_implementation)
+        if reason is not None:
+            pytest.skip(reason)
+        folder = tmp_path / "saved"
+        folder.mkdir()
+        phases = [(case.world_size, training_checkpoints.train_and_save)]
+        if case.resumes:
+            phases.append((case.resume_world_size, training_checkpoints.resume_and_continue))
+        return _run_phases(request, ranks, tmp_path, checkpoint, case,
+                           [(world_size, function, (str(folder),)) for world_size, function in phases])
+
+    return run
+
+
 def _run_recorded(request, ranks, tmp_path, world_size: int, checkpoint: Checkpoint, case, function, *more) -> dict:
+    return _run_phases(request, ranks, tmp_path, checkpoint, case, [(world_size, function, more)])
+
+
+def _run_phases(request, ranks, tmp_path, checkpoint: Checkpoint, case,
+                phases: list[tuple[int, object, tuple]]) -> dict:
+    """Launch each phase (world size, rank function, its extra arguments) in turn on the case; record the metrics
+    every rank of every phase wrote, summarized (a failing case's too, before the failure propagates)."""
     import known_bugs
     import rank_cases
     import tf_adapter
 
     from harness import contract
 
-    metrics_dir = tmp_path / f"metrics-{len(list(tmp_path.glob('metrics-*')))}"
-    metrics_dir.mkdir()
-    # The family before the launch, as ranks.run records the world size: a case that ran and failed (even
-    # before any rank wrote its metrics) still counts its family as run; one skipped for ranks does not.
-    ranks.require(world_size)
+    # Every phase's world size before any launch: a host too small for one skips the case whole. The family before
+    # the launch, as ranks.run records the world size: a case that ran and failed (even before any rank wrote its
+    # metrics) still counts its family as run; one skipped for ranks does not.
+    for world_size, _, _ in phases:
+        ranks.require(world_size)
     ranks.record(**{contract.FAMILY: case.family})
+    metrics_dirs = []
     try:
-        with known_bugs.expecting(request, known_bugs.known_bug(case)):
-            metrics = rank_cases.summarize(
-                ranks.run(world_size, function, checkpoint.path, case, str(metrics_dir),
-                          tf_adapter.model_class(checkpoint.path), *more)
-            )
+        with known_bugs.expecting(request, known_bugs.known_bugs(case)):
+            measured = []
+            for world_size, function, more in phases:
+                metrics_dirs.append(tmp_path / f"metrics-{len(list(tmp_path.glob('metrics-*')))}")
+                metrics_dirs[-1].mkdir()
+                measured += ranks.run(world_size, function, checkpoint.path, case, str(metrics_dirs[-1]),
+                                      tf_adapter.model_class(checkpoint.path), *more)
+            metrics = rank_cases.summarize(measured)
     except BaseException:
-        measured = rank_cases.read_metrics(str(metrics_dir))
-        if measured:
-            ranks.record(**rank_cases.summarize(measured))
+        written = [each for path in metrics_dirs for each in rank_cases.read_metrics(str(path))]
+        if written:
+            ranks.record(**rank_cases.summarize(written))
         raise
     ranks.record(**metrics)
     return metrics

@@ -5,8 +5,9 @@ the suite that names a family.
 Most entries are generated. For every config class with a non-empty `base_model_ep_plan`, `tiny_config`
 shrinks the class's own defaults to a tiny model (hidden 64, 3 layers, 8 experts, top-2, 16 query / 8
 key-value heads of 8 channels, so TP can split heads up to 8 ranks), and `family` reads the module paths
-from the EP plan (`layers.*.<moe block>.experts.<stack>`) and from the model built on the meta device
-(where the decoder layers live, which layers are MoE, which child of the MoE block is the router).
+from the EP plan (`layers.*.<moe block>.experts.<stack>`, or a vision encoder's `blocks.*`) and from the model
+built on the meta device (where the decoder layers live, which layers are MoE, which child of the MoE block is the
+router).
 
 Hand entries are data, for what introspection cannot know:
 - MECHANICS: the families that run deep (every experts implementation, both dtypes, 2/4/8 ranks, QAT),
@@ -16,7 +17,11 @@ Hand entries are data, for what introspection cannot know:
   dense qwen3 and llama for FSDP2. Their configs are written out, so their bounds stay measured.
 - OVERRIDES: config values a family needs to build small (a validator's constraint) or to switch on a
   mechanic its default leaves off (an MoE block, q/k norms, shared experts).
-- NOT_COVERED: declared families the suite cannot build, each with its reason (reports list them).
+- ROUTER_MLPS: a router that is an MLP (the layers the routing code passes through before its scoring weight).
+- MODEL_INPUTS: a family that takes no token ids (a talker fed embeddings, a vision encoder fed pixel patches):
+  how the suite's token ids reach it (tiny_models.model_inputs / run_model, which every forward of the suite uses).
+- UNINITIALIZED_EXPERTS: a family whose own init leaves its expert stacks empty (the builder draws them).
+- NOT_COVERED: declared families the suite cannot build, each with its reason (reports list them; none in 5.24.0).
 - EARLY_EP: generated families whose EP cases run below the EP layout's floor, from their first release declaring
   an EP plan (ep_plan_history.json), where their EP loading was verified on ranks.
 
@@ -60,6 +65,10 @@ class Family:
     expert_params: tuple[str, ...] = ()  # stacked [experts, ...] parameters EP shards (empty: a dense family)
     moe_layers: tuple[int, ...] = ()  # indices of the decoder layers that are MoE (the others are dense)
     top_k: int = TOP_K
+    # the router's linear layers, in order, before its scoring weight (a router that is an MLP: ROUTER_MLPS)
+    router_mlp: tuple[str, ...] = ()
+    # how the suite's token ids reach the model (MODEL_INPUTS): "input_ids", or one of INPUT_KINDS' other kinds
+    inputs: str = "input_ids"
 
     @property
     def is_moe(self) -> bool:
@@ -207,8 +216,6 @@ OVERRIDES: Mapping[str, dict] = MappingProxyType(
         "deepseek_ocr2_text": {"mlp_layer_types": ["dense", "sparse", "sparse"]},
         "hunyuan_v1_moe": {"head_dim": 8},
         "lfm2_moe": {"layer_types": ["full_attention", "conv", "full_attention"]},
-        "ernie4_5_vl_moe_text": "its 3-D rope pre-rotation indexes past the rotary frequencies at the suite's head "
-        "size (head_dim 8), and an mrope_section override is not taken by the config",
         "qwen3_omni_moe_talker_text": {"shared_expert_intermediate_size": 32},
         "qwen4_exp_text": {
             "indexer_n_heads": 4,
@@ -236,22 +243,44 @@ OVERRIDES: Mapping[str, dict] = MappingProxyType(
         "hy_v4_vl_text": {
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [0, 1, 1]}
         },
+        # its 3-D rope takes mrope_section from rope_parameters (not a config key) and pre-rotates the h/w part: the
+        # sections (h = w, t >= 1) sum to half the head size, which its config leaves at hidden / heads (4) unless set
+        "ernie4_5_vl_moe_text": {
+            "head_dim": 8,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0, "mrope_section": [1, 1, 2]},
+        },
+        # the adapter reads the encoder's width (a validator); a 7x7 RGB patch has 147 >= VOCAB_SIZE pixels, so
+        # token t's patch can light pixel t alone (tiny_models.model_inputs)
+        "dots3_note_vision_encoder": {"adapter_in_dim": HIDDEN_SIZE, "adapter_out_dim": HIDDEN_SIZE, "patch_size": 7},
+        # top-1 only (a validator); a router hidden size as wide as the residual stream, so the router MLP's scoring
+        # weight is [experts + skip, hidden] and its other layers can pass the routing code through (ROUTER_MLPS)
+        "zaya": {"num_experts_per_tok": 1, "router_hidden_size": HIDDEN_SIZE},
     }
 )
 
-# Declared families the suite cannot build or run, with the reason.
-NOT_COVERED: Mapping[str, str] = MappingProxyType(
-    {
-        "dots3_note_vision_encoder": "a vision encoder: it embeds pixel patches, not token ids, so no token "
-        "can carry the routing code",
-        "ernie4_5_vl_moe_text": "its 3-D rope pre-rotation indexes past the rotary frequencies at the suite's head "
-        "size (head_dim 8), and an mrope_section override is not taken by the config",
-        "qwen3_omni_moe_talker_text": "the talker has no token embedding (it takes the thinker's hidden states as "
-        "inputs_embeds); the suite feeds token ids",
-        "zaya": "its router is an MLP over a router_hidden_size projection and routes one expert per token; the "
-        "routing code needs an [experts, hidden] router weight and top-2",
-    }
+# Families whose router is an MLP: its linear layers before the scoring weight, in order (module paths in the router).
+# The routing code passes through them unchanged (tiny_models.write_routing_code); the recorder reads the MLP's logits.
+ROUTER_MLPS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {"zaya": ("down_proj", "router_mlp.fc1", "router_mlp.fc2")}
 )
+
+# Families whose model init leaves the expert stacks as torch.empty left them (stale memory, NaN at times): the
+# builder draws them as the family's sibling models do, normal(0, initializer_range)
+# (upstream_repros/qwen3_omni_talker_uninitialized_experts.py).
+UNINITIALIZED_EXPERTS: tuple[str, ...] = ("qwen3_omni_moe_talker_text",)
+
+# How the suite's token ids reach a model that takes no input_ids (tiny_models.model_inputs builds them):
+# - "inputs_embeds": embedded by the model's own input embedding outside its forward (a talker embeds codec ids
+#   with its codec embedding and adds the thinker's states; its forward has no token embedding)
+# - "pixel_patches": a vision encoder; each sequence is one image of SEQUENCE_LENGTH patches, token t's patch
+#   lighting pixel t alone, so the patch projection's column t is token t's embedding
+INPUT_KINDS = ("input_ids", "inputs_embeds", "pixel_patches")
+MODEL_INPUTS: Mapping[str, str] = MappingProxyType(
+    {"qwen3_omni_moe_talker_text": "inputs_embeds", "dots3_note_vision_encoder": "pixel_patches"}
+)
+
+# Declared families the suite cannot build or run, with the reason. None now.
+NOT_COVERED: Mapping[str, str] = MappingProxyType({})
 
 # Generated families whose EP cases run below the EP layout's floor (tf_adapter.LAYOUTS["ep"].floor), from their
 # first release declaring an EP plan (ep_floors.py). None yet. gemma4_text and openai_privacy_filter first declare
@@ -263,7 +292,7 @@ NOT_COVERED: Mapping[str, str] = MappingProxyType(
 # reads plain-tensor TP shards and those reds are in known_bugs.py. Not candidates: gpt_oss (5.3.0: EP loading fails
 # for every family at 5.0-5.5, which hand the weight loader the TP plan) and llama4_text (4.54.0; its EP forward
 # fails at 5.6-5.7: the EP router hook unpacks three outputs from a router returning two).
-EARLY_EP: tuple[str, ...] = ()
+EARLY_EP: tuple[str, ...] = ("gemma4_text", "openai_privacy_filter")
 
 
 # ---------------------------------------------------------------- the generic shrink
@@ -433,10 +462,10 @@ def model_class(config):
 # ---------------------------------------------------------------- module paths, read
 
 
-def _built_paths(model) -> tuple[str, str, tuple[str, ...]]:
-    """(moe block, experts attribute, expert stacks) of a built model, for a release whose config declares no EP
-    plan for the family (its EP cases skip, but its checkpoint is still built): the first `experts` module of a
-    decoder layer and its stacked [experts, ...] parameters."""
+def _built_paths(model) -> tuple[str, str, str, tuple[str, ...]]:
+    """(layer list, moe block, experts attribute, expert stacks) of a built model, for a release whose config
+    declares no EP plan for the family (its EP cases skip, but its checkpoint is still built): the first `experts`
+    module of a decoder layer and its stacked [experts, ...] parameters."""
     pattern = re.compile(r"(?:.*\.)?layers\.\d+\.(?P<block>.*?)\.?(?P<experts>experts)")
     for name, module in model.named_modules():
         match = pattern.fullmatch(name)
@@ -446,34 +475,35 @@ def _built_paths(model) -> tuple[str, str, tuple[str, ...]]:
                 for param_name, param in module.named_parameters(recurse=False)
                 if param.dim() >= 2 and param.shape[0] == NUM_EXPERTS
             )
-            return match["block"] or "", match["experts"], stacks
+            return "layers", match["block"] or "", match["experts"], stacks
     raise LookupError(f"no experts module under layers.N in {type(model).__name__}")
 
 
-def _plan_paths(model_type: str) -> tuple[str, str, tuple[str, ...]] | None:
-    """(moe block, experts attribute, expert stacks) from the EP plan: `layers.*.<block>.<experts>[.<stack>]`;
-    None when the installed release declares no plan for it."""
+def _plan_paths(model_type: str) -> tuple[str, str, str, tuple[str, ...]] | None:
+    """(layer list, moe block, experts attribute, expert stacks) from the EP plan:
+    `<layers>.*.<block>.<experts>[.<stack>]` (the list is `layers`, or a vision encoder's `blocks`); None when the
+    installed release declares no plan for it."""
     plan = dict(getattr(config_class(model_type), "base_model_ep_plan", None) or {})
     dispatch = [key for key, style in plan.items() if style == "ep_dispatch_experts"]
     if not dispatch:
         return None
     # one experts module per layer (the first when a layer has several, as a VL model's text/vision MoE)
     experts_key = dispatch[0]
-    match = re.fullmatch(r"(?:.*\.)?layers\.\*\.(?:(?P<block>.*)\.)?(?P<experts>[^.]+)", experts_key)
+    match = re.fullmatch(r"(?:.*\.)?(?P<layers>[^.*]+)\.\*\.(?:(?P<block>.*)\.)?(?P<experts>[^.]+)", experts_key)
     if match is None:
-        raise LookupError(f"{model_type}: the EP plan's experts key {experts_key!r} is not under layers.*")
+        raise LookupError(f"{model_type}: the EP plan's experts key {experts_key!r} is not under a layer list (.*)")
     stacks = tuple(
         key.removeprefix(experts_key + ".")
         for key, style in plan.items()
         if key.startswith(experts_key + ".") and style == "grouped_gemm"
     )
-    return match["block"], match["experts"], stacks
+    return match["layers"], match["block"], match["experts"], stacks
 
 
-def _read_layout(model, model_type: str, block: str, experts: str) -> tuple[str, tuple[int, ...], str]:
+def _read_layout(model, model_type: str, layers: str, block: str, experts: str) -> tuple[str, tuple[int, ...], str]:
     """(decoder layers prefix, MoE layer indices, router attribute) of a built model."""
     suffix = ".".join(part for part in (block, experts) if part)
-    pattern = re.compile(rf"(?P<prefix>(?:.*\.)?layers)\.(?P<layer>\d+)\.{re.escape(suffix)}")
+    pattern = re.compile(rf"(?P<prefix>(?:.*\.)?{re.escape(layers)})\.(?P<layer>\d+)\.{re.escape(suffix)}")
     found: dict[int, str] = {}
     prefix = None
     for name, _ in model.named_modules():
@@ -483,7 +513,7 @@ def _read_layout(model, model_type: str, block: str, experts: str) -> tuple[str,
             if match["prefix"] == prefix:
                 found[int(match["layer"])] = name
     if not found:
-        raise LookupError(f"{model_type}: no module ends in layers.N.{suffix} in {type(model).__name__}")
+        raise LookupError(f"{model_type}: no module ends in {layers}.N.{suffix} in {type(model).__name__}")
     first = model.get_submodule(found[min(found)].rsplit(".", 1)[0])
     routers = [name for name, child in first.named_children() if name != experts and router_weight(child) is not None]
     if len(routers) != 1:
@@ -512,14 +542,20 @@ def router_weight(module):
 def _generated_ep_floor(model_type: str) -> str | None:
     """A generated family's EP floor: its first release declaring an EP plan where its EP loading was verified
     there (EARLY_EP); else None (the layout's floor holds)."""
-    import ep_floors
+    if model_type not in EARLY_EP:
+        return None
+    import ep_floors  # only then: a module first imported during a rank's call retires the rank pool
 
-    return ep_floors.first_ep_release(model_type) if model_type in EARLY_EP else None
+    return ep_floors.first_ep_release(model_type)
 
 
 @functools.cache
 def family(model_type: str) -> Family:
-    """The registry's entry: hand data where there is some, the rest read from the release and a meta-device build."""
+    """The registry's entry: hand data where there is some, the rest read from the release and a meta-device build.
+    A variant's name (`variant(model_type, kind)`) gives the family's entry for that variant's config."""
+    base, kind = split_variant(model_type)
+    if kind is not None:
+        return _variant_family(base, kind)
     if model_type in NOT_COVERED:
         raise ValueError(f"family {model_type!r} is not covered: {NOT_COVERED[model_type]}")
     if model_type in MECHANICS and MECHANICS[model_type][1] is None:  # a dense family
@@ -531,8 +567,8 @@ def family(model_type: str) -> Family:
     with torch.device("meta"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = model_class(config)(config)
-    block, experts, stacks = _plan_paths(model_type) or _built_paths(model)
-    prefix, moe_layers, router = _read_layout(model, model_type, block, experts)
+    layers, block, experts, stacks = _plan_paths(model_type) or _built_paths(model)
+    prefix, moe_layers, router = _read_layout(model, model_type, layers, block, experts)
     top_k = next((kwargs[key] for key in _TOP_KS if key in kwargs), TOP_K)
     return Family(
         model_type,
@@ -546,6 +582,69 @@ def family(model_type: str) -> Family:
         expert_params=stacks,
         moe_layers=moe_layers,
         top_k=top_k,
+        router_mlp=ROUTER_MLPS.get(model_type, ()),
+        inputs=MODEL_INPUTS.get(model_type, "input_ids"),
+    )
+
+
+# ---------------------------------------------------------------- variants: a family's tiny config, more switched on
+
+# A variant is named `<model_type>+<kind>` (a checkpoint, a Case and the test ids carry that name); its Family keeps the
+# model_type transformers spells and holds the variant's config, its module paths read from that config's model.
+VARIANT_SEPARATOR = "+"
+SWITCHES_ON = "switches"  # every switch config_switches.py keeps, flipped from its default
+VARIANT_KINDS = (SWITCHES_ON,)
+
+
+def variant(model_type: str, kind: str) -> str:
+    if kind not in VARIANT_KINDS:
+        raise ValueError(f"unknown variant {kind!r}; known: {VARIANT_KINDS}")
+    return f"{model_type}{VARIANT_SEPARATOR}{kind}"
+
+
+def split_variant(name: str) -> tuple[str, str | None]:
+    """(model_type, variant kind or None) of a registry name."""
+    base, separator, kind = name.partition(VARIANT_SEPARATOR)
+    return (base, kind) if separator else (name, None)
+
+
+def variant_config_kwargs(model_type: str, kind: str) -> dict:
+    """The variant's tiny config: for SWITCHES_ON, the family's tiny config with every kept switch flipped."""
+    if kind != SWITCHES_ON:
+        raise ValueError(f"unknown variant {kind!r} of {model_type}; known: {VARIANT_KINDS}")
+    import config_switches  # only then: it builds every switch of the family on the meta device
+
+    return config_switches.switches_on_kwargs(model_type)
+
+
+def _variant_family(model_type: str, kind: str) -> Family:
+    """The family's entry with the variant's config and the module paths its model has (a switch can add a router
+    bias or move a norm, never the family's floor or inputs)."""
+    import dataclasses
+
+    import torch
+
+    entry = family(model_type)
+    kwargs = variant_config_kwargs(model_type, kind)
+    if not entry.is_moe:
+        return dataclasses.replace(entry, config=MappingProxyType(kwargs), deep=False)
+    config = config_class(model_type)(**kwargs)
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = model_class(config)(config)
+    layers, block, experts, stacks = _plan_paths(model_type) or _built_paths(model)
+    prefix, moe_layers, router = _read_layout(model, model_type, layers, block, experts)
+    return dataclasses.replace(
+        entry,
+        config=MappingProxyType(kwargs),
+        deep=False,
+        layers_prefix=prefix,
+        moe_block=block,
+        router=router,
+        experts=experts,
+        expert_params=stacks,
+        moe_layers=moe_layers,
+        top_k=next((kwargs[key] for key in _TOP_KS if key in kwargs), TOP_K),
     )
 
 

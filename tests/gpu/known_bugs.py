@@ -11,6 +11,12 @@ where it was raised (`raised_at`: the failing rank's innermost frame, which trav
 covered case that fails otherwise is red, saying it failed differently from its known bug; one that passes
 fails saying `fixed upstream: remove the entry` (conftest.py). Every range ends at the newest release it was
 verified on, so a newer release runs the case and shows whether the bug is still there.
+
+The `bisected` commands name the tests as they were when they ran: `test_fsdp_ep_moe`, the FSDP2 dense
+`test_fsdp_dense_*` and the wide cases of `test_ep_load_and_logits` / `test_ep_gradients` are now the one-step checks
+at the start of `test_training_steps` (one load serves both), and the deep EP ones are
+`test_ep_load_logits_and_gradients`. A case runs its checks in order and stops at the first failure, so several
+entries can cover one case (one per check): the failure is the known bug when any of them explains it.
 """
 
 from __future__ import annotations
@@ -440,18 +446,22 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
         torch_verified=RUN_ON_2_11_WITH_5_24,
         layouts=("ep",),
         checks=("load", "gradients"),
-        families=("openai_privacy_filter",),
+        families=("openai_privacy_filter", "zaya"),
         raises="ValueError",
         match=r"has no `tp_plan`",
         cause="the config declares an EP plan but no TP plan, and from 5.23 EP beside replicated dense weights is "
         "refused: EP cannot be used at all",
-        reproduced="upstream_repros/sharded_load_errors_5_24.py openai_privacy_filter ep, 5.24.0, 2 CPU ranks",
+        reproduced="upstream_repros/sharded_load_errors_5_24.py openai_privacy_filter ep, 5.24.0, 2 CPU ranks; "
+        "upstream_repros/zaya_ep_without_tp_plan.py (ep_size=2 with tp_size=2 raises this; alone, `ep_size` must "
+        "divide `fsdp_size * tp_size`), 5.24.0, 2 CPU ranks",
         bisected=(
             _bisect(
                 "5.7.0",
                 "openai_privacy_filter and test_ep_load_and_logits",
                 "first bad: transformers 5.23.0 (last good 5.22.2); 7 probes, 263s",
             ),
+            _bisect("5.22.2", "test_training_steps and zaya-ep-2",
+                    "first bad: transformers 5.23.0 (last good 5.22.2); 3 probes, 71s"),
             _NEWEST,
         ),
     ),
@@ -731,26 +741,41 @@ def ranks_device() -> str:
     return "cuda" if available_ranks()[1] == RANK_UNIT_GPUS else "cpu"
 
 
-def known_bug(case) -> KnownBug | None:
-    """The table's entry covering `case` on the installed releases and this host's device, if any."""
+def known_bugs(case) -> tuple[KnownBug, ...]:
+    """The table's entries covering `case` on the installed releases and this host's device. A case that runs
+    several checks (a training case runs the one-step checks first) can be covered by an entry per check."""
     installed, device = installed_versions(), ranks_device()
-    return next((bug for bug in KNOWN_BUGS if bug.covers(case, installed, device)), None)
+    return tuple(bug for bug in KNOWN_BUGS if bug.covers(case, installed, device))
 
 
 @contextlib.contextmanager
-def expecting(request, bug: KnownBug | None) -> Iterator[None]:
-    """Marks the running test as `bug`'s strict xfail; a failure inside the block is the bug's (xfailed) or a
-    different one (red). pytest's own outcomes (skip, xfail) and interrupts pass through unchanged."""
-    if bug is None:
+def expecting(request, bugs: tuple[KnownBug, ...]) -> Iterator[None]:
+    """Marks the running test as a strict xfail for `bugs`; a failure inside the block is one of theirs (xfailed)
+    or a different one (red). pytest's own outcomes (skip, xfail) and interrupts pass through unchanged."""
+    if not bugs:
         yield
         return
     import pytest
 
-    request.applymarker(pytest.mark.xfail(strict=True, reason=bug.reason, raises=KnownBugFailure))
+    reason = bugs[0].reason + "".join(f"; or {bug.reason.removeprefix(REASON_PREFIX)}" for bug in bugs[1:])
+    request.applymarker(pytest.mark.xfail(strict=True, reason=reason, raises=KnownBugFailure))
     try:
         yield
     except Exception as error:
-        raise bug.verdict(error) from error
+        raise verdict(bugs, error) from error
+
+
+def verdict(bugs: tuple[KnownBug, ...], error: Exception) -> Exception:
+    """The first of `bugs` that explains `error`, as the xfail expects it; else the first one's different failure
+    (naming the others too)."""
+    for bug in bugs:
+        if bug.explains(error):
+            return bug.verdict(error)
+    different = bugs[0].verdict(error)
+    if len(bugs) > 1:
+        others = "; ".join(f"{bug.ranges}: {bug.raises} matching {bug.match!r}" for bug in bugs[1:])
+        return DifferentFailure(f"{different} (nor the other entries covering it: {others})")
+    return different
 
 
 def fixed_upstream_message(longrepr: str) -> str | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,17 +148,25 @@ def _run_checks(checkpoint: str, case: Case, metrics: dict, model_class: type | 
     if "load" in case.checks:
         with together("the load check"):
             check_load(sharded, whole, family, layout, rank, world_size)
-    batch = tiny_models.make_batch().to(device)
+    check_one_step(Models(sharded=sharded, whole=whole, reference=reference), family, case, layout, metrics)
+
+
+def check_one_step(models: Models, family: families.Family, case: Case, layout: tf_adapter.Layout,
+                   metrics: dict) -> None:
+    """The checks of one forward and backward that `case` asks for, in order: logits, then (training mode) the
+    quantized weights, routing and gradients. The training layer runs them on the models it then trains, so one
+    load serves both; it clears their gradients after."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    batch = tiny_models.make_batch().to(rank_device())
     rows = batch_rows(layout, rank, world_size)
     if "logits" in case.checks:
         with torch.no_grad():
-            sharded_logits = model_logits(sharded, batch[rows])
-            whole_logits = model_logits(whole, batch)[rows]
+            sharded_logits = model_logits(models.sharded, batch[rows])
+            whole_logits = model_logits(models.whole, batch)[rows]
             with stay_float64():
-                reference_logits = model_logits(reference, batch)[rows]
+                reference_logits = model_logits(models.reference, batch)[rows]
         compare_logits(sharded_logits, whole_logits, reference_logits, case.dtype, metrics)
     if "quantized" in case.checks or "gradients" in case.checks:
-        models = Models(sharded=sharded, whole=whole, reference=reference)
         compare_training_step(models, family, case, layout, batch, rank, world_size, metrics)
 
 
@@ -185,8 +194,9 @@ def rank_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def fully_shard_model(model, world_size: int, device: torch.device):
-    """torch's FSDP2 applied directly: each decoder layer, then the root."""
+def fully_shard_model(model, world_size: int, device: torch.device, mp_policy=None):
+    """torch's FSDP2 applied directly: each decoder layer, then the root (with `mp_policy`, a MixedPrecisionPolicy,
+    where given)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     try:
@@ -194,16 +204,20 @@ def fully_shard_model(model, world_size: int, device: torch.device):
     except ImportError:  # torch < 2.6 kept it private
         from torch.distributed._composable.fsdp import fully_shard
     mesh = init_device_mesh(device.type, (world_size,))
+    policy = {} if mp_policy is None else {"mp_policy": mp_policy}
     for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, mesh=mesh, **policy)
+    fully_shard(model, mesh=mesh, **policy)
     return model
 
 
 def batch_rows(layout: tf_adapter.Layout, rank: int, world_size: int) -> slice:
     """The sequences of the batch this rank feeds: its own share when the layout is data parallel."""
-    if not layout.splits_batch:
-        return slice(None)
+    return share_rows(rank, world_size) if layout.splits_batch else slice(None)
+
+
+def share_rows(rank: int, world_size: int) -> slice:
+    """Rank `rank`'s 1/world of the batch's sequences."""
     per_rank = tiny_models.BATCH_SIZE // world_size
     return slice(rank * per_rank, (rank + 1) * per_rank)
 
@@ -252,6 +266,12 @@ def check_load(sharded, whole, family: families.Family, layout: tf_adapter.Layou
                     f"rank {rank}'s FSDP shard of {name} is not its share of the whole model's "
                     f"({_placement_words(param)})"
                 )
+        if not isinstance(param, DTensor) and param.shape != expected.shape:
+            # a plain local tensor of a shard's shape: a TP shard the plan made without a DTensor (gemma4_text's
+            # dense MLP under its 5.6-5.7 EP plan); compare it with that chunk of the whole model's
+            problems += _plain_tp_share_problems(name, param.detach(), expected, plan_style(sharded, name), rank,
+                                                 world_size)
+            continue
         gathered = full(param.detach())
         if gathered.shape != expected.shape or not torch.equal(gathered, expected):
             problems.append(
@@ -277,6 +297,56 @@ def dtensor_share(whole: torch.Tensor, sharded: DTensor) -> torch.Tensor:
             index = coordinate[mesh_dim]
             share = chunks[index] if index < len(chunks) else share.narrow(placement.dim, 0, 0)
     return share
+
+
+# A plain-tensor TP shard's dimension per plan style, by the parameter's number of dimensions (transformers'
+# ColwiseParallel / RowwiseParallel.shard_tensor): colwise shards a weight's output features (dim -2) and a bias's
+# only dim; rowwise a weight's input features (dim -1) and leaves a bias whole. Packed (fused gate/up) styles
+# interleave their chunks and are not read here.
+TP_SHARD_DIMS = {"colwise": {1: -1, 2: -2}, "rowwise": {2: -1}}
+
+
+def plan_style(model, name: str) -> str | None:
+    """The sharding style the model's EP plan (as transformers keeps it on the loaded model: `_ep_plan`) gives
+    parameter `name`: its own key or its module's, layer numbers read as `*`; None where the plan names neither."""
+    plan = getattr(model, "_ep_plan", None) or {}
+    generic = re.sub(r"\.\d+\.", ".*.", name)
+    for key in (generic, generic.rsplit(".", 1)[0]):
+        if key in plan:
+            return plan[key]
+    return None
+
+
+def tp_chunk(whole: torch.Tensor, style: str | None, rank: int, world_size: int) -> torch.Tensor | None:
+    """The chunk of `whole` that a TP `style` gives `rank` of `world_size` (torch.chunk along the style's dimension,
+    as DTensor's Shard: ceil(size / world) each, a trailing rank empty); None where the style shards no dimension
+    of a tensor of this rank (a packed style, a rowwise bias, no style)."""
+    style = (style or "").removeprefix("local_")
+    dim = TP_SHARD_DIMS.get(style, {}).get(whole.dim())
+    if dim is None:
+        return None
+    chunks = whole.chunk(world_size, dim=dim)
+    return chunks[rank] if rank < len(chunks) else whole.narrow(dim, 0, 0)
+
+
+def _plain_tp_share_problems(
+    name: str, mine: torch.Tensor, expected: torch.Tensor, style: str | None, rank: int, world_size: int
+) -> list[str]:
+    """A plain tensor whose shape is not the whole parameter's: it must be this rank's TP chunk by the plan's style,
+    bit for bit."""
+    chunk = tp_chunk(expected, style, rank, world_size)
+    if chunk is None:
+        return [
+            f"rank {rank}'s {name} differs from the whole model's after loading (a plain tensor of shape "
+            f"{tuple(mine.shape)}, not a TP shard the plan makes: style {style!r}, whole {tuple(expected.shape)})"
+        ]
+    if mine.shape != chunk.shape or not torch.equal(mine, chunk):
+        return [
+            f"rank {rank}'s TP shard of {name} is not its {style} chunk of the whole model's "
+            f"({tuple(chunk.shape)} of {tuple(expected.shape)} over {world_size} ranks; largest difference "
+            f"{_largest_difference(mine, chunk)})"
+        ]
+    return []
 
 
 def _placement_words(param: DTensor) -> str:
@@ -326,12 +396,13 @@ def _largest_difference(actual: torch.Tensor, expected: torch.Tensor) -> str:
 
 def model_logits(model, batch: torch.Tensor) -> torch.Tensor:
     """The model's logits, whole; a base model without an LM head (a VL model's text part) has its last hidden
-    states scored by tiny_models.readout, a fixed matrix that is no parameter (so no sharding touches it)."""
-    output = model(batch, use_cache=False)  # no generation here: hybrids would build Mamba caches
+    states scored by tiny_models.readout, a fixed matrix that is no parameter (so no sharding touches it). The token
+    ids reach the model as its family takes them (tiny_models.model_inputs: ids, embeddings, pixel patches)."""
+    output = tiny_models.run_model(model, batch)
     logits = getattr(output, "logits", None)
     if logits is not None:
         return full(logits)
-    hidden = full(output.last_hidden_state)
+    hidden = full(tiny_models.token_states(model, output, batch))
     return hidden @ tiny_models.readout(hidden.dtype, hidden.device).T
 
 
@@ -373,43 +444,44 @@ def compare_training_step(
         model.train()
     # A second sample of the whole model's rounding, before the routing recorders listen (tolerances.py)
     other_order = gradients_in_another_order(whole, batch) if "gradients" in case.checks else None
-    if family.is_moe:
-        whole_routing = routing.RoutingRecorder(whole, family)
-        sharded_routing = routing.RoutingRecorder(sharded, family)
-
+    # The recorders listen for this step only: a model that trains on must not record every later forward.
     rows = batch_rows(layout, rank, world_size)
     # The whole models' losses are averaged the way the ranks' losses are: over the ranks' shares of the batch.
     shares = (
         [batch_rows(layout, other, world_size) for other in range(world_size)] if layout.splits_batch else [slice(None)]
     )
+    with contextlib.ExitStack() as listening:
+        if family.is_moe:
+            whole_routing = listening.enter_context(routing.RoutingRecorder(whole, family))
+            sharded_routing = listening.enter_context(routing.RoutingRecorder(sharded, family))
 
-    def whole_loss(model) -> torch.Tensor:
-        logits = model_logits(model, batch)
-        return sum(next_token_loss(logits[share], batch[share]) for share in shares) / len(shares)
+        def whole_loss(model) -> torch.Tensor:
+            logits = model_logits(model, batch)
+            return sum(next_token_loss(logits[share], batch[share]) for share in shares) / len(shares)
 
-    with stay_float64():
-        reference_loss = whole_loss(reference)
-    whole_losses = (whole_loss(whole), reference_loss)
-    sharded_loss = next_token_loss(model_logits(sharded, batch[rows]), batch[rows])
+        with stay_float64():
+            reference_loss = whole_loss(reference)
+        whole_losses = (whole_loss(whole), reference_loss)
+        sharded_loss = next_token_loss(model_logits(sharded, batch[rows]), batch[rows])
 
-    if "quantized" in case.checks:
-        with together("the quantized weights check"):
-            check_quantized_weights(sharded_quantizer, whole_quantizer, family, layout, rank, world_size)
-    if family.is_moe:
-        # Routing first: a flipped route shows as a large gradient error, but the route is the cause.
-        tokens = _token_rows(rows, batch.shape[1])
-        if sharded_routing.layers:
-            metrics[contract.ROUTING_MARGIN] = min(layer.margin for layer in sharded_routing.layers)
-        with together("the routing check"):
-            checks.check_routing(sharded_routing.layers, whole_routing.rows(tokens))
-    if "gradients" not in case.checks:
-        return
+        if "quantized" in case.checks:
+            with together("the quantized weights check"):
+                check_quantized_weights(sharded_quantizer, whole_quantizer, family, layout, rank, world_size)
+        if family.is_moe:
+            # Routing first: a flipped route shows as a large gradient error, but the route is the cause.
+            tokens = _token_rows(rows, batch.shape[1])
+            if sharded_routing.layers:
+                metrics[contract.ROUTING_MARGIN] = min(layer.margin for layer in sharded_routing.layers)
+            with together("the routing check"):
+                checks.check_routing(sharded_routing.layers, whole_routing.rows(tokens))
+        if "gradients" not in case.checks:
+            return
 
-    for loss in (*whole_losses, sharded_loss):
-        loss.backward()
-    if case.bug in GRADIENT_BUGS and rank == world_size - 1:
-        plant_gradient_bug(sharded, family, case.bug)
-    compare_gradients(models, other_order, family, case, layout, rank, world_size, metrics)
+        for loss in (*whole_losses, sharded_loss):
+            loss.backward()
+        if case.bug in GRADIENT_BUGS and rank == world_size - 1:
+            plant_gradient_bug(sharded, family, case.bug)
+        compare_gradients(models, other_order, family, case, layout, rank, world_size, metrics)
 
 
 def gradients_in_another_order(model, batch: torch.Tensor) -> dict[str, torch.Tensor | None]:

@@ -2,7 +2,10 @@
 its own output (router logits, top-k weights, top-k expert ids).
 
 Reading the router's output instead of recomputing `topk(linear(h, W))` keeps whatever the family's router
-does (a bias, a sigmoid, groups, a correction-bias buffer, an fp32 router under bf16), in global expert ids.
+does (a bias, a sigmoid, groups, a correction-bias buffer, an fp32 router under bf16), in global expert ids. A
+router that is an MLP (families.ROUTER_MLPS) is read the same way: its output's logits are its MLP's, one column per
+expert and one for a skip class if it has one (a column no token chooses under the routing code); a top-1 router's
+decision is compared as any other (the same expert for every token).
 """
 
 from __future__ import annotations
@@ -37,15 +40,17 @@ class RoutingRecorder:
                 f"tests/gpu/families.py names other modules than {type(model).__name__} has"
             )
         self._handles = [
-            modules[path].register_forward_hook(self._record, prepend=True) for path in family.router_paths()
+            modules[path].register_forward_hook(self._record, prepend=True, with_kwargs=True)
+            for path in family.router_paths()
         ]
 
-    def _record(self, module, args, output):
+    def _record(self, module, args, kwargs, output):
         if "forward" in module.__dict__:
             # A parallel style replaced this router's forward with a wrapper that rewrites its output (5.13-5.19's
-            # ep_router: rank-local expert ids); the router's own decision is its class's forward on the same input.
+            # ep_router: rank-local expert ids); the router's own decision is its class's forward on the same input
+            # (keywords included: a router may take state from the previous layer's router as one).
             with torch.no_grad():
-                output = type(module).forward(module, *args)
+                output = type(module).forward(module, *args, **kwargs)
         # copies: the tensors may be rewritten in place later
         if len(output) == 2:  # (scores, logits): the scores are zero but for each token's chosen experts
             scores, logits = (_full(tensor).detach().clone() for tensor in output)
@@ -70,3 +75,9 @@ class RoutingRecorder:
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
+
+    def __enter__(self) -> RoutingRecorder:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.remove()

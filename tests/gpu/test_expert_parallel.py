@@ -1,7 +1,8 @@
 """Expert parallelism: transformers' EP loading of every MoE family against the whole model.
 
-Deep (the mechanics families): every experts implementation the release offers, both dtypes, 2/4/8 ranks.
-Wide (every other family the release declares an EP plan for): one implementation, float32, 2 ranks."""
+Deep (the mechanics families): every experts implementation the release offers, both dtypes, 2/4/8 ranks. Every
+other family the release declares an EP plan for (wide: one implementation, float32, 2 ranks) is checked the same
+way at the start of its EP training case (test_training.py)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,11 @@ from tf_adapter import PORTABLE_EXPERTS_IMPLEMENTATIONS
 from harness.ranks import RankFailedError
 
 DEEP = families.deep_moe()
-# One parameter set per wide family: its own marks, so `-m deep` / `-m wide` choose the depth.
-WIDE = [
-    pytest.param(name, families.wide_implementation(name), 2, "float32", marks=pytest.mark.wide)
-    for name in families.wide_moe()
-]
 
 
-def _deep_and_wide(test):
-    """The full cross over the mechanics families, then one case per wide family, under one test name."""
+def _deep(test):
+    """The full cross over the mechanics families. The wide families' EP load, logits and gradient checks run
+    first in their training cases (test_training.py), on the models the case then trains."""
     deep = [
         pytest.param(name, implementation, world_size, dtype, marks=pytest.mark.deep)
         for name in DEEP
@@ -32,25 +29,18 @@ def _deep_and_wide(test):
     ]
     return pytest.mark.parametrize(
         ("checkpoint", "experts_implementation", "world_size", "dtype"),
-        deep + WIDE,
+        deep,
         indirect=["checkpoint"],
-        ids=lambda value: "default" if value is None else None,  # a model that lets no implementation be set
     )(test)
 
 
-@_deep_and_wide
-def test_ep_load_and_logits(run_case, checkpoint, experts_implementation, world_size, dtype):
-    """Each rank holds its contiguous 1/world of the experts and the rest whole (weights, biases, buffers);
-    logits match."""
-    run_case(
-        world_size, checkpoint, "ep", ("load", "logits"), dtype=dtype, experts_implementation=experts_implementation
-    )
-
-
-@_deep_and_wide
-def test_ep_gradients(run_case, checkpoint, experts_implementation, world_size, dtype):
-    """Routing identical in every MoE layer (checked first), then every gradient within the dtype's bound."""
-    run_case(world_size, checkpoint, "ep", ("gradients",), dtype=dtype, experts_implementation=experts_implementation)
+@_deep
+def test_ep_load_logits_and_gradients(run_case, checkpoint, experts_implementation, world_size, dtype):
+    """One load serves every check, in order: each rank holds its contiguous 1/world of the experts and the rest
+    whole (weights, biases, buffers); logits match; routing identical in every MoE layer; then every gradient within
+    the dtype's bound."""
+    run_case(world_size, checkpoint, "ep", ("load", "logits", "gradients"), dtype=dtype,
+             experts_implementation=experts_implementation)
 
 
 # Fake quantization exercises the suite's own STE hooks on expert stacks, not a family mechanic: one family.

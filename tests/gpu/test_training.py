@@ -1,5 +1,7 @@
 """Training as users train: the same N-step loop (AdamW, gradient clipping, a warm-up schedule, 2 micro-batches
-accumulated) on the sharded model and the whole model, compared after every step (training.py).
+accumulated) on the sharded model and the whole model, compared after every step (training.py). Each layout's
+case first runs the one-step checks (load, logits, routing, gradients) on the models it then trains: FSDP2+EP,
+FSDP2, bare fully_shard and the wide EP cases have no one-step test of their own.
 
 Deep (the mechanics families): EP and FSDP2+EP of every MoE family, FSDP2 and bare fully_shard of the dense ones,
 2/4/8 ranks, both dtypes. Wide (every other declared EP family): EP and FSDP2+EP, float32, 2 ranks. AdamW's
@@ -12,7 +14,9 @@ import families
 import pytest
 from rank_cases import DTYPES, WORLD_SIZES
 
+from harness import contract
 from harness.ranks import RankFailedError
+from harness.ranks.plugin import pool_mode
 
 MOE_LAYOUTS = ("ep", "fsdp_ep")
 DENSE_LAYOUTS = ("fsdp", "fully_shard")
@@ -21,13 +25,15 @@ STEPS = 3
 
 # Collection reads the registry's names only (building a family's tiny model belongs to its cases: an older
 # release that cannot build one must not fail the collection of every case).
-DEEP_CASES = [(name, layout) for name in families.deep_moe() for layout in MOE_LAYOUTS] + [
-    (name, layout) for name in families.dense() for layout in DENSE_LAYOUTS]
+# A family's layouts one after the other (innermost): they share the whole model's runs (training.WholeRuns).
+DEEP_FAMILIES = [(name, MOE_LAYOUTS) for name in families.deep_moe()] + [
+    (name, DENSE_LAYOUTS) for name in families.dense()]
 DEEP = [
     pytest.param(name, layout, world_size, dtype, marks=pytest.mark.deep)
-    for name, layout in DEEP_CASES
+    for name, layouts in DEEP_FAMILIES
     for world_size in WORLD_SIZES
     for dtype in DTYPES
+    for layout in layouts
 ]
 WIDE = [
     pytest.param(name, layout, 2, "float32", marks=pytest.mark.wide)
@@ -36,11 +42,20 @@ WIDE = [
 ]
 
 
+def wide_implementation(name: str, layout: str) -> str | None:
+    """A wide family's EP cases run the wide experts implementation (test_expert_parallel.py's deep cases run every
+    one); FSDP2+EP runs the model's own."""
+    return families.wide_implementation(name) if layout == "ep" and name in families.wide_moe() else None
+
+
 @pytest.mark.parametrize(("checkpoint", "layout", "world_size", "dtype"), DEEP + WIDE, indirect=["checkpoint"])
 def test_training_steps(run_training, checkpoint, layout, world_size, dtype):
-    """Per step: replicated parameters bit-identical across ranks; loss, global gradient norm and every updated
-    parameter within the whole run's bounds."""
-    run_training(world_size, checkpoint, layout, dtype=dtype, steps=STEPS)
+    """One load serves every check of a layout: the load, then one forward and backward (logits, routing, gradients:
+    the one-step checks, where the deep EP cases of test_expert_parallel.py run every experts implementation), then
+    per training step: replicated parameters bit-identical across ranks; loss, global gradient norm and every
+    updated parameter within the whole run's bounds."""
+    run_training(world_size, checkpoint, layout, dtype=dtype, steps=STEPS, one_step=True,
+                 experts_implementation=wide_implementation(checkpoint.family, layout))
 
 
 # AdamW's other kernels, resuming and torch's own clipping: one MoE and one dense family, each of their layouts.
@@ -68,6 +83,40 @@ def test_training_clips_with_torch_clip_grad_norm(run_training, checkpoint, layo
     """The loop as most users write it: torch.nn.utils.clip_grad_norm_ on the sharded model's parameters (the
     other cases clip per device mesh where a layout puts parameters on several, as transformers' Trainer does)."""
     run_training(2, checkpoint, layout, steps=STEPS, clip="torch")
+
+
+# FSDP2's MixedPrecisionPolicy (bfloat16 compute, float32 parameters and gradient reduction): transformers' own
+# (DistributedConfig(fsdp_mixed_precision=True)) on its FSDP2 layouts and torch's on bare fully_shard.
+MIXED_PRECISION_CASES = [(name, layout) for name in TRAINED_MOE for layout in ("fsdp_ep",)] + [
+    (name, layout) for name in families.dense() for layout in DENSE_LAYOUTS]
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize(("checkpoint", "layout"), MIXED_PRECISION_CASES, indirect=["checkpoint"])
+def test_training_in_mixed_precision(run_training, checkpoint, layout, world_size):
+    """bfloat16 forward and backward on float32 parameters, gradients reduced and accumulated in float32, against
+    the whole model computing the same way (a bfloat16 copy of its float32 parameters per micro-batch)."""
+    run_training(world_size, checkpoint, layout, dtype="bfloat16", steps=STEPS, mixed_precision=True)
+
+
+LAYOUT_PAIRS = [(name, MOE_LAYOUTS) for name in TRAINED_MOE] + [(name, DENSE_LAYOUTS)
+                                                                 for name in families.role("trained_dense")]
+
+
+@pytest.mark.parametrize(("checkpoint", "layouts"), LAYOUT_PAIRS, indirect=["checkpoint"])
+def test_a_familys_layouts_share_the_whole_models_runs(request, run_training, checkpoint, layouts):
+    """The second layout compares with the whole runs the first made (training.WholeRuns) only because they are the
+    same computation: made again from scratch, they are the same numbers, bit for bit."""
+    first, second = layouts
+    made = run_training(2, checkpoint, first, steps=STEPS)
+    again = run_training(2, checkpoint, second, steps=STEPS, reuse_whole_runs=False)
+    reused = run_training(2, checkpoint, second, steps=STEPS)
+    whole_losses = [contract.WHOLE_LOSS_STEP.format(step=step) for step in range(1, STEPS + 1)]
+    assert [made[name] for name in whole_losses] == [again[name] for name in whole_losses]
+    assert (made[contract.WHOLE_RUNS], again[contract.WHOLE_RUNS]) == ("made", "made")
+    # with the rank pool off every call starts fresh ranks: nothing to reuse
+    assert reused[contract.WHOLE_RUNS] == ("made" if pool_mode(request.config) is None else "reused")
+    assert [reused[name] for name in whole_losses] == [made[name] for name in whole_losses]
 
 
 # ---------------------------------------------------------------- planted bugs: the checks catch them

@@ -110,6 +110,18 @@ def missing_feature(layout_name: str, family=None, experts_implementation: str |
     return missing_experts_implementation(experts_implementation)
 
 
+def missing_mixed_precision(layout_name: str) -> str | None:
+    """Why the installed release cannot load this layout with FSDP2 mixed precision, or None."""
+    if layout_name == "fully_shard":
+        return None  # torch's own MixedPrecisionPolicy
+    from transformers.distributed.configuration_utils import DistributedConfig
+
+    if "fsdp_mixed_precision" not in DistributedConfig.__dataclass_fields__:
+        return (f"transformers {transformers_version()} has no DistributedConfig(fsdp_mixed_precision=...) for "
+                f"{LAYOUTS[layout_name].feature}")
+    return None
+
+
 def layout_floor(layout_name: str, family=None) -> str | None:
     """The first release a case of this layout runs on: the layout's floor; for the EP layout, the family's own EP
     floor where it lies below that (families.EARLY_EP: verified on ranks there, see the table above)."""
@@ -235,11 +247,17 @@ def load_sharded(
     dtype: torch.dtype,
     experts_implementation: str | None = None,
     cls=None,
+    mixed_precision: bool = False,
 ):
-    """The checkpoint loaded sharded by transformers itself, on the process group already initialised."""
+    """The checkpoint loaded sharded by transformers itself, on the process group already initialised.
+    `mixed_precision`: FSDP2's MixedPrecisionPolicy as transformers sets it (bfloat16 compute, float32 gradient
+    reduction; DistributedConfig(fsdp_mixed_precision=True)), on `dtype` (float32) parameters."""
     from transformers.distributed.configuration_utils import DistributedConfig
 
-    config = DistributedConfig(**distributed_config_kwargs(layout_name, world_size))
+    kwargs = distributed_config_kwargs(layout_name, world_size)
+    if mixed_precision:
+        kwargs["fsdp_mixed_precision"] = True
+    config = DistributedConfig(**kwargs)
     return (cls or model_class(checkpoint)).from_pretrained(
         checkpoint, dtype=dtype, distributed_config=config, **_implementation_kwargs(experts_implementation)
     )

@@ -13,6 +13,12 @@ tolerances.py, asserted on the suite's batch by tests/unit/suite/test_tiny_model
 it reads has its code raised until its margin clears the bound with room (calibrate_router_gain); a hash router's
 token table is written with the same experts.
 
+A router that is an MLP (families.ROUTER_MLPS) has each layer before its scoring weight copy the code channels
+through, so its scoring weight reads the code as a plain router's does. A family fed no token ids
+(families.MODEL_INPUTS) gets them another way: a talker through its own input embedding, at the start of its forward;
+a vision encoder as one image per sequence whose patch for token t lights pixel t alone, so the patch projection's
+column t plays token t's embedding row (token_table). Every forward of the suite goes through run_model.
+
 The families' own extras keep their part in the decision without changing it: GPT-OSS's router bias and
 DeepSeek-V3's correction-bias buffer get small distinct values (0.05 at most, far below the margin), so a
 rank that loads them wrong shows in the load check and, if large enough, in routing.
@@ -66,10 +72,20 @@ def build_checkpoint(family: families.Family, path: Path) -> Path:
     model = families.model_class(config)(config)
     if family.is_moe:
         with torch.no_grad():
+            if family.model_type in families.UNINITIALIZED_EXPERTS:
+                _draw_expert_stacks(model, family, config.initializer_range)
             write_routing_code(model, family)
             calibrate_router_gain(model, family)
     model.save_pretrained(path)
     return path
+
+
+def _draw_expert_stacks(model, family: families.Family, std: float) -> None:
+    """Expert stacks the model's own init never writes (families.UNINITIALIZED_EXPERTS), drawn normal(0, std)."""
+    for layer in family.moe_layers:
+        experts = model.get_submodule(f"{family.block_path(layer)}.{family.experts}")
+        for name in family.expert_params:
+            getattr(experts, name).normal_(0.0, std)
 
 
 def _zero_code_outputs(model, family: families.Family) -> None:
@@ -95,8 +111,43 @@ def _zero_code_outputs(model, family: families.Family) -> None:
                 stack[:, CODE_CHANNELS, :] = 0.0
 
 
+def token_table(model, family: families.Family) -> torch.Tensor:
+    """[tokens, hidden]: what the model adds to the residual stream for each token id, as a view of its weights
+    (writing it writes them): the input embedding's table, or for a vision encoder the patch projection's columns
+    (token t's patch lights pixel t alone: model_inputs)."""
+    embedding = model.get_input_embeddings()
+    if family.inputs != "pixel_patches":
+        return embedding.weight
+    projection = _patch_projection(model)
+    return projection.weight.flatten(1).T[: families.VOCAB_SIZE]
+
+
+def _patch_projection(model) -> torch.nn.Module:
+    """The patch embedding's projection: its one convolution or linear layer over the pixels of a patch."""
+    layers = [
+        module
+        for module in model.get_input_embeddings().modules()
+        if isinstance(module, (torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.Linear))
+    ]
+    if len(layers) != 1:
+        raise LookupError(f"expected one projection in {type(model.get_input_embeddings()).__name__}, found {layers}")
+    return layers[0]
+
+
+def _pass_code_through(router, family: families.Family) -> None:
+    """A router that is an MLP: each of its layers before the scoring weight copies the code channels from its
+    input (identity there, no bias), so the scoring weight reads the code as a plain router would. The other
+    channels keep their weights."""
+    for path in family.router_mlp:
+        layer = router.get_submodule(path)
+        layer.weight[CODE_CHANNELS, :] = 0.0
+        layer.weight[CODE_CHANNELS, CODE_CHANNELS] = torch.eye(families.NUM_EXPERTS)
+        if layer.bias is not None:
+            layer.bias[CODE_CHANNELS] = 0.0
+
+
 def write_routing_code(model, family: families.Family) -> None:
-    embedding = model.get_input_embeddings().weight
+    embedding = token_table(model, family)
     embedding.normal_(0.0, CONTENT_STD)
     embedding[:, CODE_CHANNELS] = 0.0
     for token in range(embedding.shape[0]):
@@ -104,8 +155,13 @@ def write_routing_code(model, family: families.Family) -> None:
         if family.top_k > 1:
             embedding[token, secondary_expert(token)] = SECONDARY_CODE
     _zero_code_outputs(model, family)
+    if family.inputs == "pixel_patches":  # the projection's bias adds to every patch: none in the code channels
+        bias = _patch_projection(model).bias
+        if bias is not None:
+            bias[CODE_CHANNELS] = 0.0
     for layer in family.moe_layers:
         router = model.get_submodule(f"{family.block_path(layer)}.{family.router}")
+        _pass_code_through(router, family)
         _, weight, transposed = families.router_weight(router)
         code = ROUTER_GAIN * torch.eye(families.NUM_EXPERTS)
         weight.zero_()  # rows past the routed experts (shared experts a router also scores) stay zero
@@ -136,7 +192,7 @@ def calibrate_router_gain(model, family: families.Family) -> None:
     layer's margin on the suite's batch and raise that router's code until it clears CALIBRATED_MARGIN."""
     recorder = routing.RoutingRecorder(model, family)
     try:
-        model(make_batch(), use_cache=False)
+        run_model(model, make_batch())
     finally:
         recorder.remove()
     for layer, decision in zip(family.moe_layers, recorder.layers, strict=True):
@@ -151,3 +207,70 @@ def make_batch() -> torch.Tensor:
     """The token ids every case feeds: BATCH_SIZE x SEQUENCE_LENGTH, the same on every rank and run."""
     generator = torch.Generator().manual_seed(BATCH_SEED)
     return torch.randint(0, families.VOCAB_SIZE, (BATCH_SIZE, SEQUENCE_LENGTH), generator=generator)
+
+
+# ---------------------------------------------------------------- model inputs
+
+
+def _inputs_kind(model) -> str:
+    return families.MODEL_INPUTS.get(getattr(model.config, "model_type", None), "input_ids")
+
+
+def model_inputs(model, batch: torch.Tensor) -> dict:
+    """The keyword arguments that feed the token ids `batch` [sequences, tokens] to the model, as its family takes
+    them (families.MODEL_INPUTS): token ids (also for a model embedding them outside its forward: run_model does
+    that at the start of the forward); or, for a vision encoder, one image per sequence whose patches light pixel t
+    for token t (an image of merge x tokens/merge patches, the grid its spatial merge needs)."""
+    kind = _inputs_kind(model)
+    if kind in ("input_ids", "inputs_embeds"):
+        return {"input_ids": batch, "use_cache": False}  # no generation here: hybrids would build Mamba caches
+    if kind == "pixel_patches":
+        projection = _patch_projection(model)
+        pixels = projection.weight[0].numel()
+        patches = torch.nn.functional.one_hot(batch.flatten(), pixels).to(projection.weight.dtype)
+        merge = model.config.spatial_merge_size
+        sequences, tokens = batch.shape
+        if tokens % merge:
+            raise ValueError(f"{tokens} patches per image do not form a grid of {merge}-patch rows")
+        grid = torch.tensor([[1, merge, tokens // merge]] * sequences, device=batch.device)
+        return {"pixel_values": patches, "grid_thw": grid}
+    raise ValueError(f"unknown input kind {kind!r}; known: {families.INPUT_KINDS}")
+
+
+def _embed_input_ids(module, args, kwargs):
+    """A forward pre-hook: the token ids embedded by the model's own input embedding (a parameter, so it trains),
+    passed on as inputs_embeds. It runs inside the model's call, after FSDP2's pre-forward hook has gathered the
+    root's parameters, as the embedding does in the model this one is part of (Qwen3-Omni's talker is fed its codec
+    embedding's output by the talker for conditional generation)."""
+    kwargs = dict(kwargs)
+    kwargs["inputs_embeds"] = module.get_input_embeddings()(kwargs.pop("input_ids"))
+    return args, kwargs
+
+
+def run_model(model, batch: torch.Tensor):
+    """The model's output on the token ids `batch`, fed as its family takes them (model_inputs)."""
+    if _inputs_kind(model) != "inputs_embeds":
+        return model(**model_inputs(model, batch))
+    handle = model.register_forward_pre_hook(_embed_input_ids, with_kwargs=True)
+    try:
+        return model(**model_inputs(model, batch))
+    finally:
+        handle.remove()
+
+
+def token_states(model, output, batch: torch.Tensor) -> torch.Tensor:
+    """[sequences, tokens, hidden]: a base model's last hidden states per token of `batch`. A vision encoder returns
+    its patches flat, and its merger's output (one row per spatial-merge group of patches, the states a text model
+    would take) is added to each patch of its group, so the merger is part of what the suite compares."""
+    hidden = _whole(output.last_hidden_state)
+    if _inputs_kind(model) != "pixel_patches":
+        return hidden
+    pooled = _whole(output.pooler_output)
+    group = hidden.shape[0] // pooled.shape[0]
+    return (hidden + pooled.repeat_interleave(group, dim=0)).reshape(*batch.shape, -1)
+
+
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor

@@ -24,6 +24,7 @@ loads them into a freshly loaded sharded model, and continues: the rest must mat
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +62,7 @@ MICRO_BATCHES = 2
 # deliberate bugs, planted on the last rank: the update of one replicated parameter skipped at step 2; the
 # optimizer state of the step before `resume_at` loaded on resume instead of its own
 TRAINING_BUGS = ("skip_replicated_update", "stale_optimizer_state")
+ONE_STEP_CHECKS = ("logits", "gradients")  # rank_cases.CHECKS a case with `one_step` runs before training
 BUG_STEP = 2
 
 
@@ -76,6 +78,15 @@ class TrainCase:
     # "per_mesh" where the layout puts parameters on several device meshes (EP, FSDP2+EP), else torch's
     # clip_grad_norm_; "torch" asks for clip_grad_norm_ on any layout (the case that shows it cannot span meshes)
     clip: str | None = None
+    # the one-step checks first (logits, routing, gradients of one forward and backward), on the models the case
+    # then trains: one load serves both
+    one_step: bool = False
+    # compare with the whole model's runs an earlier layout of the family made in this rank, where they are the same
+    # computation (WholeRuns); False makes them again
+    reuse_whole_runs: bool = True
+    # FSDP2's MixedPrecisionPolicy: parameters and optimizer state in float32, forward and backward in `dtype`
+    # (bfloat16), gradients reduced in float32; the whole model's runs compute the same way (Run.compute)
+    mixed_precision: bool = False
     bug: str | None = None
 
     @property
@@ -90,11 +101,19 @@ class TrainCase:
 
     @property
     def checks(self) -> tuple[str, ...]:
-        """What a training case runs, for the known-bugs table: it loads (and checks the load), trains, and clips
-        with torch's clip_grad_norm_ where it asks to. An entry for the one-step logits or gradient checks does not
-        cover it: its failures read otherwise ("step K: ...")."""
-        return (("load", "train") + (("torch_clip",) if self.clip == "torch" else ())
-                + (("fused_adamw",) if self.optimizer == "fused" else ()))
+        """What a training case runs, for the known-bugs table: it loads (and checks the load), runs the one-step
+        checks where it asks to, trains, and clips with torch's clip_grad_norm_ or steps the fused AdamW where it
+        asks to. An entry for the one-step checks covers only a case that runs them (their failures read otherwise
+        than "step K: ...")."""
+        return (("load",) + (ONE_STEP_CHECKS if self.one_step else ()) + ("train",)
+                + (("torch_clip",) if self.clip == "torch" else ())
+                + (("fused_adamw",) if self.optimizer == "fused" else ())
+                + (("mixed_precision",) if self.mixed_precision else ()))
+
+    @property
+    def parameter_dtype(self) -> str:
+        """The dtype the parameters (and the optimizer's state) are kept in: float32 under mixed precision."""
+        return "float32" if self.mixed_precision else self.dtype
 
     def __post_init__(self):
         families.family(self.family)
@@ -110,6 +129,9 @@ class TrainCase:
             raise ValueError(f"unknown clip {self.clip!r}; known: torch, per_mesh")
         if self.bug is not None and self.bug not in TRAINING_BUGS:
             raise ValueError(f"unknown bug {self.bug!r}; known: {TRAINING_BUGS}")
+        if self.mixed_precision and (self.dtype != "bfloat16" or not tf_adapter.LAYOUTS[self.layout].fsdp_sharded):
+            raise ValueError(f"mixed precision computes in bfloat16 on an FSDP2 layout, not {self.dtype} on "
+                             f"{self.layout}")
         if self.bug == "stale_optimizer_state" and (self.resume_at or 0) < 2:
             raise ValueError("stale_optimizer_state needs resume_at >= 2 (an earlier save to load instead)")
 
@@ -161,9 +183,65 @@ class Run:
     scheduler: torch.optim.lr_scheduler.LambdaLR
     clip: str = "torch"
     other_order: bool = False  # the second sample of the whole model's rounding (rank_cases.perturbed_rounding)
+    # Mixed precision on the whole model, as FSDP2's MixedPrecisionPolicy computes: a copy of the model in the
+    # compute dtype, its parameters cast from the float32 ones before each micro-batch, its gradients cast to
+    # float32 and summed into theirs
+    compute: torch.nn.Module | None = None
     grads: dict = None  # the accumulated gradients of the latest step, before clipping
     loss: float = math.nan
     grad_norm: float = math.nan
+
+    @property
+    def params(self) -> dict[str, torch.Tensor]:
+        """The parameters as they are now (views: the next step changes them)."""
+        return {name: param.detach() for name, param in self.model.named_parameters()}
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one of the whole model's runs measured at one step, kept (params copied) after it trained on."""
+
+    loss: float
+    grad_norm: float
+    grads: dict
+    params: dict
+
+    @classmethod
+    def of(cls, run: Run) -> StepResult:
+        return cls(run.loss, run.grad_norm, run.grads, {name: value.clone() for name, value in run.params.items()})
+
+
+class WholeRuns:
+    """The whole model's runs (its two rounding samples and the float64 truth) of recent cases, per step, by what
+    determines them: the checkpoint and model class, the dtype, the experts implementation the whole model resolved
+    to, the ranks' shares of the batch, the optimizer's kernel, the clipping and the number of steps. The layouts of
+    a family share them (EP and FSDP2+EP, FSDP2 and fully_shard: the whole model's loss is averaged over the ranks'
+    shares of the batch for every layout), so a rank that runs a family's next layout compares with the runs it
+    already made instead of making them again: the same code on the same numbers, in the same process. A case
+    never reads another's sharded results; with the rank pool off (--no-ranks-pool) every case makes its own."""
+
+    KEPT = 2  # entries: a family's layouts run one after the other (test_training.py orders them so)
+
+    def __init__(self):
+        self._entries: dict[tuple, list[tuple[StepResult, ...]]] = {}
+
+    def get(self, key: tuple) -> list[tuple[StepResult, ...]] | None:
+        return self._entries.get(key)
+
+    def put(self, key: tuple, steps: list[tuple[StepResult, ...]]) -> None:
+        self._entries.pop(key, None)
+        self._entries[key] = steps
+        while len(self._entries) > self.KEPT:
+            del self._entries[next(iter(self._entries))]
+
+
+WHOLE_RUNS = WholeRuns()
+
+
+def whole_runs_key(checkpoint: str, case: TrainCase, whole_model, world_size: int, model_class) -> tuple:
+    resolved = getattr(whole_model.config, "_experts_implementation", None) or case.experts_implementation
+    return (checkpoint, getattr(model_class, "__qualname__", None), case.dtype, case.mixed_precision, resolved,
+            world_size, case.optimizer, case.clipping, case.steps)
 
 
 def clip_gradients(model, clip: str) -> torch.Tensor:
@@ -191,9 +269,12 @@ def train_step(run: Run, step: int, loss_of) -> None:
     the model's loss on its share of `batch` (a tensor to backward) and the global loss (a float)."""
     total = 0.0
     for batch in micro_batches(step, run.other_order):
-        with rank_cases.perturbed_rounding(run.model) if run.other_order else contextlib.nullcontext():
-            loss, global_loss = loss_of(run.model, batch)
+        model = run.model if run.compute is None else _cast_for_compute(run.model, run.compute)
+        with rank_cases.perturbed_rounding(model) if run.other_order else contextlib.nullcontext():
+            loss, global_loss = loss_of(model, batch)
         (loss / MICRO_BATCHES).backward()
+        if run.compute is not None:
+            _add_gradients_in_float32(run.compute, run.model)
         total += global_loss / MICRO_BATCHES
     run.grads = {name: None if param.grad is None else param.grad.detach().clone()
                  for name, param in run.model.named_parameters()}
@@ -204,86 +285,215 @@ def train_step(run: Run, step: int, loss_of) -> None:
     run.optimizer.zero_grad(set_to_none=True)
 
 
+def _cast_for_compute(model, compute):
+    """`compute` with `model`'s current parameters cast to its dtype (FSDP2's unsharded parameters under a
+    MixedPrecisionPolicy), and no gradients."""
+    with torch.no_grad():
+        for mine, theirs in zip(compute.parameters(), model.parameters(), strict=True):
+            mine.copy_(theirs)
+    compute.zero_grad(set_to_none=True)
+    return compute
+
+
+def _add_gradients_in_float32(compute, model) -> None:
+    """The micro-batch's gradients, cast up and added to the float32 parameters' (FSDP2's float32 reduction and
+    accumulation)."""
+    for mine, master in zip(compute.parameters(), model.parameters(), strict=True):
+        if mine.grad is not None:
+            grad = mine.grad.to(master.dtype)
+            master.grad = grad if master.grad is None else master.grad + grad
+
+
 # ---------------------------------------------------------------- one case
 
 
-def _train_and_compare(checkpoint: str, case: TrainCase, metrics: dict, model_class, checkpoint_dir) -> None:
-    from transformers.utils import logging
+class CaseLoop:
+    """This rank's side of a training case: how it loads each model, starts its loop, and computes each loop's
+    loss. The checkpoint cases (training_checkpoints.py) train through the same."""
 
-    logging.disable_progress_bar()
-    rank, world_size = dist.get_rank(), dist.get_world_size()
-    device = rank_cases.rank_device()
-    dtype = getattr(torch, case.dtype)
-    layout = tf_adapter.LAYOUTS[case.layout]
-    family = families.family(case.family)
+    def __init__(self, checkpoint: str, case: TrainCase, model_class):
+        from transformers.utils import logging
 
-    def load_whole():
-        return tf_adapter.load_whole(checkpoint, dtype, device, case.experts_implementation, model_class)
+        logging.disable_progress_bar()
+        self.checkpoint, self.case, self.model_class = checkpoint, case, model_class
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.device = rank_cases.rank_device()
+        self.dtype = getattr(torch, case.parameter_dtype)  # what the parameters are loaded and kept in
+        self.layout = tf_adapter.LAYOUTS[case.layout]
+        self.family = families.family(case.family)
+        # The whole models' loss is averaged over the ranks' shares of the batch for every layout (the same number
+        # as the whole batch's mean in real arithmetic), so that every layout's whole runs are the same (WholeRuns).
+        self.shares = [rank_cases.share_rows(other, self.world_size) for other in range(self.world_size)]
+        self.rows = rank_cases.batch_rows(self.layout, self.rank, self.world_size)
 
-    def load_sharded():
+    def load_whole(self):
+        return tf_adapter.load_whole(self.checkpoint, self.dtype, self.device, self.case.experts_implementation,
+                                     self.model_class)
+
+    def load_sharded(self):
+        case = self.case
         if case.layout == "fully_shard":
-            model = tf_adapter.load_whole(checkpoint, dtype, device, cls=model_class)
-            return rank_cases.fully_shard_model(model, world_size, device)
-        return tf_adapter.load_sharded(checkpoint, case.layout, world_size, dtype, case.experts_implementation,
-                                       model_class)
+            model = tf_adapter.load_whole(self.checkpoint, self.dtype, self.device, cls=self.model_class)
+            return rank_cases.fully_shard_model(model, self.world_size, self.device,
+                                                mp_policy=_mixed_precision_policy(case))
+        return tf_adapter.load_sharded(self.checkpoint, case.layout, self.world_size, self.dtype,
+                                       case.experts_implementation, self.model_class,
+                                       mixed_precision=case.mixed_precision)
 
-    def start(model, reference: bool = False, other_order: bool = False) -> Run:
+    def load_reference(self):
+        return tf_adapter.load_reference(self.checkpoint, self.dtype, self.device, self.model_class)
+
+    def start(self, model, reference: bool = False, other_order: bool = False, sharded: bool = False) -> Run:
+        """`model`'s loop: AdamW as the case asks (the plain loop for the float64 `reference`), the warm-up, the
+        case's clipping (the whole models clip as the sharded one does: the same arithmetic where they have one
+        mesh), and under mixed precision a whole model's compute copy."""
+        case = self.case
         model.train()
         optimizer = optimizer_for(model, case, reference=reference)
-        # the whole models clip as the sharded one does: the same arithmetic where they have one mesh
-        return Run(model, optimizer, warmup_schedule(optimizer), clip=case.clipping, other_order=other_order)
+        compute = None
+        if case.mixed_precision and not (reference or sharded):
+            compute = copy.deepcopy(model).to(getattr(torch, case.dtype))
+        return Run(model, optimizer, warmup_schedule(optimizer), clip=case.clipping, other_order=other_order,
+                   compute=compute)
 
-    sharded, whole = start(load_sharded()), start(load_whole())
-    with together("the load check"):  # the cause first, where loading went wrong
-        rank_cases.check_load(sharded.model, whole.model, family, layout, rank, world_size)
-    # The truth (float64), and the whole model's rounding sampled twice: as it is, and summed in another order
-    # with every leaf output moved by up to an ulp (tolerances.py: one sample can be lucky).
-    reference = start(tf_adapter.load_reference(checkpoint, dtype, device, model_class), reference=True)
-    samples = (whole, start(load_whole(), other_order=True))
-    shares = ([rank_cases.batch_rows(layout, other, world_size) for other in range(world_size)]
-              if layout.splits_batch else [slice(None)])
-    rows = rank_cases.batch_rows(layout, rank, world_size)
-
-    def whole_loss(model, batch):
+    def whole_loss(self, model, batch):
+        batch = batch.to(self.device)
         logits = rank_cases.model_logits(model, batch)
-        loss = sum(rank_cases.next_token_loss(logits[share], batch[share]) for share in shares) / len(shares)
+        loss = sum(rank_cases.next_token_loss(logits[share], batch[share]) for share in self.shares) / len(self.shares)
         return loss, loss.item()
 
-    def sharded_loss(model, batch):
+    def sharded_loss(self, model, batch):
+        """This rank's loss on its rows of `batch` (to backward), and the global loss every rank agrees on."""
+        rows, batch = self.rows, batch.to(self.device)
         mine = rank_cases.next_token_loss(rank_cases.model_logits(model, batch[rows]), batch[rows])
-        if not layout.splits_batch:
+        if not self.layout.splits_batch:
             return mine, mine.item()
         total = mine.detach().clone()
         dist.all_reduce(total)
-        return mine, total.item() / world_size
+        return mine, total.item() / self.world_size
 
+    def step_whole_runs(self, step: int, samples: tuple[Run, ...], reference: Run) -> tuple[StepResult, ...]:
+        """The whole model's runs and the float64 truth take step `step`: what each measured, kept."""
+        for sample in samples:
+            train_step(sample, step, self.whole_loss)
+        with stay_float64():
+            train_step(reference, step, self.whole_loss)
+        return (*(StepResult.of(run) for run in samples), StepResult.of(reference))
+
+
+def _train_and_compare(checkpoint: str, case: TrainCase, metrics: dict, model_class, checkpoint_dir) -> None:
+    loop = CaseLoop(checkpoint, case, model_class)
+    rank, world_size, layout, family = loop.rank, loop.world_size, loop.layout, loop.family
+    sharded, whole = loop.start(loop.load_sharded(), sharded=True), loop.start(loop.load_whole())
+    computed = LayerDtypes(sharded.model) if case.mixed_precision else None
+    with together("the load check"):  # the cause first, where loading went wrong
+        rank_cases.check_load(sharded.model, whole.model, family, layout, rank, world_size)
+    key = whole_runs_key(checkpoint, case, whole.model, world_size, model_class)
+    recorded = WHOLE_RUNS.get(key) if case.reuse_whole_runs else None
+    metrics[contract.WHOLE_RUNS] = "made" if recorded is None else "reused"
+    # The truth (float64), and the whole model's rounding sampled twice: as it is, and summed in another order
+    # with every leaf output moved by up to an ulp (tolerances.py: one sample can be lucky).
+    reference = None
+    if case.one_step or recorded is None:
+        reference = loop.start(loop.load_reference(), reference=True)
+    if case.one_step:
+        check_one_step(case, layout, family, (sharded, whole, reference), metrics)
+    samples = (whole, loop.start(loop.load_whole(), other_order=True)) if recorded is None else ()
+
+    made = []
     saves = Path(checkpoint_dir) if checkpoint_dir else None
     for step in range(1, case.steps + 1):
         before = _replicated_values(sharded.model, family, layout) if _plants(case, rank, world_size, step) else None
-        train_step(sharded, step, sharded_loss)
+        train_step(sharded, step, loop.sharded_loss)
+        if computed is not None:
+            with together(f"step {step}: the mixed precision check"):
+                check_mixed_precision(step, sharded, computed, getattr(torch, case.dtype))
         if before is not None:
             _skip_one_update(sharded.model, before)
-        for sample in samples:
-            train_step(sample, step, whole_loss)
-        with stay_float64():
-            train_step(reference, step, whole_loss)
-        _record_step(metrics, step, sharded, whole)
-        compare_step(step, sharded, samples, reference, family, layout, case.dtype, metrics)
+        if recorded is None:
+            made.append(loop.step_whole_runs(step, samples, reference))
+        *whole_samples, truth = (recorded or made)[step - 1]
+        record_step(metrics, step, sharded, whole_samples[0])
+        compare_step(step, sharded, tuple(whole_samples), truth, family, layout, case.dtype, metrics)
         if case.resume_at is not None and saves is not None:
             if case.bug == "stale_optimizer_state" and step == case.resume_at - 1:
                 save_state(sharded, saves / f"step{step}")
             if step == case.resume_at:
                 save_state(sharded, saves / f"step{step}")
                 stale = case.bug == "stale_optimizer_state"  # every rank: the resume reads the wrong save
-                sharded = start(load_sharded())
+                sharded = loop.start(loop.load_sharded(), sharded=True)
+                computed = LayerDtypes(sharded.model) if case.mixed_precision else None
                 load_state(sharded, saves / f"step{step}", optimizer_from=saves / f"step{step - 1}" if stale else None)
+    if recorded is None:
+        WHOLE_RUNS.put(key, made)
+
+
+class LayerDtypes:
+    """The dtypes the decoder layers' outputs had since the last `take()` (a forward hook on each layer)."""
+
+    def __init__(self, model):
+        self._seen: set[torch.dtype] = set()
+        for layer in model.model.layers:
+            layer.register_forward_hook(self._record)
+
+    def _record(self, module, args, output):
+        hidden = output[0] if isinstance(output, tuple) else output
+        self._seen.add(hidden.dtype)
+
+    def take(self) -> set[torch.dtype]:
+        seen, self._seen = self._seen, set()
+        return seen
+
+
+def check_mixed_precision(step: int, run: Run, computed: LayerDtypes, compute_dtype: torch.dtype) -> None:
+    """What a MixedPrecisionPolicy promises, seen directly (its rounding hides under the compute dtype's bound): the
+    decoder layers computed in `compute_dtype`, while the parameters, their accumulated gradients and the
+    optimizer's state stay float32."""
+    seen = computed.take()
+    if seen != {compute_dtype}:
+        raise AssertionError(f"step {step}: the decoder layers computed in {sorted(map(str, seen))}, not "
+                             f"{compute_dtype} (the mixed precision policy's compute dtype)")
+    kept = {f"parameter {name}": param.dtype for name, param in run.model.named_parameters()}
+    kept.update({f"gradient of {name}": grad.dtype for name, grad in run.grads.items() if grad is not None})
+    for index, state in enumerate(run.optimizer.state.values()):
+        kept.update({f"optimizer state {key} #{index}": value.dtype for key, value in state.items()
+                     if isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() > 0})
+    wrong = [f"{what} ({dtype})" for what, dtype in kept.items() if dtype != torch.float32]
+    if wrong:
+        raise AssertionError(f"step {step}: {len(wrong)} of {len(kept)} tensors are not float32 under mixed "
+                             f"precision: {', '.join(wrong[:3])}")
+
+
+def _mixed_precision_policy(case: TrainCase):
+    """torch's MixedPrecisionPolicy for a mixed-precision case (the one transformers' fsdp_mixed_precision sets),
+    else None."""
+    if not case.mixed_precision:
+        return None
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=getattr(torch, case.dtype), reduce_dtype=torch.float32)
+
+
+def check_one_step(case: TrainCase, layout, family, runs: tuple[Run, Run, Run], metrics: dict) -> None:
+    """The one-step checks of rank_cases (logits as inference computes them, then routing and the gradients of one
+    forward and backward) on the models about to train; their gradients are cleared after, so training starts
+    from the state a case without them starts from."""
+    models = rank_cases.Models(*(run.model for run in runs))
+    for model in (models.sharded, models.whole, models.reference):
+        model.eval()
+    one_step = rank_cases.Case(case.family, case.layout, ONE_STEP_CHECKS, dtype=case.dtype,
+                               experts_implementation=case.experts_implementation)
+    rank_cases.check_one_step(models, family, one_step, layout, metrics)
+    for model in (models.sharded, models.whole, models.reference):
+        model.zero_grad(set_to_none=True)
+        model.train()
 
 
 def _plants(case: TrainCase, rank: int, world_size: int, step: int) -> bool:
     return case.bug == "skip_replicated_update" and rank == world_size - 1 and step == BUG_STEP
 
 
-def _record_step(metrics: dict, step: int, sharded: Run, whole: Run) -> None:
+def record_step(metrics: dict, step: int, sharded: Run, whole: Run | StepResult) -> None:
     metrics[contract.LOSS_STEP.format(step=step)] = sharded.loss
     metrics[contract.WHOLE_LOSS_STEP.format(step=step)] = whole.loss
     metrics[contract.GRAD_NORM_STEP.format(step=step)] = sharded.grad_norm
@@ -292,7 +502,8 @@ def _record_step(metrics: dict, step: int, sharded: Run, whole: Run) -> None:
 # ---------------------------------------------------------------- the checks of a step
 
 
-def compare_step(step: int, sharded: Run, samples: tuple[Run, ...], reference: Run, family: families.Family,
+def compare_step(step: int, sharded: Run, samples: tuple[Run | StepResult, ...], reference: Run | StepResult,
+                 family: families.Family,
                  layout: tf_adapter.Layout, dtype_name: str, metrics: dict) -> None:
     """Replicated parameters first (a rank that drifted at the last step explains every other difference), then
     the loss, the accumulated gradients, the global gradient norm and the updated parameters against float64, each
@@ -310,7 +521,7 @@ def compare_step(step: int, sharded: Run, samples: tuple[Run, ...], reference: R
             raise AssertionError(f"step {step}: {problem} (accumulated over {MICRO_BATCHES} micro-batches)")
     check_scalar(step, "gradient norm", sharded.grad_norm, [run.grad_norm for run in samples], reference.grad_norm,
                  dtype_name)
-    errors, bounds = compared(parameters(sharded), [parameters(run) for run in samples], parameters(reference), family,
+    errors, bounds = compared(sharded.params, [run.params for run in samples], reference.params, family,
                               layout, dtype_name, step)
     keep_worst(metrics, (contract.PARAM_ERROR, contract.PARAM_BOUND, contract.PARAM_ERROR_PARAM), errors, bounds, step)
     problem = checks.over_bounds("updated parameters", errors, bounds)
@@ -326,10 +537,7 @@ def keep_worst(metrics: dict, names: tuple[str, str, str], errors: dict, bounds:
     if error_name not in metrics or checks.ratio_to_bound(errors[worst], bounds[worst]) > checks.ratio_to_bound(
             metrics[error_name], metrics[bound_name]):
         metrics.update({error_name: errors[worst], bound_name: bounds[worst], where_name: f"step {step}: {worst}"})
-
-
-def parameters(run: Run) -> dict[str, torch.Tensor]:
-    return {name: param.detach() for name, param in run.model.named_parameters()}
+        metrics.pop(contract.WHOLE_GRAD_ERROR, None)  # the one-step check's, about another error than this one
 
 
 def check_scalar(step: int, name: str, mine: float, samples: list[float], truth: float, dtype_name: str) -> None:
@@ -434,9 +642,9 @@ def check_replicated(step: int, model, family: families.Family, layout: tf_adapt
     start = 0
     for name, value in zip(names, values, strict=True):
         end = start + value.numel() * value.element_size()
-        for other, copy in enumerate(copies[1:], start=1):
-            if not torch.equal(copy[start:end], copies[0][start:end]):
-                theirs, first = (each[start:end].view(value.dtype) for each in (copy, copies[0]))
+        for other, other_bytes in enumerate(copies[1:], start=1):
+            if not torch.equal(other_bytes[start:end], copies[0][start:end]):
+                theirs, first = (each[start:end].view(value.dtype) for each in (other_bytes, copies[0]))
                 difference = checks.largest_difference(theirs, first)
                 raise AssertionError(f"step {step}: parameter {name} differs across ranks "
                                      f"(rank {other} vs rank 0: {difference:.3g})")

@@ -117,6 +117,20 @@ def test_a_bare_assert_is_the_known_bug_only_where_the_entry_says_it_is_raised()
     )
 
 
+def test_a_case_covered_by_several_entries_is_xfailed_for_any_of_their_failures_and_red_for_another():
+    """A training case runs the one-step checks, then trains: an entry for each can cover it."""
+    one_step = a_bug(checks=("gradients",), raises="AssertionError", match="gradients differ")
+    training = a_bug(checks=("train",), raises="AssertionError", match=r"^step \d+: ")
+    both = (one_step, training)
+    assert isinstance(known_bugs.verdict(both, rank_raised("AssertionError", "gradients differ from the whole "
+                                                           "model's: 1 of 9")), known_bugs.KnownBugFailure)
+    assert isinstance(known_bugs.verdict(both, rank_raised("AssertionError", "step 2: loss 1.0 differs")),
+                      known_bugs.KnownBugFailure)
+    different = known_bugs.verdict(both, rank_raised("RuntimeError", "Class values must be smaller"))
+    assert isinstance(different, known_bugs.DifferentFailure)
+    assert "nor the other entries covering it" in str(different) and r"'^step \\d+: '" in str(different)
+
+
 def test_a_bare_assert_raised_here_travels_with_where_it_was_raised():
     def bare_assert():
         raise AssertionError  # as torch raises it (an `assert` here would be rewritten by pytest to say more)
@@ -340,12 +354,12 @@ BARE_ASSERT_BUG = known_bugs.KnownBug(
 
 @pytest.fixture
 def known(request):
-    return lambda: known_bugs.expecting(request, BUG)
+    return lambda: known_bugs.expecting(request, (BUG,))
 
 
 @pytest.fixture
 def known_bare_assert(request):
-    return lambda: known_bugs.expecting(request, BARE_ASSERT_BUG)
+    return lambda: known_bugs.expecting(request, (BARE_ASSERT_BUG,))
 """
 
 

@@ -38,7 +38,7 @@ def test_router_decides_clearly_on_the_test_batch(checkpoint, record_property, d
     recorder = RoutingRecorder(model, family)
     batch = tiny_models.make_batch()
     with torch.no_grad():
-        model(batch, use_cache=False)
+        tiny_models.run_model(model, batch)  # as the family takes token ids (ids, embeddings, patches)
     tokens = batch.flatten().tolist()
     chosen = (tiny_models.primary_expert, tiny_models.secondary_expert)[: family.top_k]
     expected = torch.tensor([sorted(expert(t) for expert in chosen) for t in tokens])

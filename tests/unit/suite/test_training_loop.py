@@ -30,6 +30,42 @@ def test_the_known_bugs_table_sees_a_training_case_by_what_it_runs():
     assert training.TrainCase("qwen3", "fsdp").clipping == "torch"
 
 
+def test_a_case_with_the_one_step_checks_or_mixed_precision_says_so_to_the_known_bugs_table():
+    assert training.TrainCase("mixtral", "fsdp_ep", one_step=True).checks == ("load", "logits", "gradients", "train")
+    mixed = training.TrainCase("qwen3", "fully_shard", dtype="bfloat16", mixed_precision=True)
+    assert mixed.checks == ("load", "train", "mixed_precision") and mixed.parameter_dtype == "float32"
+    assert training.TrainCase("qwen3", "fsdp", dtype="bfloat16").parameter_dtype == "bfloat16"
+    for dtype, layout in (("float32", "fsdp"), ("bfloat16", "ep")):  # mixed precision: bfloat16 on an FSDP2 layout
+        with pytest.raises(ValueError, match="mixed precision computes in bfloat16 on an FSDP2 layout"):
+            training.TrainCase("mixtral" if layout == "ep" else "qwen3", layout, dtype=dtype, mixed_precision=True)
+
+
+def test_the_whole_runs_kept_are_the_latest_and_found_only_by_all_that_determines_them():
+    runs = training.WholeRuns()
+    steps = [(training.StepResult(1.0, 2.0, {}, {}),)]
+    runs.put(("a",), steps)
+    runs.put(("b",), steps)
+    assert runs.get(("a",)) is steps  # and now the latest
+    runs.put(("a",), steps)
+    runs.put(("c",), steps)  # the oldest, b, goes
+    assert runs.get(("b",)) is None and runs.get(("a",)) is steps and runs.get(("c",)) is steps
+
+    class Config:
+        _experts_implementation = "grouped_mm"
+
+    class Model:
+        config = Config()
+
+    def key(**options):
+        return training.whole_runs_key("ckpt", training.TrainCase("mixtral", **options), Model(), 2, None)
+
+    # EP and FSDP2+EP (and a requested implementation the whole model resolved the same) share their whole runs
+    assert key(layout="ep", experts_implementation="grouped_mm") == key(layout="fsdp_ep")
+    # what changes the whole model's arithmetic changes the key
+    assert len({key(layout="ep"), key(layout="ep", dtype="bfloat16"), key(layout="ep", optimizer="fused"),
+                key(layout="ep", clip="torch"), key(layout="ep", steps=4)}) == 5
+
+
 def test_every_micro_batch_and_step_feeds_other_data_and_the_other_order_the_same_data():
     first, second = training.micro_batches(1), training.micro_batches(2)
     batches = [*first, *second]

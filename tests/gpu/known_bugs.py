@@ -13,10 +13,10 @@ fails saying `fixed upstream: remove the entry` (conftest.py). Every range ends 
 verified on, so a newer release runs the case and shows whether the bug is still there.
 
 The `bisected` commands name the tests as they were when they ran: `test_fsdp_ep_moe`, the FSDP2 dense
-`test_fsdp_dense_*` and the wide cases of `test_ep_load_and_logits` / `test_ep_gradients` are now the one-step checks
-at the start of `test_training_steps` (one load serves both), and the deep EP ones are
-`test_ep_load_logits_and_gradients`. A case runs its checks in order and stops at the first failure, so several
-entries can cover one case (one per check): the failure is the known bug when any of them explains it.
+`test_fsdp_dense_*` and the EP cases of `test_ep_load_and_logits` / `test_ep_gradients` are now the one-step checks
+at the start of `test_training_steps` (one load serves both; the deep EP ones per experts implementation too). A
+case runs its checks in order and stops at the first failure, so several entries can cover one case (one per
+check): the failure is the known bug when any of them explains it.
 """
 
 from __future__ import annotations
@@ -473,7 +473,7 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
 # these are the declared families whose EP training case failed so, float32, 2 gloo ranks).
 _GRAD_ALLREDUCE_FAMILIES = (
     "beam", "diffusion_gemma_text", "dots1", "exaone_moe", "gemma4_text", "hy_v3", "kolibri1", "laguna", "lara_mini",
-    "mellum", "qwen3_5_moe_text", "qwen3_moe", "qwen3_next",
+    "mellum", "qwen3_5_moe_text", "qwen3_moe", "qwen3_next", "qwen3_omni_moe_talker_text",
 )
 _CLIP_EP = "harness bisect --package transformers -- -k 'test_training_clips_with_torch_clip_grad_norm and mixtral-ep'"
 _CLIP_FSDP_EP = ("harness bisect --package transformers -- -k "
@@ -502,10 +502,13 @@ _TRAINING_BUGS: tuple[KnownBug, ...] = (
         "whole accumulated gradient again, so the first micro-batch's q/k norm gradient counts world-size times",
         reproduced="upstream_repros/ep_grad_allreduce_accumulation.py: Qwen3-MoE q/k norm gradients' largest "
         "relative error 7.17e-07 with 1 micro-batch, 0.988 with 2 (every other parameter 7.19e-07), 5.24.0, 2 CPU "
-        "ranks",
+        "ranks; upstream_repros/qwen3_omni_talker_ep_grad_allreduce_accumulation.py: the talker's, 4.5e-05 with 1, "
+        "0.472 with 2",
         bisected=(
             _bisect("5.22.2", "test_training_steps and qwen3_moe-ep-2-float32",
                     "first bad: transformers 5.23.0 (last good 5.22.2); 3 probes, 190s"),
+            _bisect("5.22.2", "test_training_steps and qwen3_omni_moe_talker_text-ep-2",
+                    "first bad: transformers 5.23.0 (last good 5.22.2); 3 probes, 56s"),
             _NEWEST,
         ),
     ),
@@ -590,6 +593,28 @@ _TRAINING_BUGS: tuple[KnownBug, ...] = (
             "1 probe each, 13-19s",
             "lower end: 5.16.0, as for clip_grad_norm_",
             _NEWEST,
+        ),
+    ),
+    KnownBug(
+        transformers=">=5.1,<=5.24.0",
+        torch=TORCH_2_13_ONLY,
+        torch_verified=RUN_ON_2_13_ONLY,
+        layouts=("fully_shard",),
+        checks=("save_pretrained",),
+        raises="RuntimeError",
+        match=r"^Attempted to access the data pointer on an invalid python storage",
+        cause="save_pretrained gathers sharded weights only for a model loaded with a distributed_config "
+        "(gather_sharded_state_dict_for_save); a model sharded by the user with torch's fully_shard reaches "
+        "safetensors with its DTensor shards, whose storage it cannot read",
+        reproduced="upstream_repros/fully_shard_save_pretrained.py: tiny Qwen3, fully_shard on 2 gloo ranks, "
+        "save_pretrained raises on rank 0 (every rank up to 5.13); with state_dict=get_model_state_dict(..., "
+        "full_state_dict=True) it saves, 5.24.0; by hand also 5.6.0, 5.13.0, 5.20.0, 5.22.2, 5.23.0",
+        bisected=(
+            "harness bisect --package transformers --good 5.0.0 --bad 5.6.0 -- -k "
+            "'test_save_pretrained_after_training_loads_back_whole and qwen3-fully_shard': first bad: transformers "
+            "5.1.0 (last good 5.0.0); 5 probes, 310s (--good 4.57.6 cannot run the case: the suite's loading passes "
+            "experts_implementation, which 4.57's Qwen3 refuses)",
+            "upper end: 5.24.0, the newest release, fails so (the suite's own run and the repro)",
         ),
     ),
 )

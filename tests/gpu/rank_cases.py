@@ -39,6 +39,11 @@ from torch.distributed.tensor import DTensor
 from harness import contract
 from harness.ranks import together
 
+# Imported with this module (every rank function's): torch's record_function imports it at its first use during a
+# call (FSDP2's and DCP's steps), and a module first imported during a call makes the rank pool replace its ranks.
+with contextlib.suppress(ImportError):
+    import torch.profiler._cupti_monitor
+
 WORLD_SIZES = (2, 4, 8)
 DTYPES = ("float32", "bfloat16")
 # in the order they run; "quantized" (the sharded model computed with the whole model's quantized weights)

@@ -1,46 +1,18 @@
-"""Expert parallelism: transformers' EP loading of every MoE family against the whole model.
+"""Expert parallelism's fake-quantized gradients (fp8, nvfp4) and the negative tests of the nvfp4 scale.
 
-Deep (the mechanics families): every experts implementation the release offers, both dtypes, 2/4/8 ranks. Every
-other family the release declares an EP plan for (wide: one implementation, float32, 2 ranks) is checked the same
-way at the start of its EP training case (test_training.py)."""
+The load, logits, routing and gradient checks of transformers' EP loading, for every MoE family (the mechanics
+families per experts implementation, dtype and 2/4/8 ranks; every other declared family on 2 ranks, float32), run
+at the start of each EP training case (test_training.py::test_training_steps), on the models it then trains: one
+load serves both."""
 
 from __future__ import annotations
 
 import families
 import pytest
 from families import NUM_EXPERTS
-from rank_cases import DTYPES, WORLD_SIZES
-from tf_adapter import PORTABLE_EXPERTS_IMPLEMENTATIONS
+from rank_cases import WORLD_SIZES
 
 from harness.ranks import RankFailedError
-
-DEEP = families.deep_moe()
-
-
-def _deep(test):
-    """The full cross over the mechanics families. The wide families' EP load, logits and gradient checks run
-    first in their training cases (test_training.py), on the models the case then trains."""
-    deep = [
-        pytest.param(name, implementation, world_size, dtype, marks=pytest.mark.deep)
-        for name in DEEP
-        for implementation in PORTABLE_EXPERTS_IMPLEMENTATIONS
-        for world_size in WORLD_SIZES
-        for dtype in DTYPES
-    ]
-    return pytest.mark.parametrize(
-        ("checkpoint", "experts_implementation", "world_size", "dtype"),
-        deep,
-        indirect=["checkpoint"],
-    )(test)
-
-
-@_deep
-def test_ep_load_logits_and_gradients(run_case, checkpoint, experts_implementation, world_size, dtype):
-    """One load serves every check, in order: each rank holds its contiguous 1/world of the experts and the rest
-    whole (weights, biases, buffers); logits match; routing identical in every MoE layer; then every gradient within
-    the dtype's bound."""
-    run_case(world_size, checkpoint, "ep", ("load", "logits", "gradients"), dtype=dtype,
-             experts_implementation=experts_implementation)
 
 
 # Fake quantization exercises the suite's own STE hooks on expert stacks, not a family mechanic: one family.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import families
 import pytest
 from rank_cases import DTYPES, WORLD_SIZES
+from tf_adapter import PORTABLE_EXPERTS_IMPLEMENTATIONS
 
 from harness import contract
 from harness.ranks import RankFailedError
@@ -25,37 +26,45 @@ STEPS = 3
 
 # Collection reads the registry's names only (building a family's tiny model belongs to its cases: an older
 # release that cannot build one must not fail the collection of every case).
+# The mechanics MoE families run every experts implementation (the dense ones have none: None, their own forward).
 # A family's layouts one after the other (innermost): they share the whole model's runs (training.WholeRuns).
-DEEP_FAMILIES = [(name, MOE_LAYOUTS) for name in families.deep_moe()] + [
-    (name, DENSE_LAYOUTS) for name in families.dense()]
+DEEP_FAMILIES = [(name, PORTABLE_EXPERTS_IMPLEMENTATIONS, MOE_LAYOUTS) for name in families.deep_moe()] + [
+    (name, (None,), DENSE_LAYOUTS) for name in families.dense()]
 DEEP = [
-    pytest.param(name, layout, world_size, dtype, marks=pytest.mark.deep)
-    for name, layouts in DEEP_FAMILIES
+    pytest.param(name, layout, world_size, dtype, implementation, marks=pytest.mark.deep)
+    for name, implementations, layouts in DEEP_FAMILIES
     for world_size in WORLD_SIZES
     for dtype in DTYPES
+    for implementation in implementations
     for layout in layouts
 ]
+# A wide family's implementation is resolved by its case (families.wide_implementation builds its model)
+WIDE_IMPLEMENTATION = "wide"
 WIDE = [
-    pytest.param(name, layout, 2, "float32", marks=pytest.mark.wide)
+    pytest.param(name, layout, 2, "float32", WIDE_IMPLEMENTATION, marks=pytest.mark.wide)
     for name in families.wide_moe()
     for layout in MOE_LAYOUTS
 ]
 
 
-def wide_implementation(name: str, layout: str) -> str | None:
-    """A wide family's EP cases run the wide experts implementation (test_expert_parallel.py's deep cases run every
-    one); FSDP2+EP runs the model's own."""
-    return families.wide_implementation(name) if layout == "ep" and name in families.wide_moe() else None
+def implementation_for(name: str, layout: str, implementation: str | None) -> str | None:
+    """A wide family's EP cases run the wide experts implementation, its FSDP2+EP cases the model's own (None); a
+    deep case runs the one it names."""
+    if implementation != WIDE_IMPLEMENTATION:
+        return implementation
+    return families.wide_implementation(name) if layout == "ep" else None
 
 
-@pytest.mark.parametrize(("checkpoint", "layout", "world_size", "dtype"), DEEP + WIDE, indirect=["checkpoint"])
-def test_training_steps(run_training, checkpoint, layout, world_size, dtype):
+@pytest.mark.parametrize(("checkpoint", "layout", "world_size", "dtype", "experts_implementation"), DEEP + WIDE,
+                         indirect=["checkpoint"], ids=lambda value: "default" if value is None else None)
+def test_training_steps(run_training, checkpoint, layout, world_size, dtype, experts_implementation):
     """One load serves every check of a layout: the load, then one forward and backward (logits, routing, gradients:
-    the one-step checks, where the deep EP cases of test_expert_parallel.py run every experts implementation), then
-    per training step: replicated parameters bit-identical across ranks; loss, global gradient norm and every
-    updated parameter within the whole run's bounds."""
+    the one-step checks), then per training step: replicated parameters bit-identical across ranks; loss, global
+    gradient norm and every updated parameter within the whole run's bounds. The mechanics MoE families run every
+    experts implementation the release offers, both dtypes and 2/4/8 ranks; every other declared family EP and
+    FSDP2+EP on 2 ranks, float32."""
     run_training(world_size, checkpoint, layout, dtype=dtype, steps=STEPS, one_step=True,
-                 experts_implementation=wide_implementation(checkpoint.family, layout))
+                 experts_implementation=implementation_for(checkpoint.family, layout, experts_implementation))
 
 
 # AdamW's other kernels, resuming and torch's own clipping: one MoE and one dense family, each of their layouts.

@@ -168,7 +168,7 @@ def expand(spec: Any, runners: Mapping[str, Runner], *, name: str, source: str,
 
     suite = spec.get("suite", ["tests/gpu"])
     if not isinstance(suite, list) or not suite or not all(isinstance(s, str) for s in suite):
-        raise ConfigError(f"{source}: suite: expected a non-empty list of test paths")
+        raise ConfigError(f"{source}: suite: expected a non-empty list of test paths (and pytest arguments)")
     install = spec.get("install", [])
     if not isinstance(install, list) or not all(isinstance(s, str) and s.strip() for s in install):
         raise ConfigError(f"{source}: install: expected a list of pip arguments, e.g. [\"-e .\", \"pkg==1.2\"]")

@@ -178,6 +178,7 @@ def _run_phases(request, ranks, tmp_path, checkpoint: Checkpoint, case,
                 phases: list[tuple[int, object, tuple]]) -> dict:
     """Launch each phase (world size, rank function, its extra arguments) in turn on the case; record the metrics
     every rank of every phase wrote, summarized (a failing case's too, before the failure propagates)."""
+    import families
     import known_bugs
     import rank_cases
     import tf_adapter
@@ -189,7 +190,7 @@ def _run_phases(request, ranks, tmp_path, checkpoint: Checkpoint, case,
     # metrics) still counts its family as run; one skipped for ranks does not.
     for world_size, _, _ in phases:
         ranks.require(world_size)
-    ranks.record(**{contract.FAMILY: case.family})
+    ranks.record(**{contract.FAMILY: families.split_variant(case.family)[0]})  # a variant counts as its family's
     metrics_dirs = []
     try:
         with known_bugs.expecting(request, known_bugs.known_bugs(case)):

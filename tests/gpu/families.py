@@ -38,6 +38,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+# With this module, not at a family's first use: a module first imported during a rank's call retires the rank pool.
+import ep_floors
+
 HIDDEN_SIZE = 64
 VOCAB_SIZE = 128
 NUM_EXPERTS = 8
@@ -283,15 +286,14 @@ MODEL_INPUTS: Mapping[str, str] = MappingProxyType(
 NOT_COVERED: Mapping[str, str] = MappingProxyType({})
 
 # Generated families whose EP cases run below the EP layout's floor (tf_adapter.LAYOUTS["ep"].floor), from their
-# first release declaring an EP plan (ep_floors.py). None yet. gemma4_text and openai_privacy_filter first declare
-# one in 5.6.0, where upstream_repros/ep_before_5_7.py loads them EP on 2 gloo ranks with logits within 1e-5; but
-# the suite's own cases at 5.6.0 and 5.7.0 (harness bisect --good 5.6.0 --bad 5.7.0, torch 2.13.0) are red there:
-# gemma4_text's load check meets dense MLP weights that the EP plan TP-shards as plain tensors ((64, 64) of the
-# whole (128, 64): the check reads only DTensor shards), and openai_privacy_filter's router gradients are 0.67-0.82
-# off (its training case: "Class values must be smaller than num_classes"). They join this list once the load check
-# reads plain-tensor TP shards and those reds are in known_bugs.py. Not candidates: gpt_oss (5.3.0: EP loading fails
-# for every family at 5.0-5.5, which hand the weight loader the TP plan) and llama4_text (4.54.0; its EP forward
-# fails at 5.6-5.7: the EP router hook unpacks three outputs from a router returning two).
+# first release declaring an EP plan (ep_floors.py). openai_privacy_filter (5.6.0): its wide EP case ran at 5.6.0,
+# 5.6.1, 5.6.2 and 5.7.0 (torch 2.13.0, 2 gloo ranks): load and logits pass, its gradients fail as
+# known_bugs._EARLY_RELEASE_BUGS says (5.6-5.16; 5.17.0 passes). gemma4_text (5.6.0): its EP plan TP-shards the dense
+# MLP weights as plain tensors ((64, 64) of (128, 64)); the load, gradient and training checks read such a shard as
+# its chunk of the whole model's (rank_cases.is_plain_tp_shard, tp_chunk), and its gradients fail as its entries
+# say. Not candidates: gpt_oss (5.3.0: EP loading fails for every family at 5.0-5.5, which hand the weight loader
+# the TP plan) and llama4_text (4.54.0; its EP forward fails at 5.6-5.7: the EP router hook unpacks three outputs
+# from a router returning two).
 EARLY_EP: tuple[str, ...] = ("gemma4_text", "openai_privacy_filter")
 
 
@@ -542,11 +544,7 @@ def router_weight(module):
 def _generated_ep_floor(model_type: str) -> str | None:
     """A generated family's EP floor: its first release declaring an EP plan where its EP loading was verified
     there (EARLY_EP); else None (the layout's floor holds)."""
-    if model_type not in EARLY_EP:
-        return None
-    import ep_floors  # only then: a module first imported during a rank's call retires the rank pool
-
-    return ep_floors.first_ep_release(model_type)
+    return ep_floors.first_ep_release(model_type) if model_type in EARLY_EP else None
 
 
 @functools.cache
@@ -592,7 +590,7 @@ def family(model_type: str) -> Family:
 # A variant is named `<model_type>+<kind>` (a checkpoint, a Case and the test ids carry that name); its Family keeps the
 # model_type transformers spells and holds the variant's config, its module paths read from that config's model.
 VARIANT_SEPARATOR = "+"
-SWITCHES_ON = "switches"  # every switch config_switches.py keeps, flipped from its default
+SWITCHES_ON = "switches"  # every switch config_switches.py keeps, flipped from the tiny config's value
 VARIANT_KINDS = (SWITCHES_ON,)
 
 
@@ -612,7 +610,7 @@ def variant_config_kwargs(model_type: str, kind: str) -> dict:
     """The variant's tiny config: for SWITCHES_ON, the family's tiny config with every kept switch flipped."""
     if kind != SWITCHES_ON:
         raise ValueError(f"unknown variant {kind!r} of {model_type}; known: {VARIANT_KINDS}")
-    import config_switches  # only then: it builds every switch of the family on the meta device
+    import config_switches  # here, not at the top: it imports this module (rank_cases imports it for the ranks)
 
     return config_switches.switches_on_kwargs(model_type)
 

@@ -24,6 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import checks
+
+# With every rank function's module, not at a switched family's first case: a module first imported during a rank's
+# call retires the rank pool (families.variant_config_kwargs reads it).
+import config_switches  # noqa: F401
 import fake_quant
 import families
 import routing
@@ -322,6 +326,23 @@ def plan_style(model, name: str) -> str | None:
     return None
 
 
+def is_plain_tp_shard(model, name: str, param: torch.Tensor) -> bool:
+    """Whether this rank holds `name` as a plain tensor that the plan's style shards (a TP shard made without a
+    DTensor, gemma4_text's dense MLP under its 5.6-5.16 EP plan), not the whole parameter."""
+    if isinstance(param, DTensor):
+        return False
+    style = (plan_style(model, name) or "").removeprefix("local_")
+    return param.dim() in TP_SHARD_DIMS.get(style, {})
+
+
+def tp_share(model, name: str, whole: torch.Tensor | None) -> torch.Tensor | None:
+    """The chunk of the whole model's `whole` (a weight, a gradient) that this rank's plain TP shard of `name`
+    holds."""
+    if whole is None:
+        return None
+    return tp_chunk(whole, plan_style(model, name), dist.get_rank(), dist.get_world_size())
+
+
 def tp_chunk(whole: torch.Tensor, style: str | None, rank: int, world_size: int) -> torch.Tensor | None:
     """The chunk of `whole` that a TP `style` gives `rank` of `world_size` (torch.chunk along the style's dimension,
     as DTensor's Shard: ceil(size / world) each, a trailing rank empty); None where the style shards no dimension
@@ -557,6 +578,12 @@ def compare_gradients(
             reference_grads[name] = None if truth.grad is None else expert_share(truth.grad, rank, world_size)
             other = other_order[name]
             other_order_grads[name] = None if other is None else expert_share(other, rank, world_size)
+        elif mine.shape != theirs.shape and is_plain_tp_shard(models.sharded, name, mine):
+            # this rank's TP chunk, with the same chunk of the whole model's gradients
+            sharded_grads[name] = None if mine.grad is None else mine.grad
+            whole_grads[name] = tp_share(models.sharded, name, theirs.grad)
+            reference_grads[name] = tp_share(models.sharded, name, truth.grad)
+            other_order_grads[name] = tp_share(models.sharded, name, other_order[name])
         else:
             sharded_grads[name] = None if mine.grad is None else full(mine.grad)
             whole_grads[name] = theirs.grad

@@ -513,7 +513,7 @@ def compare_step(step: int, sharded: Run, samples: tuple[Run | StepResult, ...],
         check_replicated(step, sharded.model, family, layout)
     check_scalar(step, "loss", sharded.loss, [run.loss for run in samples], reference.loss, dtype_name)
     errors, bounds = compared(sharded.grads, [run.grads for run in samples], reference.grads, family, layout,
-                              dtype_name, step)
+                              dtype_name, step, sharded.model)
     keep_worst(metrics, (contract.GRAD_ERROR, contract.GRAD_BOUND, contract.GRAD_ERROR_PARAM), errors, bounds, step)
     problem = checks.over_bounds("gradients", errors, bounds)
     with together(f"step {step}: the gradients check"):
@@ -522,7 +522,7 @@ def compare_step(step: int, sharded: Run, samples: tuple[Run | StepResult, ...],
     check_scalar(step, "gradient norm", sharded.grad_norm, [run.grad_norm for run in samples], reference.grad_norm,
                  dtype_name)
     errors, bounds = compared(sharded.params, [run.params for run in samples], reference.params, family,
-                              layout, dtype_name, step)
+                              layout, dtype_name, step, sharded.model)
     keep_worst(metrics, (contract.PARAM_ERROR, contract.PARAM_BOUND, contract.PARAM_ERROR_PARAM), errors, bounds, step)
     problem = checks.over_bounds("updated parameters", errors, bounds)
     with together(f"step {step}: the parameters check"):
@@ -562,10 +562,10 @@ def scalar_problem(step: int, name: str, mine: float, samples: list[float], trut
 
 
 def compared(sharded: dict, samples: list[dict], truth: dict, family, layout, dtype_name: str,
-             step: int) -> tuple[dict, dict]:
+             step: int, model) -> tuple[dict, dict]:
     """Each tensor's relative error against float64 (the sharded model's from the ranks' parts: sharded_errors), and
     its bound from the whole runs' larger error for the same tensor, widened from step 2 (tolerances.py)."""
-    errors = sharded_errors(sharded, truth, family, layout)
+    errors = sharded_errors(sharded, truth, family, layout, model)
     sampled = [checks.gradient_errors(sample, truth) for sample in samples]
     widening = tolerances.training_widening(step)
     return errors, {name: widening * tolerances.gradient_bound(dtype_name,
@@ -573,7 +573,7 @@ def compared(sharded: dict, samples: list[dict], truth: dict, family, layout, dt
                     for name in errors}
 
 
-def sharded_errors(sharded: dict, truth: dict, family, layout) -> dict[str, float]:
+def sharded_errors(sharded: dict, truth: dict, family, layout, model) -> dict[str, float]:
     """Each tensor's relative error (L2 over the whole tensor) against the float64 `truth`, from this rank's part of
     it and the same part of the truth, summed over the ranks in one all-reduce: no gathers, and every rank gets
     the same numbers. A part every rank holds (a replicated tensor) counts on each, in both sums alike."""
@@ -584,7 +584,7 @@ def sharded_errors(sharded: dict, truth: dict, family, layout) -> dict[str, floa
         mine, expected = sharded[name], truth[name]
         if mine is None or expected is None:
             continue
-        part, expected_part = _part(name, mine, expected, family, layout)
+        part, expected_part = _part(name, mine, expected, family, layout, model)
         if part.shape != expected_part.shape:
             raise AssertionError(f"{name}: this rank holds shape {tuple(part.shape)} where its share of the whole "
                                  f"model's is {tuple(expected_part.shape)}")
@@ -604,15 +604,19 @@ def sharded_errors(sharded: dict, truth: dict, family, layout) -> dict[str, floa
     return errors
 
 
-def _part(name: str, tensor: torch.Tensor, whole: torch.Tensor, family, layout) -> tuple[torch.Tensor, torch.Tensor]:
+def _part(name: str, tensor: torch.Tensor, whole: torch.Tensor, family, layout,
+          model) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's part of a sharded tensor and the same part of the whole one: a DTensor's local shard (by its own
-    placements), a rank's plain expert share under EP, else the tensor itself."""
+    placements), a rank's plain expert share under EP, a plain TP shard's chunk (by the plan's style), else the
+    tensor itself."""
     if isinstance(tensor, DTensor):
         if any(isinstance(placement, Partial) for placement in tensor.placements):
             return tensor.full_tensor(), whole  # a pending sum: its local part is no part of the value
         return tensor.to_local(), rank_cases.dtensor_share(whole, tensor)
     if layout.experts_sharded and family.is_expert_stack(name):
         return tensor, rank_cases.expert_share(whole, dist.get_rank(), dist.get_world_size())
+    if tensor.shape != whole.shape and rank_cases.is_plain_tp_shard(model, name, tensor):
+        return tensor, rank_cases.tp_share(model, name, whole)
     return tensor, whole
 
 
@@ -623,6 +627,8 @@ def replicated_names(model, family: families.Family, layout: tf_adapter.Layout) 
         if layout.experts_sharded and family.is_expert_stack(name):
             continue
         if isinstance(param, DTensor) and any(isinstance(p, Shard) for p in param.placements):
+            continue
+        if rank_cases.is_plain_tp_shard(model, name, param):
             continue
         names.append(name)
     return names

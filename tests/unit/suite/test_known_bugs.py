@@ -167,6 +167,30 @@ def test_every_entry_is_bounded_named_and_bisected(bug):
 # by the index of the entry that covers them: each entry names exactly its own failures, and the halving entry
 # does not take the router's wrong gradient.
 CLASS_VALUES = ("RuntimeError", "Class values must be smaller than num_classes.")
+OPF_ROUTERS = (
+    "gradients differ from the whole model's: 48 of 53 parameters exceed their bound (rounding measured in this run): "
+    "layers.0.mlp.router.weight 0.822 (its bound 4.91e-06); layers.2.mlp.router.weight 0.655 (its bound 4.08e-06); "
+    "layers.2.mlp.router.bias 0.605 (its bound 3.84e-06); layers.0.post_attention_layernorm.weight 0.604 (its bound "
+    "4.47e-06); layers.0.mlp.router.bias 0.762 (its bound 5.69e-06); and 43 more"
+)
+OPF_NAN_BIAS = (
+    "gradients differ from the whole model's: 49 of 53 parameters exceed their bound (rounding measured in this run): "
+    "layers.2.mlp.experts.gate_up_proj_bias nan (its bound 4.16e-06) (the sharded gradient holds NaN or inf); "
+    "layers.0.mlp.experts.gate_up_proj_bias 805 (its bound 4.57e-06); layers.0.mlp.router.weight 0.822 (its bound "
+    "4.91e-06); layers.2.mlp.router.weight 0.655 (its bound 4.08e-06); layers.2.mlp.router.bias 0.605 (its bound "
+    "3.84e-06); and 44 more"
+)
+# Entries whose messages overlap but whose cases cannot (either way round): (one, other) -> why no case is covered by
+# both
+DISJOINT_CASES = {
+    (1, 23): "entry 1 holds for the batched_mm experts implementation, entry 23 for openai_privacy_filter's wide "
+    "case (grouped_mm)",
+    (1, 24): "entry 1 holds for batched_mm, entry 24 for openai_privacy_filter's wide case (grouped_mm)",
+    (1, 25): "entry 1 holds for batched_mm, entry 25 for gemma4_text's wide case (grouped_mm)",
+    (1, 26): "entry 1 holds for batched_mm, entry 26 for gemma4_text's wide case (grouped_mm)",
+    (5, 26): "entry 5 holds for Qwen3-VL/Omni text (and GLM-4-MoE's switched q/k norms) from 5.23, entry 26 for "
+    "gemma4_text at 5.8-5.15",
+}
 MEASURED_FAILURES = (
     (0, *CLASS_VALUES),  # qwen3_moe eager, 5.17.0 (and every other family's there)
     (  # qwen3_moe batched_mm, 5.17.0
@@ -204,6 +228,15 @@ MEASURED_FAILURES = (
         "layers.2.self_attn.k_norm.weight 0.688; layers.2.self_attn.q_norm.weight 0.674; "
         "layers.0.self_attn.q_norm.weight 0.619; layers.0.self_attn.k_norm.weight 0.581; "
         "layers.1.self_attn.k_norm.weight 0.526; and 1 more",
+    ),
+    (  # glm4_moe's switched config (use_qk_norm=True) EP, 5.23.0 and 5.24.0 (the bisect's probes)
+        5,
+        "AssertionError",
+        "gradients differ from the whole model's: 6 of 50 parameters exceed their bound (rounding measured in this "
+        "run): model.layers.1.self_attn.k_norm.weight 0.661 (its bound 3.81e-06) (0.341 times the whole model's "
+        "gradient); model.layers.1.self_attn.q_norm.weight 0.651 (its bound 3.81e-06); "
+        "model.layers.2.self_attn.q_norm.weight 0.41 (its bound 3.81e-06); model.layers.2.self_attn.k_norm.weight "
+        "0.401 (its bound 3.81e-06); model.layers.0.self_attn.k_norm.weight 0.365 (its bound 3.81e-06); and 1 more",
     ),
     (
         6,
@@ -257,6 +290,12 @@ MEASURED_FAILURES = (
         "`tp_size=2` was requested, but `OpenAIPrivacyFilterModel` has no `tp_plan`. Pass `tp_plan` in "
         "`DistributedConfig`, add `base_model_tp_plan` to the model's config, or set `tp_size=1`.",
     ),
+    (  # zaya EP, 5.23.0 and 5.24.0 (the bisect's probes)
+        15,
+        "ValueError",
+        "`tp_size=2` was requested, but `ZayaForCausalLM` has no `tp_plan`. Pass `tp_plan` in `DistributedConfig`, "
+        "add `base_model_tp_plan` to the model's config, or set `tp_size=1`.",
+    ),
     (  # deepseek_v3 bfloat16 on the H200, every experts implementation, transformers 5.24.0
         16,
         "AssertionError",
@@ -302,6 +341,40 @@ MEASURED_FAILURES = (
         "aten._fused_adamw_.default got mixed torch.Tensor and DTensor, need to convert all torch.Tensor to DTensor "
         "before calling distributed operators!",
     ),
+    (  # qwen3 under bare fully_shard, save_pretrained, 5.1.0-5.24.0 (the bisect's probes)
+        22,
+        "RuntimeError",
+        "Attempted to access the data pointer on an invalid python storage.",
+    ),
+    (  # openai_privacy_filter EP, 5.6.0-5.7.0 (harness run per release)
+        23,
+        "AssertionError",
+        OPF_ROUTERS,
+    ),
+    # openai_privacy_filter EP, 5.8.0-5.16.1: both bugs in one message (the wrong routers of entry 23 and the
+    # unwritten expert bias gradient of entry 24); either entry explains it
+    (23, "AssertionError", OPF_NAN_BIAS),
+    (24, "AssertionError", OPF_NAN_BIAS),
+    (  # gemma4_text EP, 5.6.0-5.7.0 and 5.16.0-5.16.1
+        25,
+        "AssertionError",
+        "gradients differ from the whole model's: 63 of 78 parameters exceed their bound (rounding measured in this "
+        "run): model.layers.2.router.per_expert_scale 0.607 (its bound 7.67e-06); model.layers.2.router.proj.weight "
+        "0.497 (its bound 7.27e-06); model.layers.2.router.scale 0.473 (its bound 7.84e-06); "
+        "model.layers.1.router.proj.weight 0.539 (its bound 3.13e-05); model.layers.0.router.proj.weight 0.55 (its "
+        "bound 3.82e-05); and 58 more",
+    ),
+    (  # gemma4_text EP, 5.8.0-5.15.0
+        26,
+        "AssertionError",
+        "gradients differ from the whole model's: 63 of 78 parameters exceed their bound (rounding measured in this "
+        "run): model.per_layer_projection_norm.weight nan (its bound 2.07e-05) (the sharded gradient holds NaN or "
+        "inf); model.per_layer_model_projection.weight nan (its bound 2.09e-05) (the sharded gradient holds NaN or "
+        "inf); model.layers.1.self_attn.v_proj.weight nan (its bound 2.33e-05) (the sharded gradient holds NaN or "
+        "inf); model.layers.1.self_attn.q_proj.weight nan (its bound 5.6e-05) (the sharded gradient holds NaN or "
+        "inf); model.layers.1.self_attn.q_norm.weight nan (its bound 5.77e-05) (the sharded gradient holds NaN or "
+        "inf); and 58 more",
+    ),
     (  # the same, torch 2.11.0
         21,
         "RuntimeError",
@@ -322,6 +395,8 @@ def test_each_entry_names_the_failures_its_bisects_measured():
         own = {measured[1:] for measured in MEASURED_FAILURES if measured[0] == index}
         for other, *failure in (*MEASURED_FAILURES, *OTHER_BARE_ASSERTS):
             explained = bug.explains(rank_raised(*failure))
+            if explained and {(index, other), (other, index)} & DISJOINT_CASES.keys():
+                continue
             assert explained == (tuple(failure) in own), (
                 f"entry {index} {'explains' if explained else 'does not explain'} entry {other}'s {failure[:2]!r}"
             )

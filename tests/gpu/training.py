@@ -37,12 +37,21 @@ import tiny_models
 import tolerances
 import torch
 import torch.distributed as dist
+
+# Imported with this module (the ranks unpickle its rank function, so they are part of a fresh rank's state), not
+# at a resume case's first save: a module first imported during a call makes the rank pool replace its ranks.
+import torch.distributed.checkpoint
+import torch.distributed.checkpoint.state_dict
 from float64_mode import stay_float64
 from rank_cases import full, local
 from torch.distributed.tensor import DTensor, Partial, Shard
 
 from harness import contract
 from harness.ranks import together
+
+with contextlib.suppress(ImportError):  # torch's private modules that dcp.save/load and torch.save first import
+    import torch.distributed.checkpoint._fsspec_filesystem  # an fsspec path, tried first
+    import torch.utils.serialization  # torch.save's config
 
 # AdamW's keyword arguments per case variant: torch's default kernels (foreach where every parameter is on a
 # device that has them), the plain loop, the fused kernel

@@ -28,11 +28,6 @@ import rank_cases
 import tf_adapter
 import torch
 import torch.distributed as dist
-
-# Imported with this module (the ranks unpickle the phase functions, so it is part of a fresh rank's state): a
-# module first imported during a call would make the rank pool replace its ranks after every case.
-import torch.distributed.checkpoint
-import torch.distributed.checkpoint.state_dict
 from rank_cases import local
 from torch.distributed.tensor import DTensor
 from training import CaseLoop, StepResult, TrainCase, compare_step, load_state, record_step, save_state, train_step
@@ -40,10 +35,8 @@ from training import CaseLoop, StepResult, TrainCase, compare_step, load_state, 
 from harness import contract
 from harness.ranks import together
 
-with contextlib.suppress(ImportError):  # torch's private modules that dcp.save/load and torch.save first import
-    import torch.distributed.checkpoint._fsspec_filesystem  # an fsspec path, tried first
-    import torch.profiler._cupti_monitor  # by record_function, around DCP's steps
-    import torch.utils.serialization  # torch.save's config
+# Imported with this module, as training.py imports DCP's (a module first imported during a rank's call makes the
+# rank pool replace its ranks)
 with contextlib.suppress(ImportError):
     import numpy.ctypeslib  # noqa: F401  # by save_pretrained's safetensors writer
 

@@ -4,7 +4,9 @@
   eager experts forward one-hots the ids with num_classes=num_local_experts:
   `RuntimeError: Class values must be smaller than num_classes.`
 - batched_mm experts give a wrong router gradient: the sentinel slots' zeroed scores still reach the router
-  (relative error of gate.weight's gradient 0.5-1.1 against the whole model; grouped_mm agrees to 1e-7).
+  (relative error of gate.weight's gradient 0.5-1.1 against the whole model).
+- grouped_mm experts give a wrong router gradient too, up to 5.16.1 (0.806 / 0.616 on ranks 0 / 1 at 5.7.0 and
+  5.13.0; measured again 2026-12-03: an earlier note here said grouped_mm agreed, which this script does not show).
 
 Reproduced with transformers 5.7.0 and 5.17.0, torch 2.13.0 CPU, 2 gloo ranks; 5.18.0 (the bisect's first good
 release) passes: eager runs, batched_mm's router gradient error is 0.

@@ -188,6 +188,7 @@ DISJOINT_CASES = {
     (1, 24): "entry 1 holds for batched_mm, entry 24 for openai_privacy_filter's wide case (grouped_mm)",
     (1, 25): "entry 1 holds for batched_mm, entry 25 for gemma4_text's wide case (grouped_mm)",
     (1, 26): "entry 1 holds for batched_mm, entry 26 for gemma4_text's wide case (grouped_mm)",
+    (1, 27): "entry 1 holds for batched_mm, entry 27 for grouped_mm",
     (5, 26): "entry 5 holds for Qwen3-VL/Omni text (and GLM-4-MoE's switched q/k norms) from 5.23, entry 26 for "
     "gemma4_text at 5.8-5.15",
 }
@@ -374,6 +375,17 @@ MEASURED_FAILURES = (
         "inf); model.layers.1.self_attn.q_proj.weight nan (its bound 5.6e-05) (the sharded gradient holds NaN or "
         "inf); model.layers.1.self_attn.q_norm.weight nan (its bound 5.77e-05) (the sharded gradient holds NaN or "
         "inf); and 58 more",
+    ),
+    (27, "AssertionError", OPF_ROUTERS),  # openai_privacy_filter's wide case is grouped_mm: both bugs in it
+    (27, "AssertionError", OPF_NAN_BIAS),
+    (  # qwen3_moe EP grouped_mm, 5.7.0 (the bisect's good end, which fails)
+        27,
+        "AssertionError",
+        "gradients differ from the whole model's: 21 of 25 parameters exceed their bound (rounding measured in this "
+        "run): model.layers.0.mlp.gate.weight 0.657 (its bound 4.57e-06); model.layers.0.post_attention_layernorm."
+        "weight 0.564 (its bound 5.67e-06); model.layers.1.post_attention_layernorm.weight 0.531 (its bound "
+        "5.36e-06); model.layers.1.mlp.gate.weight 0.623 (its bound 6.5e-06); model.embed_tokens.weight 0.0181 (its "
+        "bound 3.81e-06); and 16 more",
     ),
     (  # the same, torch 2.11.0
         21,

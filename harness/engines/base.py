@@ -128,7 +128,7 @@ def pytest_command(cell: Cell, python: Path, folder: Path, pytest_args: list[str
     # the cell's environment (installed, its pytest11 entry point has the same name and is not loaded twice).
     # A test's captured output, its ranks' included, goes to its testcase in junit.xml (junit_logging) and is
     # shown with a failure; -r lists every outcome but not the passed tests' output (the P that -rA adds).
-    command = [str(python), "-m", "pytest", *cell.suite, "-p", PLUGIN,
+    command = [str(python), "-m", "pytest", *cell.suite, *(("-m", cell.markers) if cell.markers else ()), "-p", PLUGIN,
                "-p", "no:cacheprovider", "-o", "junit_family=xunit1", "-o", "junit_logging=all",
                f"--junitxml={folder / JUNIT_XML}", f"--ranks-log={folder / RANKS_LOG}",
                f"--timeout={cell.test_timeout_seconds}", "-rfEsxXp"]

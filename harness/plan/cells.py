@@ -90,6 +90,9 @@ class Cell:
     reruns: int
     suite: tuple[str, ...]
     test_timeout_seconds: int = 600
+    # A pytest marker expression choosing the suite's cases (`-m`, in place of the project's default selection);
+    # None: the project's own (pyproject's addopts)
+    markers: str | None = None
     # What the cell's environment installs besides the suite's packages (pip arguments, from the project root).
     install: tuple[str, ...] = ()
     hosts: int = 1  # a cell spans `hosts` hosts of `gpus` each: world hosts x gpus

@@ -32,8 +32,9 @@ from harness.plan.index import FLOATING
 from harness.plan.runners import load_runners
 from harness.project import find_project_root, project_root
 
-MATRIX_KEYS = {"description", "axes", "exclude", "include", "suite", "timeout_minutes", "reruns",
+MATRIX_KEYS = {"description", "axes", "exclude", "include", "suite", "markers", "timeout_minutes", "reruns",
                "test_timeout_seconds", "install"}
+MAX_MARKERS_LENGTH = 200  # a marker expression, from a pull request's matrix too
 DEFAULT_MATRIX = "cpu"
 # Matrices come from pull requests too: bounded before anything is expanded or written to GITHUB_OUTPUT.
 MAX_CELLS = 256  # GitHub runs at most 256 jobs from one strategy.matrix
@@ -168,12 +169,13 @@ def expand(spec: Any, runners: Mapping[str, Runner], *, name: str, source: str,
 
     suite = spec.get("suite", ["tests/gpu"])
     if not isinstance(suite, list) or not suite or not all(isinstance(s, str) for s in suite):
-        raise ConfigError(f"{source}: suite: expected a non-empty list of test paths (and pytest arguments)")
+        raise ConfigError(f"{source}: suite: expected a non-empty list of test paths")
     install = spec.get("install", [])
     if not isinstance(install, list) or not all(isinstance(s, str) and s.strip() for s in install):
         raise ConfigError(f"{source}: install: expected a list of pip arguments, e.g. [\"-e .\", \"pkg==1.2\"]")
     settings = {
         "install": tuple(s.strip() for s in install),
+        "markers": marker_expression(spec.get("markers"), f"{source}: markers"),
         "timeout_minutes": positive_number(spec.get("timeout_minutes", 30), f"{source}: timeout_minutes"),
         "reruns": non_negative_int(spec.get("reruns", 0), f"{source}: reruns"),
         "test_timeout_seconds": positive_int(spec.get("test_timeout_seconds", 600),
@@ -195,6 +197,18 @@ def expand(spec: Any, runners: Mapping[str, Runner], *, name: str, source: str,
         cells.append(Cell(matrix=name, labels=runner.labels, suite=tuple(suite), engine=runner.engine,
                           submit=runner.submit, cpu_ranks=runner.is_cpu, **combo, **settings))
     return cells
+
+
+def marker_expression(value: Any, where: str) -> str | None:
+    """A pytest `-m` expression (None: the project's default selection), one printable line of bounded length; pytest
+    parses it (an argument, never a shell's), and names what it cannot."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_MARKERS_LENGTH \
+            or not value.isprintable():
+        raise ConfigError(f"{where}: expected a pytest marker expression (one line, at most {MAX_MARKERS_LENGTH} "
+                          f"characters), e.g. \"deep and not exhaustive\"")
+    return value.strip()
 
 
 def select(cells: Iterable[Cell], patterns: list[str] | None) -> list[Cell]:

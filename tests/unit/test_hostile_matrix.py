@@ -3,6 +3,8 @@ the limit, before anything is expanded or written to GITHUB_OUTPUT."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from harness.cli import main
@@ -37,6 +39,18 @@ CASES = {
         AXES.format(torch=versions(15, 2), transformers=versions(20, 5)),
         f"300 cells; GitHub runs at most {MAX_CELLS} jobs per matrix",
     ),
+    "markers with a newline": (
+        AXES.format(torch="'2.11.0'", transformers="'5.9.0'") + "markers: \"deep\\nand not wide\"\n",
+        "markers: expected a pytest marker expression",
+    ),
+    "markers over the length": (
+        AXES.format(torch="'2.11.0'", transformers="'5.9.0'") + "markers: '" + "deep or " * 40 + "wide'\n",
+        "markers: expected a pytest marker expression (one line, at most 200 characters)",
+    ),
+    "markers not a string": (
+        AXES.format(torch="'2.11.0'", transformers="'5.9.0'") + "markers: [deep]\n",
+        "markers: expected a pytest marker expression",
+    ),
     "oversized file": (
         "description: '" + "x" * (MAX_YAML_BYTES + 1) + "'\n" + AXES.format(torch="'2.11.0'", transformers="'5.9.0'"),
         f"a matrix or runners file may have at most {MAX_YAML_BYTES:,}",
@@ -70,3 +84,18 @@ def test_a_matrix_of_exactly_the_limit_expands(tmp_path, capsys):
     path.write_text(AXES.format(torch=versions(16, 2), transformers=versions(16, 5)))
     assert main(["matrix", "--matrix", str(path), "--format", "ids"]) == 0
     assert len(capsys.readouterr().out.split()) == MAX_CELLS
+
+
+def test_a_matrix_marker_expression_reaches_pytest_as_one_argument(tmp_path):
+    """`markers` replaces the project's default selection (pyproject's addopts `-m`): pytest takes the last `-m`."""
+    from harness.engines.base import pytest_command
+    from harness.plan.matrix import load_matrix
+
+    path = tmp_path / "m.yaml"
+    path.write_text(AXES.format(torch="'2.11.0'", transformers="'5.9.0'") + "markers: 'not workflows; rm -rf /'\n")
+    [cell] = load_matrix(str(path)).cells
+    command = pytest_command(cell, Path("python"), tmp_path, ["-k", "x"])
+    assert command[3:6] == ["tests/gpu", "-m", "not workflows; rm -rf /"]  # an argument, never a shell's
+    path.write_text(AXES.format(torch="'2.11.0'", transformers="'5.9.0'"))
+    [plain] = load_matrix(str(path)).cells
+    assert pytest_command(plain, Path("python"), tmp_path, [])[3:5] == ["tests/gpu", "-p"]

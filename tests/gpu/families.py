@@ -558,31 +558,32 @@ def family(model_type: str) -> Family:
         raise ValueError(f"family {model_type!r} is not covered: {NOT_COVERED[model_type]}")
     if model_type in MECHANICS and MECHANICS[model_type][1] is None:  # a dense family
         return Family(model_type, MappingProxyType(tiny_config_kwargs(model_type)), deep=True)
+    kwargs = tiny_config_kwargs(model_type)
+    return Family(
+        model_type,
+        MappingProxyType(kwargs),
+        ep_floor=MECHANICS[model_type][1] if model_type in MECHANICS else _generated_ep_floor(model_type),
+        deep=model_type in MECHANICS,
+        router_mlp=ROUTER_MLPS.get(model_type, ()),
+        inputs=MODEL_INPUTS.get(model_type, "input_ids"),
+        **_built_layout(model_type, kwargs),
+    )
+
+
+def _built_layout(model_type: str, kwargs: dict) -> dict:
+    """The Family fields read from the model that `kwargs` builds on the meta device: where its decoder layers,
+    MoE blocks, routers and expert stacks are, and its top-k."""
     import torch
 
-    kwargs = tiny_config_kwargs(model_type)
     config = config_class(model_type)(**kwargs)
     with torch.device("meta"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = model_class(config)(config)
     layers, block, experts, stacks = _plan_paths(model_type) or _built_paths(model)
     prefix, moe_layers, router = _read_layout(model, model_type, layers, block, experts)
-    top_k = next((kwargs[key] for key in _TOP_KS if key in kwargs), TOP_K)
-    return Family(
-        model_type,
-        MappingProxyType(kwargs),
-        ep_floor=MECHANICS[model_type][1] if model_type in MECHANICS else _generated_ep_floor(model_type),
-        deep=model_type in MECHANICS,
-        layers_prefix=prefix,
-        moe_block=block,
-        router=router,
-        experts=experts,
-        expert_params=stacks,
-        moe_layers=moe_layers,
-        top_k=top_k,
-        router_mlp=ROUTER_MLPS.get(model_type, ()),
-        inputs=MODEL_INPUTS.get(model_type, "input_ids"),
-    )
+    return {"layers_prefix": prefix, "moe_block": block, "router": router, "experts": experts,
+            "expert_params": stacks, "moe_layers": moe_layers,
+            "top_k": next((kwargs[key] for key in _TOP_KS if key in kwargs), TOP_K)}
 
 
 # ---------------------------------------------------------------- variants: a family's tiny config, more switched on
@@ -620,30 +621,12 @@ def _variant_family(model_type: str, kind: str) -> Family:
     bias or move a norm, never the family's floor or inputs)."""
     import dataclasses
 
-    import torch
-
     entry = family(model_type)
     kwargs = variant_config_kwargs(model_type, kind)
     if not entry.is_moe:
         return dataclasses.replace(entry, config=MappingProxyType(kwargs), deep=False)
-    config = config_class(model_type)(**kwargs)
-    with torch.device("meta"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = model_class(config)(config)
-    layers, block, experts, stacks = _plan_paths(model_type) or _built_paths(model)
-    prefix, moe_layers, router = _read_layout(model, model_type, layers, block, experts)
-    return dataclasses.replace(
-        entry,
-        config=MappingProxyType(kwargs),
-        deep=False,
-        layers_prefix=prefix,
-        moe_block=block,
-        router=router,
-        experts=experts,
-        expert_params=stacks,
-        moe_layers=moe_layers,
-        top_k=next((kwargs[key] for key in _TOP_KS if key in kwargs), TOP_K),
-    )
+    return dataclasses.replace(entry, config=MappingProxyType(kwargs), deep=False,
+                               **_built_layout(model_type, kwargs))
 
 
 # ---------------------------------------------------------------- what the tests parametrize over

@@ -69,15 +69,11 @@ def run_case(request, ranks, tmp_path):
     family's EP plan; marks a case the known-bugs table covers as a strict xfail with its reason, for the
     failure its entry names only (known_bugs.expecting).
     """
-    import families
     import rank_cases
-    import tf_adapter
 
     def run(world_size: int, checkpoint: Checkpoint, layout: str, checks: tuple[str, ...], **options) -> dict:
         case = rank_cases.Case(checkpoint.family, layout, checks, **options)
-        reason = tf_adapter.missing_feature(layout, families.family(case.family), case.experts_implementation)
-        if reason is not None:
-            pytest.skip(reason)
+        _skip_if_missing(case)
         return _run_recorded(request, ranks, tmp_path, world_size, checkpoint, case, rank_cases.run_case)
 
     return run
@@ -87,17 +83,12 @@ def run_case(request, ranks, tmp_path):
 def run_training(request, ranks, tmp_path):
     """Run a `training.TrainCase` on N ranks, recorded and covered by the known-bugs table as `run_case` is; a
     resume case's checkpoints go to a folder under the test's tmp_path."""
-    import families
     import tf_adapter
     import training
 
     def run(world_size: int, checkpoint: Checkpoint, layout: str, **options) -> dict:
         case = training.TrainCase(checkpoint.family, layout, **options)
-        reason = tf_adapter.missing_feature(layout, families.family(case.family), case.experts_implementation)
-        if reason is None and case.mixed_precision:
-            reason = tf_adapter.missing_mixed_precision(layout)
-        if reason is not None:
-            pytest.skip(reason)
+        _skip_if_missing(case, tf_adapter.missing_mixed_precision(layout) if case.mixed_precision else None)
         saves = tmp_path / "checkpoints"
         saves.mkdir(exist_ok=True)
         return _run_recorded(request, ranks, tmp_path, world_size, checkpoint, case, training.run_training,
@@ -111,15 +102,11 @@ def run_user_loop(request, ranks, tmp_path):
     """Run a `user_loops.UserLoopCase` (accelerate's or the Trainer's loop) on N ranks, recorded and covered by the
     known-bugs table as `run_case` is; not run, with the library's message, where the library refused the layout
     on this device at setup (user_loops.REFUSED)."""
-    import families
-    import tf_adapter
     import user_loops
 
     def run(world_size: int, checkpoint: Checkpoint, layout: str, loop: str, **options) -> dict:
         case = user_loops.UserLoopCase(checkpoint.family, layout, loop, **options)
-        reason = tf_adapter.missing_feature(layout, families.family(case.family), case.experts_implementation)
-        if reason is not None:
-            pytest.skip(reason)
+        _skip_if_missing(case)
         metrics = _run_recorded(request, ranks, tmp_path, world_size, checkpoint, case, user_loops.run_user_loop)
         if metrics.get(user_loops.REFUSED):
             pytest.skip(metrics[user_loops.REFUSED])
@@ -150,15 +137,11 @@ def run_checkpoint_case(request, ranks, tmp_path):
     """Run a `training_checkpoints.CheckpointCase`: phase 1 at its world size, then (a resume case) phase 2 at the
     other, both saving to one folder under the test's tmp_path; recorded and covered by the known-bugs table as
     `run_case` is, the two launches' metrics summarized together."""
-    import families
-    import tf_adapter
     import training_checkpoints
 
     def run(checkpoint: Checkpoint, layout: str, kind: str, **options) -> dict:
         case = training_checkpoints.CheckpointCase(checkpoint.family, layout, kind, **options)
-        reason = tf_adapter.missing_feature(layout, families.family(case.family), case.experts_implementation)
-        if reason is not None:
-            pytest.skip(reason)
+        _skip_if_missing(case)
         folder = tmp_path / "saved"
         folder.mkdir()
         phases = [(case.world_size, training_checkpoints.train_and_save)]
@@ -168,6 +151,18 @@ def run_checkpoint_case(request, ranks, tmp_path):
                            [(world_size, function, (str(folder),)) for world_size, function in phases])
 
     return run
+
+
+def _skip_if_missing(case, reason: str | None = None) -> None:
+    """Not run, saying why: the installed release lacks the case's layout, its family's EP plan or its experts
+    implementation (tf_adapter.missing_feature), or what else the caller found missing (`reason`)."""
+    import families
+    import tf_adapter
+
+    reason = tf_adapter.missing_feature(case.layout, families.family(case.family), case.experts_implementation) \
+        or reason
+    if reason is not None:
+        pytest.skip(reason)
 
 
 def _run_recorded(request, ranks, tmp_path, world_size: int, checkpoint: Checkpoint, case, function, *more) -> dict:

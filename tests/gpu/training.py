@@ -149,14 +149,20 @@ def run_training(checkpoint: str, case: TrainCase, metrics_dir: str | None = Non
                  checkpoint_dir: str | None = None) -> dict:
     """The rank function of a training case; `checkpoint_dir` (a folder every rank sees) holds a resume case's
     saves."""
+    return rank_cases.measured(training_metrics(case, case.resume_at), metrics_dir,
+                               lambda into: _train_and_compare(checkpoint, case, into, model_class, checkpoint_dir))
+
+
+def training_metrics(case, resumed_at: int | None = None) -> dict:
+    """What names any training case (this module's, a user loop's, a checkpoint case's) in its metrics: the case,
+    its steps, the step it resumed after and the defect it plants, where it has them."""
     metrics = rank_cases.case_metrics(case)
     metrics[contract.TRAIN_STEPS] = case.steps
+    if resumed_at is not None:
+        metrics[contract.RESUMED_AT_STEP] = resumed_at
     if case.planted_defect is not None:
         metrics[contract.PLANTED_DEFECT] = case.planted_defect
-    if case.resume_at is not None:
-        metrics[contract.RESUMED_AT_STEP] = case.resume_at
-    return rank_cases.measured(metrics, metrics_dir,
-                               lambda into: _train_and_compare(checkpoint, case, into, model_class, checkpoint_dir))
+    return metrics
 
 
 # ---------------------------------------------------------------- the loop, as users write it

@@ -30,9 +30,18 @@ import torch
 import torch.distributed as dist
 from rank_cases import local
 from torch.distributed.tensor import DTensor
-from training import CaseLoop, StepResult, TrainCase, compare_step, load_state, record_step, save_state, train_step
+from training import (
+    CaseLoop,
+    StepResult,
+    TrainCase,
+    compare_step,
+    load_state,
+    record_step,
+    save_state,
+    train_step,
+    training_metrics,
+)
 
-from harness import contract
 from harness.ranks import together
 
 # Imported with this module, as training.py imports DCP's (a module first imported during a rank's call makes the
@@ -129,13 +138,7 @@ def resume_and_continue(checkpoint: str, case: CheckpointCase, metrics_dir: str 
 
 
 def _metrics(case: CheckpointCase) -> dict:
-    metrics = rank_cases.case_metrics(case)
-    metrics[contract.TRAIN_STEPS] = case.steps
-    if case.resumes:
-        metrics[contract.RESUMED_AT_STEP] = case.save_at
-    if case.planted_defect is not None:
-        metrics[contract.PLANTED_DEFECT] = case.planted_defect
-    return metrics
+    return training_metrics(case, case.save_at if case.resumes else None)
 
 
 # ---------------------------------------------------------------- one phase's models

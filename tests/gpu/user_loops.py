@@ -100,12 +100,8 @@ class UserLoopCase:
 
 def run_user_loop(checkpoint: str, case: UserLoopCase, metrics_dir: str | None = None, model_class=None) -> dict:
     """The rank function of a user-loop case: its metrics, with REFUSED where the library refused the layout."""
-    metrics = rank_cases.case_metrics(case)
-    metrics[contract.TRAIN_STEPS] = case.steps
-    if case.planted_defect is not None:
-        metrics[contract.PLANTED_DEFECT] = case.planted_defect
-    return rank_cases.measured(metrics, metrics_dir, lambda into: _train_and_compare(checkpoint, case, into,
-                                                                                     model_class))
+    return rank_cases.measured(training.training_metrics(case), metrics_dir,
+                               lambda into: _train_and_compare(checkpoint, case, into, model_class))
 
 
 # ---------------------------------------------------------------- what every rank shares with training.py's loop

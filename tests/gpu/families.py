@@ -219,6 +219,12 @@ OVERRIDES: Mapping[str, dict] = MappingProxyType(
         "deepseek_ocr2_text": {"mlp_layer_types": ["dense", "sparse", "sparse"]},
         "hunyuan_v1_moe": {"head_dim": 8},
         "lfm2_moe": {"layer_types": ["full_attention", "conv", "full_attention"]},
+        # its sliding layers' MLA sizes are constructor aliases absent from to_dict (swa_*; 64 heads, ranks 1024:
+        # 38M parameters unshrunk); tiny, and unlike the indexed layers' (4 rope dims there, 8 here), so a reader of
+        # the top-level sizes on a sliding layer still shows
+        "dots3_note_text": {"swa_num_attention_heads": 8, "swa_num_key_value_heads": 8, "swa_q_lora_rank": 32,
+                            "swa_kv_lora_rank": 16, "swa_head_dim": 16, "swa_qk_nope_head_dim": 8,
+                            "swa_v_head_dim": 8},
         "qwen3_omni_moe_talker_text": {"shared_expert_intermediate_size": 32},
         "qwen4_exp_text": {
             "indexer_n_heads": 4,
@@ -326,6 +332,11 @@ _TINY = {
     "mlp_only_layers": [],
     "router_jitter_noise": 0.0,  # a random router cannot be compared; the whole model and the shards see none
     "index_topk": 16,
+    # Mamba-2's torch path pads the sequence to a whole chunk: a 256-token chunk made a 16-token batch 16x the work
+    "mamba_chunk_size": 16,
+    "chunk_size": 16,  # nemotron_h's name for it
+    "mamba_d_state": 16,
+    "ssm_state_size": 16,
     "pad_token_id": 0,
     "bos_token_id": 1,
     "eos_token_id": 2,

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from env_helpers import BUILDING_MARKER, CELL_MARKER, SPEC, cached_environment

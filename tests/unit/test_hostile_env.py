@@ -6,7 +6,6 @@ clean` pointed at what is not its own (another tool's cache, bisect's environmen
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -150,7 +149,8 @@ def test_clean_pointed_at_a_home_cache_removes_nothing_and_exits_2(tmp_path, cap
     assert main(["env", "clean", "--env-dir", str(home_cache), *options]) == 2
     captured = capsys.readouterr()
     assert captured.err.count("\n") == 1 and captured.err.startswith(f"harness: error: {home_cache}: ")
-    assert "not a harness environment cache, nothing removed: no harness marker on harness, huggingface, pip, torch, uv" in captured.err
+    assert ("not a harness environment cache, nothing removed: no harness marker on "
+            "harness, huggingface, pip, torch, uv (another tool's?)") in captured.err
     assert tree(home_cache) == before  # nothing removed, and no lock file made beside another tool's folder
 
 

@@ -118,12 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
     in_cache = argparse.ArgumentParser(add_help=False)
     in_cache.add_argument("--env-dir", metavar="DIR",
                           help="the cache (default $HARNESS_ENV_DIR or ~/.cache/harness/envs)")
-    env_commands.add_parser("list", parents=[in_cache], help="each environment: size, versions, last use")
+    env_commands.add_parser("list", parents=[in_cache], help="each environment: kind, size, versions, last use")
     clean = env_commands.add_parser("clean", parents=[in_cache],
-                                    help="remove failed builds, and environments unused for --unused-days")
+                                    help="remove interrupted builds, and environments unused for --unused-days "
+                                         "(only folders harness marked; refuses a folder holding anything else)")
     clean.add_argument("--unused-days", type=float, default=30.0, metavar="N",
                        help="also remove environments no cell used for N days (default 30)")
-    clean.add_argument("--all", action="store_true", help="remove every environment")
+    clean.add_argument("--all", action="store_true", help="remove every environment (bisect's: with --include-bisect)")
+    clean.add_argument("--include-bisect", action="store_true",
+                       help="also clean `bisect --repo` commit environments (kept otherwise)")
     clean.add_argument("--dry-run", action="store_true", help="say what would go, remove nothing")
 
     triage = commands.add_parser("triage", help="classify tonight's new reds and plan bisects of the real ones")

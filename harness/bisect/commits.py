@@ -5,12 +5,13 @@ its own environment: a small virtual environment holding only that build, layere
 cached environment (a .pth file adds the cell environment's site-packages after its own), so a probe
 costs one build of the package, not a new torch. Environments are cached by commit, and like the cell's,
 one is used again only while every file in it is the file its build wrote (env.manifest_difference).
+They are marked as their own kind (markers.BISECT_COMMIT), which `harness env clean` leaves alone unless
+asked; the exported source lives inside the environment's folder while it builds, and goes once installed.
 """
 
 from __future__ import annotations
 
 import io
-import json
 import shutil
 import subprocess
 import tarfile
@@ -20,10 +21,12 @@ from pathlib import Path
 from harness.bisect.search import BisectResult, Probe, bisect
 from harness.cell.preflight import environment_spec
 from harness.envs import build as env
+from harness.envs import markers
 from harness.errors import ConfigError
 from harness.plan.cells import Cell
 
-MARKER = "harness-commit-env.json"
+MARKER = markers.COMPLETE[markers.BISECT_COMMIT]
+SOURCE = "harness-source"  # the commit's files, inside the folder being built
 
 
 def git(repo: str | Path, *arguments: str, binary: bool = False) -> str | bytes:
@@ -71,32 +74,30 @@ def _is_ancestor(repo: str | Path, older: str, newer: str) -> bool:
 def commit_environment(repo: str | Path, sha: str, package: str) -> tuple[Callable, Callable[[Cell, Path], bool]]:
     """(prepare, will_build) for run.run_cell: the cell's environment with `package` built from `sha`."""
 
-    def paths(cell: Cell, root: Path) -> tuple[Path, Path]:
-        name = f"{env.env_key(environment_spec(cell))}-{package}@{sha[:12]}"
-        return root / name, root / "src" / f"{package}@{sha[:12]}"
+    def folder(cell: Cell, root: Path) -> Path:
+        return root / f"{env.env_key(environment_spec(cell))}-{package}@{sha[:12]}"
 
     def marker_for(base: env.Environment) -> dict:
-        return {"base": str(base.python), "package": package, "commit": sha}
+        return {"base": str(base.python), "package": package, "commit": sha, "kind": markers.BISECT_COMMIT}
 
     def ready(path: Path, marker: dict) -> bool:
         """Built for this commit over this base, and every file still the one its build wrote."""
-        try:
-            recorded = json.loads((path / MARKER).read_text())
-        except (OSError, ValueError):
-            return False
-        return recorded == marker and (path / "bin" / "python").exists() and env.manifest_difference(path) is None
+        recorded = markers.read(path)
+        return (recorded is not None and recorded.complete and recorded.data == marker
+                and (path / "bin" / "python").exists() and env.manifest_difference(path) is None)
 
     def prepare(cell: Cell, root: Path, log: Callable[[str], None]) -> env.Environment:
         base = env.ensure_environment(environment_spec(cell), root, log)
-        path, source = paths(cell, root)
+        path = folder(cell, root)
         marker = marker_for(base)
         origin = "cached"
         if not ready(path, marker):
             with env.build_lock(path, log):
                 if not ready(path, marker):
                     log(f"building environment {path.name} from {package} {sha[:12]} over {base.python}")
-                    build(repo, sha, base, path, source, log)
-                    (path / MARKER).write_text(json.dumps(marker))
+                    env.start_build(path, markers.BISECT_COMMIT, f"{package}@{sha} over {base.python}")
+                    build(repo, sha, base, path, log)
+                    markers.finish(path, markers.BISECT_COMMIT, marker)
                     env.write_manifest(path)  # what later uses check before they run anything in it
                     origin = "built"
         python = path / "bin" / "python"
@@ -108,18 +109,15 @@ def commit_environment(repo: str | Path, sha: str, package: str) -> tuple[Callab
         except env.EnvironmentBuildError:
             return True
         base = env.Environment(python=python, origin=origin, path=None, versions={})
-        return not ready(paths(cell, root)[0], marker_for(base))
+        return not ready(folder(cell, root), marker_for(base))
 
     return prepare, will_build
 
 
-def build(
-    repo: str | Path, sha: str, base: env.Environment, path: Path, source: Path, log: Callable[[str], None]
-) -> None:
-    for stale in (path, source):
-        if stale.exists():
-            shutil.rmtree(stale)
-    source.mkdir(parents=True)
+def build(repo: str | Path, sha: str, base: env.Environment, path: Path, log: Callable[[str], None]) -> None:
+    """Into `path` (new, holding only its building marker): `sha`'s package over the cell environment."""
+    source = path / SOURCE
+    source.mkdir()
     archive = git(repo, "archive", "--format=tar", sha, binary=True)
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         # git archive of our own checkout; the data filter where this Python has it (3.10.12+, 3.11.4+).
@@ -133,6 +131,7 @@ def build(
     (own / "_harness_cell_environment.pth").write_text(f"import site; site.addsitedir({under.strip()!r})\n")
     # --no-deps: everything else comes from the cell's environment; no isolation: build with its setuptools.
     env.install(python, installer, ["--no-deps", "--no-build-isolation", str(source)], log)
+    shutil.rmtree(source)  # installed: the environment no longer reads it
 
 
 def bisect_commits(

@@ -31,13 +31,16 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from harness.envs import markers
 from harness.plan.index import index_arguments
 
 # Besides the pinned torch and transformers, what the suite imports in its own environment.
 SUITE_PACKAGES = ("accelerate>=1.10", "pytest>=8", "pytest-rerunfailures>=14", "pytest-timeout>=2.3")
-MARKER = "harness-env.json"
+MARKER = markers.COMPLETE[markers.CELL]
 MANIFEST = "harness-manifest.json"
 _HASH_CHUNK = 1024 * 1024
+# Harness's own records beside what a build wrote: markers (touched at each use) and the manifest itself.
+_NOT_FINGERPRINTED = frozenset({MANIFEST, markers.BUILDING, *markers.COMPLETE.values()})
 TAIL_LINES = 12
 
 # Runs inside the candidate interpreter; reads versions from package metadata so it
@@ -242,7 +245,7 @@ def _fingerprint(path: Path) -> dict[str, str]:
         for name in files + [entry for entry in folders if os.path.islink(os.path.join(folder, entry))]:
             full = os.path.join(folder, name)
             relative = os.path.relpath(full, path)
-            if relative in (MARKER, MANIFEST):
+            if relative in _NOT_FINGERPRINTED:
                 continue
             if os.path.islink(full):
                 found[relative] = "link:" + os.readlink(full)
@@ -269,7 +272,7 @@ def _checked(spec: EnvSpec, origin: str, python: Path, path: Path | None) -> Env
             raise EnvironmentBuildError(
                 f"{path}: built, but holds torch {versions.get('torch')} and transformers "
                 f"{versions.get('transformers')} instead of {spec.torch} and {spec.transformers}")
-        (path / MARKER).write_text(json.dumps({"requirements": requirements(spec), "versions": versions}, indent=2))
+        markers.finish(path, markers.CELL, {"requirements": requirements(spec), "versions": versions})
         write_manifest(path)  # after the probe: nothing runs in it between the build and the manifest
     return Environment(python=python, origin=origin, path=path, versions=versions)
 
@@ -278,7 +281,11 @@ def _checked(spec: EnvSpec, origin: str, python: Path, path: Path | None) -> Env
 def build_lock(path: Path, log: Callable[[str], None]) -> Iterator[None]:
     """Hold `<env>.lock` exclusively; the kernel lets go if this process dies."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "a") as lock:
+    try:
+        lock = markers.open_lock(path, create=True)
+    except OSError as error:  # a link or a FIFO where the lock goes: nothing harness made
+        raise EnvironmentBuildError(f"{markers.lock_path(path)}: cannot lock it: {error.strerror or error}") from None
+    try:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -288,14 +295,25 @@ def build_lock(path: Path, log: Callable[[str], None]) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+    finally:
+        os.close(lock)
+
+
+def start_build(path: Path, kind: str, building: str) -> None:
+    """Replace what is at `path` (its lock held) with a new folder holding only the building marker, so
+    `harness env clean` can tell it from another tool's folder before any installer writes in it."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)  # a stale or half-built environment; its marker did not match
+    markers.begin(path, kind, building)
 
 
 def build(spec: EnvSpec, path: Path, log: Callable[[str], None]) -> None:
-    if path.exists():
-        shutil.rmtree(path)  # a stale or half-built environment; its marker did not match
     installer = choose_installer()
     log(f"building environment {path.name} with {installer}: {' '.join(requirements(spec)[:2])}")
     try:
+        start_build(path, markers.CELL, " ".join(requirements(spec)))
         python = new_venv(path, installer, log)
         # Compile bytecode once here, or every first import of torch in a fresh cache pays for it.
         install(python, installer, [*index_arguments(installer), *requirements(spec)], log, compile_bytecode=True)
@@ -305,10 +323,12 @@ def build(spec: EnvSpec, path: Path, log: Callable[[str], None]) -> None:
 
 
 def new_venv(path: Path, installer: str, log: Callable[[str], None]) -> Path:
-    """An empty virtual environment at `path` for this interpreter; its python."""
+    """A virtual environment for this interpreter at `path` (new, or holding only what start_build wrote);
+    its python."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if installer == "uv":
-        run_logged([_uv_or_fail(), "venv", "--quiet", "--python", sys.executable, str(path)], log)
+        # --allow-existing keeps the building marker; uv refuses a folder that is not empty without it.
+        run_logged([_uv_or_fail(), "venv", "--quiet", "--allow-existing", "--python", sys.executable, str(path)], log)
     else:
         run_logged([sys.executable, "-m", "venv", str(path)], log)
     return path / "bin" / "python"
@@ -337,11 +357,9 @@ def choose_installer() -> str:
 
 
 def _marker_matches(path: Path, spec: EnvSpec) -> bool:
-    try:
-        marker = json.loads((path / MARKER).read_text())
-    except (OSError, ValueError):
-        return False
-    return marker.get("requirements") == requirements(spec) and (path / "bin" / "python").exists()
+    mark = markers.read(path)
+    return (mark is not None and mark.complete and mark.kind == markers.CELL
+            and mark.data.get("requirements") == requirements(spec) and (path / "bin" / "python").exists())
 
 
 def _uv() -> str | None:

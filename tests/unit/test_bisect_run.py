@@ -133,6 +133,18 @@ def test_a_regression_between_commits_is_found_then_found_again_from_the_cache(p
     code, again = bisect(project, "--good", shas[0], "--bad", shas[-1])
     assert (code, again["first"], again["environments_built"]) == (0, shas[2][:12], 0)
 
+    # What the builds left is bisect's own kind: env clean keeps it unless asked, and nothing else is there.
+    envs = project["tmp"] / "envs"
+    built = sorted(path.name for path in envs.iterdir() if path.is_dir())
+    assert len(built) == first["environments_built"] and all("-tinypkg@" in name for name in built)
+    capsys.readouterr()
+    assert main(["env", "list", "--env-dir", str(envs)]) == 0
+    assert f"bisect-commit: tinypkg {shas[2][:12]}" in capsys.readouterr().out
+    assert main(["env", "clean", "--env-dir", str(envs), "--all"]) == 0
+    assert f"kept {len(built)} bisect commit environments" in capsys.readouterr().out
+    assert main(["env", "clean", "--env-dir", str(envs), "--all", "--include-bisect"]) == 0
+    assert not any(path.is_dir() for path in envs.iterdir())
+
 
 def test_a_fix_between_commits(project):
     repo = project["repo"]

@@ -161,7 +161,11 @@ class Hub:
         self._closed = False
         self._context = tls.server_context(config.credentials)
         # Host 0's address as the cell knows it (the agents dial it), not every interface of the host.
-        self._server = socket.create_server(config.hub_address, reuse_port=False)
+        try:
+            self._server = socket.create_server(config.hub_address, reuse_port=False)
+        except OSError as error:
+            raise OSError(f"host 0's hub cannot listen on {config.hub_address[0]}:{config.hub_address[1]}, host 0's "
+                          f"address as the cell resolves its name: {error}") from None
         self._server.settimeout(POLL_S)
         self._admitting = threading.BoundedSemaphore(MAX_ADMITTING)
         self._arrived = threading.Condition()

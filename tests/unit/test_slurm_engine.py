@@ -74,8 +74,8 @@ SLURM_X = {"labels": ["l"], "gpus": 1, "engine": "slurm"}
     ({**SLURM_X, "submit": {"sbatch_args": ["-N"]}}, "x.submit.sbatch_args: expected a list of --options"),
     ({**SLURM_X, "submit": {"partition": "a b"}}, "x.submit.partition: expected a word"),
     ({**SLURM_X, "submit": {"segment": 0}}, "x.submit.segment: expected a whole number >= 1"),
-    ({**SLURM_X, "engine": "jobset", "submit": {"partition": "a"}}, "x.submit: unknown key 'partition' (known: "
-                                                                   "gpu_resource, hub_port, image, namespace, results_claim)"),
+    ({**SLURM_X, "engine": "jobset", "submit": {"partition": "a"}},
+     "x.submit: unknown key 'partition' (known: gpu_resource, hub_port, image, namespace, results_claim)"),
     ({"labels": ["l"], "gpus": 1, "submit": {"partition": "a"}}, "x.submit: the local engine takes no submit:"),
     ({**SLURM_X, "engine": "jobset", "submit": {"hub_port": 70000}}, "x.submit.hub_port: expected a TCP port"),
     ({**SLURM_X, "engine": "jobset", "submit": {"hub_port": "29400"}}, "x.submit.hub_port: expected a whole number"),

@@ -55,8 +55,6 @@ from harness.ranks.protocol import (
 )
 from harness.ranks.state import FreshState, SuiteSnapshot
 
-CONNECT_TIMEOUT_S = 60.0  # the launcher listens before any rank starts: only a cut network takes this long
-
 
 def stack_path(workdir: str | Path, rank: int) -> Path:
     """Where faulthandler writes the rank's stack (on SIGUSR1, or when it crashes)."""
@@ -124,7 +122,9 @@ def connect(spec: RankSpec) -> multiprocessing.connection.Connection | tls.Chann
     if spec.credentials is None:
         return multiprocessing.connection.Client(spec.address, authkey=spec.authkey)
     address = (spec.address[0], int(spec.address[1]))
-    return tls.dial(address, tls.client_context(spec.credentials), CONNECT_TIMEOUT_S)
+    # No deadline: the launcher handshakes once every host has forked its ranks, which may wait for a zygote's
+    # imports; a rank whose launcher is gone dies with it (lifecycle.watch_launcher).
+    return tls.dial(address, tls.client_context(spec.credentials), None)
 
 
 def _outcome(state: RankState, payload: bytes, capture: CallCapture | None) -> bytes:

@@ -78,7 +78,7 @@ def _wait_for(sock: socket.socket, want_write: bool, deadline: float | None) -> 
             return
 
 
-def _handshake(sock: ssl.SSLSocket, context: ssl.SSLContext, deadline: float) -> None:
+def _handshake(sock: ssl.SSLSocket, context: ssl.SSLContext, deadline: float | None) -> None:
     while True:
         try:
             sock.do_handshake()
@@ -109,10 +109,10 @@ def accept(sock: socket.socket, context: ssl.SSLContext, deadline: float) -> Cha
     return Channel(tls)
 
 
-def dial(address: tuple[str, int], context: ssl.SSLContext, timeout_s: float) -> Channel:
+def dial(address: tuple[str, int], context: ssl.SSLContext, timeout_s: float | None) -> Channel:
     """Connect and prove ourselves; the server must be the cell's too. OSError (ssl.SSLError for a peer that is
-    not of the cell) when it cannot be done within `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
+    not of the cell) when it cannot be done within `timeout_s` (None: as long as it takes)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     sock = socket.create_connection(address, timeout=timeout_s)
     sock.setblocking(False)
     tls = context.wrap_socket(sock, server_side=False, do_handshake_on_connect=False)

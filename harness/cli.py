@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     host.add_argument("--count", type=int, metavar="H", help="hosts of the cell (default $SLURM_NNODES)")
     host.add_argument("--host0", metavar="NAME", help="host 0's name (default: the first of the Slurm job's nodes)")
     host.add_argument("--hub-port", type=int, required=True, metavar="PORT", help="host 0's hub listens here")
+    host.add_argument("--credentials", metavar="FILE",
+                      help="the cell's TLS key and certificate (PEM), written by the engine for this cell alone")
     host.add_argument("--ranks-per-host", type=int, required=True, metavar="G")
     host.add_argument("--cpu-ranks", action="store_true", help="CPU ranks (gloo): host 0 sets HARNESS_CPU_RANKS")
     host.add_argument("--cause-file", metavar="FILE", help="host 0 writes the first lost host here")

@@ -1,8 +1,8 @@
 """Engines: what starts, watches and cancels a cell's hosts, one module each behind the `Engine` protocol
 (base.py): `local` runs pytest here, as a child of `harness run` (local.py); `slurm` submits one job to a
 login node's Slurm (slurm.py); `jobset` renders a Kubernetes JobSet and drives kubectl (jobset.py). An engine
-across hosts starts `harness host` on each (host.py) and merges what each host sampled (hostmemory.py); every
-engine leaves the same results folder as a local cell.
+across hosts makes the cell's TLS credentials (credentials.py), starts `harness host` on each (host.py) and
+merges what each host sampled (hostmemory.py); every engine leaves the same results folder as a local cell.
 
 Each engine owns its settings type (`SlurmSettings`, `JobSetSettings`), read from runners.yaml's `submit:`,
 which the plan keeps as written; `check_settings` reads every cell's before a run or a matrix starts anything.

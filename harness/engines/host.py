@@ -1,10 +1,11 @@
 """`harness host`: what an engine starts on every host of a cell (Slurm: one task per node of one `srun`).
 
 Host 0 runs the cell's pytest command, with the environment that makes its rank pool place ranks on every
-host (harness.ranks.hosts); every other host runs its agent (harness.ranks.agent). Each host marks what it
-starts with a cell token of its own and kills every process carrying it on the way out, however it ends:
-Slurm's proctrack/pgid does not reach a rank that called setpgrp. The host's index, the number of hosts
-and host 0's name come from the options, else from Slurm's environment.
+host (harness.ranks.hosts); every other host runs its agent (harness.ranks.agent). Every host is given the path
+of the cell's TLS credentials (--credentials), which its engine wrote where only the job's user can read them.
+Each host marks what it starts with a cell token of its own and kills every process carrying it on the way out,
+however it ends: Slurm's proctrack/pgid does not reach a rank that called setpgrp. The host's index, the number
+of hosts and host 0's name come from the options, else from Slurm's environment.
 """
 
 from __future__ import annotations
@@ -37,9 +38,7 @@ def command(args) -> int:
     index = _int_option(args.index, ("SLURM_NODEID", "JOB_COMPLETION_INDEX"), "--index")
     count = _int_option(args.count, ("SLURM_NNODES",), "--count")
     host0 = args.host0 or _slurm_first_host()
-    key = os.environ.get(hosts.KEY_ENV)
-    if not key:
-        raise ConfigError(f"harness host: ${hosts.KEY_ENV} is not set (the engine gives every host the cell's key)")
+    credentials = _credentials(args.credentials)
     address = _resolve(host0)
     token = uuid.uuid4().hex
     os.environ[CELL_TOKEN_ENV] = token  # what this host starts carries it; ranks inherit it through the zygote
@@ -50,8 +49,8 @@ def command(args) -> int:
     monitor = _monitor_gpus() if args.memory_file else None
     try:
         if index == 0:
-            return run_leader(args, count, address, key)
-        reason = _agent(index, (address, args.hub_port), bytes.fromhex(key))
+            return run_leader(args, count, address, credentials)
+        reason = _agent(index, (address, args.hub_port), credentials)
         print(f"harness host {index} on {name}: stopped: {reason}", flush=True)
         return 0
     finally:
@@ -63,7 +62,7 @@ def command(args) -> int:
             print(f"harness host {index} on {name}: processes {left} survived SIGKILL", flush=True)
 
 
-def run_leader(args, count: int, address: str, key: str) -> int:
+def run_leader(args, count: int, address: str, credentials: Path) -> int:
     """Host 0: the cell's pytest command, its output to the terminal (the engine's log) and pytest.log."""
     command = list(args.host_command)
     if command and command[0] == "--":
@@ -71,7 +70,7 @@ def run_leader(args, count: int, address: str, key: str) -> int:
     if not command:
         raise ConfigError("harness host: host 0 needs the pytest command after --")
     environ = {**os.environ, hosts.HOSTS_ENV: str(count), hosts.HOST_RANKS_ENV: str(args.ranks_per_host),
-               hosts.HUB_ENV: f"{address}:{args.hub_port}", hosts.KEY_ENV: key}
+               hosts.HUB_ENV: f"{address}:{args.hub_port}", hosts.CREDENTIALS_ENV: str(credentials)}
     if args.cause_file:
         environ[hosts.CAUSE_ENV] = args.cause_file
     if args.cpu_ranks:
@@ -105,10 +104,20 @@ def _monitor_gpus() -> MemoryMonitor:
     return MemoryMonitor(gpus).start()
 
 
-def _agent(index: int, hub: tuple[str, int], key: bytes) -> str:
+def _agent(index: int, hub: tuple[str, int], credentials: Path) -> str:
     from harness.ranks.agent import run_agent
 
-    return run_agent(index, hub, key, RENDEZVOUS_TIMEOUT_S)
+    return run_agent(index, hub, credentials, RENDEZVOUS_TIMEOUT_S)
+
+
+def _credentials(option: str | None) -> Path:
+    """The cell's TLS credentials file the engine wrote for this host (its path only ever travels)."""
+    if not option:
+        raise ConfigError("harness host: give --credentials FILE, the cell's TLS credentials its engine wrote")
+    path = Path(option)
+    if not path.is_file():
+        raise ConfigError(f"harness host: --credentials {option}: no such file (the engine writes it for the cell)")
+    return path
 
 
 def _copy(source, log) -> None:

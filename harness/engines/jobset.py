@@ -4,18 +4,21 @@ One replicated job of H pods (Indexed completions: a pod's JOB_COMPLETION_INDEX 
 `spec.coordinator` naming pod 0, whose stable DNS name (`<jobset>-hosts-0-0.<subdomain>`, from
 `network.enableDNSHostnames`) every other pod dials. Each pod runs `harness host`, as a Slurm task does.
 No restarts (`failurePolicy.maxRestarts: 0`, `backoffLimit: 0`): a lost pod fails the cell, as a lost Slurm
-node does under --no-requeue. The cell's HMAC key goes in a Secret created beside it (from a file, never on
-a command line), never in the manifest.
+node does under --no-requeue. The cell's TLS credentials (harness.engines.credentials) go in a Secret created
+beside it from a 0600 file (never on a command line, never in the manifest), mounted read-only into every pod as
+a volume whose path is all `harness host` is told. A NetworkPolicy rendered beside the JobSet admits to its pods
+only its own pods (by the label JobSet puts on them): the hub's port (runners.yaml `submit.hub_port`), the ranks'
+listeners and the collectives' ports are reached from the cell alone.
 
-`render` is pure (tests validate its output against the JobSet CRD's schema); `JobSetDriver` applies,
-waits for `status.terminalState`, collects each pod's log with its host's name, and deletes.
+`render` and `render_network_policy` are pure (tests validate them against the JobSet CRD's schema and the
+NetworkPolicy's); `JobSetDriver` applies both, waits for `status.terminalState`, collects each pod's log with its
+host's name, and deletes what it made.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import re
 import subprocess
 import tempfile
@@ -28,34 +31,46 @@ import yaml
 from harness.contract import HOST_LOG, HOST_LOST_JSON, HOST_MEMORY_JSON, JOB_MANIFEST, JUNIT_XML, PYTEST_LOG
 from harness.engines import hostmemory
 from harness.engines.base import JobFields, Launch, Ran, pytest_command, submitted, word
+from harness.engines.credentials import CREDENTIALS_FILE, private_credentials
 from harness.errors import ConfigError
 from harness.plan.cells import Cell, SubmitOptions
-from harness.ranks.hosts import KEY_ENV
+from harness.plan.files import positive_int
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 REPLICATED_JOB = "hosts"
 COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
-KEY_SECRET_FIELD = "key"
+CREDENTIALS_MOUNT = "/var/run/harness-cell"  # the Secret's volume in every pod, read-only
 POLL_S = 1.0
+HUB_PORT = 29400  # default: a pod has its own network namespace, so a fixed port cannot collide
 # A DNS-1035 label: what Kubernetes accepts as a JobSet's name and a subdomain.
 NAME = re.compile(r"[a-z]([-a-z0-9]{0,40}[a-z0-9])?")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class JobSetSettings:
-    """runners.yaml `submit:` of a jobset runner: the pods' image and namespace, the GPU resource name, and
+    """runners.yaml `submit:` of a jobset runner: the pods' image and namespace, the GPU resource name,
     results_claim (a PVC mounted where the results folder is, so host 0 writes junit.xml there as on a shared
-    file system)."""
+    file system), and hub_port (where host 0's hub listens)."""
 
     image: str | None = None
     namespace: str | None = None
     gpu_resource: str = "nvidia.com/gpu"
     results_claim: str | None = None
+    hub_port: int = HUB_PORT
 
     @classmethod
     def parse(cls, options: SubmitOptions | None) -> JobSetSettings:
-        return cls(**{key: word(value, f"{options.where}.{key}") for key, value in submitted(options, cls).items()})
+        values: dict = {}
+        for key, value in submitted(options, cls).items():
+            where = f"{options.where}.{key}"
+            if key == "hub_port":
+                if positive_int(value, where) > 65535:
+                    raise ConfigError(f"{where}: expected a TCP port (1-65535), got {value!r}")
+                values[key] = value
+            else:
+                values[key] = word(value, where)
+        return cls(**values)
 
 
 class JobSetEngine:
@@ -100,15 +115,19 @@ def render(cell: Cell, name: str, host_command: list[str], timeout_s: int, resul
         "image": submit.image,
         "command": [*host_command[:1]],
         "args": [*host_command[1:]],
-        "env": [{"name": KEY_ENV, "valueFrom": {"secretKeyRef": {"name": f"{name}-key", "key": KEY_SECRET_FIELD}}},
-                {"name": "HARNESS_CELL_ID", "value": cell.id}],
+        "env": [{"name": "HARNESS_CELL_ID", "value": cell.id}],
+        "volumeMounts": [{"name": "cell-credentials", "mountPath": CREDENTIALS_MOUNT, "readOnly": True}],
     }
     if not cell.is_cpu:
         container["resources"] = {"limits": {submit.gpu_resource: cell.gpus}}
-    pod: dict = {"restartPolicy": "Never", "automountServiceAccountToken": False, "containers": [container]}
+    # The Secret's file is the owner's alone (0400): the pod's user, not every process of the image.
+    volumes: list[dict] = [{"name": "cell-credentials",
+                            "secret": {"secretName": secret_name(name), "defaultMode": 0o400}}]
+    pod: dict = {"restartPolicy": "Never", "automountServiceAccountToken": False, "containers": [container],
+                 "volumes": volumes}
     if submit.results_claim and results_root is not None:
-        container["volumeMounts"] = [{"name": "results", "mountPath": str(results_root)}]
-        pod["volumes"] = [{"name": "results", "persistentVolumeClaim": {"claimName": submit.results_claim}}]
+        container["volumeMounts"].append({"name": "results", "mountPath": str(results_root)})
+        volumes.append({"name": "results", "persistentVolumeClaim": {"claimName": submit.results_claim}})
     manifest = {
         "apiVersion": API_VERSION,
         "kind": "JobSet",
@@ -137,10 +156,33 @@ def render(cell: Cell, name: str, host_command: list[str], timeout_s: int, resul
     return manifest
 
 
+def render_network_policy(cell: Cell, name: str) -> dict:
+    """Ingress to the JobSet's pods from the JobSet's own pods only (JobSet labels each with its name): the hub,
+    the ranks' listeners and the collectives' ports, whatever port each took, are the cell's alone."""
+    own_pods = {"matchLabels": {JOBSET_NAME_LABEL: name}}
+    policy = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": name, "labels": {"harness/cell": _label(cell.id)}},
+        "spec": {"podSelector": own_pods, "policyTypes": ["Ingress"],
+                 "ingress": [{"from": [{"podSelector": own_pods}]}]},
+    }
+    namespace = JobSetSettings.parse(cell.submit).namespace
+    if namespace:
+        policy["metadata"]["namespace"] = namespace
+    return policy
+
+
+def secret_name(name: str) -> str:
+    return f"{name}-tls"
+
+
 def host_command(cell: Cell, pytest_command: list[str], name: str, hub_port: int, folder: Path) -> list[str]:
-    """`harness host` in a pod: its index from JOB_COMPLETION_INDEX, host 0 by its stable DNS name."""
+    """`harness host` in a pod: its index from JOB_COMPLETION_INDEX, host 0 by its stable DNS name, the cell's
+    credentials where the Secret's volume is mounted."""
     command = ["harness", "host", f"--count={cell.hosts}", f"--host0={host0_name(name)}",
                f"--hub-port={hub_port}", f"--ranks-per-host={cell.gpus}",
+               f"--credentials={CREDENTIALS_MOUNT}/{CREDENTIALS_FILE}",
                f"--cause-file={folder / HOST_LOST_JSON}", f"--pytest-log={folder / PYTEST_LOG}"]
     if cell.is_cpu:
         command.append("--cpu-ranks")
@@ -156,13 +198,14 @@ def _label(value: str) -> str:
 
 
 class JobSetDriver:
-    """kubectl apply / wait / logs / delete for one rendered JobSet."""
+    """kubectl apply / wait / logs / delete for one rendered JobSet and its NetworkPolicy."""
 
-    def __init__(self, manifest: dict, folder: Path, log: Callable[[str], None], kubectl: str = "kubectl"):
-        self.manifest, self.folder, self.log, self.kubectl = manifest, folder, log, kubectl
-        self.name = manifest["metadata"]["name"]
-        self.namespace = manifest["metadata"].get("namespace")
-        self.hosts = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["completions"]
+    def __init__(self, manifests: list[dict], folder: Path, log: Callable[[str], None], kubectl: str = "kubectl"):
+        self.manifests, self.folder, self.log, self.kubectl = manifests, folder, log, kubectl
+        jobset = next(manifest for manifest in manifests if manifest["kind"] == "JobSet")
+        self.name = jobset["metadata"]["name"]
+        self.namespace = jobset["metadata"].get("namespace")
+        self.hosts = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["completions"]
 
     def _run(self, *args: str, check: bool = True, stdin: str | None = None) -> str:
         command = [self.kubectl, *(["--namespace", self.namespace] if self.namespace else []), *args]
@@ -171,15 +214,13 @@ class JobSetDriver:
             raise ConfigError(f"kubectl {args[0]} failed ({result.returncode}): {result.stderr.strip()[:500]}")
         return result.stdout
 
-    def run(self, key_hex: str, timeout_s: float) -> tuple[str, str]:
-        """Apply, wait, collect logs, delete: (terminal state, cause of an error or "")."""
-        with tempfile.TemporaryDirectory(prefix="harness-jobset-") as secret_dir:
-            key_file = Path(secret_dir) / KEY_SECRET_FIELD
-            key_file.touch(mode=0o600)
-            key_file.write_text(key_hex)
-            self._run("create", "secret", "generic", f"{self.name}-key", f"--from-file={KEY_SECRET_FIELD}={key_file}")
+    def run(self, credentials: Path, timeout_s: float) -> tuple[str, str]:
+        """Secret from the credentials file, apply, wait, collect logs, delete: (terminal state, cause or "")."""
+        self._run("create", "secret", "generic", secret_name(self.name),
+                  f"--from-file={CREDENTIALS_FILE}={credentials}")
         try:
-            self._run("apply", "-f", "-", stdin=yaml.safe_dump(self.manifest, sort_keys=False))
+            # The NetworkPolicy first: no pod of the JobSet starts before it stands.
+            self._run("apply", "-f", "-", stdin=yaml.safe_dump_all(self.manifests, sort_keys=False))
             self.log(f"   jobset {self.name}: applied, {self.hosts} hosts")
             state, deadline = "", time.monotonic() + timeout_s
             while not state:
@@ -193,7 +234,8 @@ class JobSetDriver:
             return state, "" if state == "Completed" else f"jobset {self.name} ended {state}"
         finally:
             self._run("delete", "jobset", self.name, "--ignore-not-found", "--wait=true", check=False)
-            self._run("delete", "secret", f"{self.name}-key", "--ignore-not-found", check=False)
+            self._run("delete", "networkpolicy", self.name, "--ignore-not-found", check=False)
+            self._run("delete", "secret", secret_name(self.name), "--ignore-not-found", check=False)
 
     def collect_logs(self) -> None:
         for index in range(self.hosts):
@@ -212,17 +254,18 @@ def run_job(cell: Cell, *, folder: Path, pytest_command: list[str], log: Callabl
 
     name = jobset_name(cell, uuid.uuid4().hex[:6])
     timeout_s = int(cell.timeout_minutes * 60)
-    manifest = render(cell, name, host_command(cell, pytest_command, name, HUB_PORT, folder), timeout_s,
-                      results_root=folder.parent)
-    (folder / JOB_MANIFEST).write_text(yaml.safe_dump(manifest, sort_keys=False))
+    hub_port = JobSetSettings.parse(cell.submit).hub_port
+    manifests = [render_network_policy(cell, name),
+                 render(cell, name, host_command(cell, pytest_command, name, hub_port, folder), timeout_s,
+                        results_root=folder.parent)]
+    (folder / JOB_MANIFEST).write_text(yaml.safe_dump_all(manifests, sort_keys=False))
     record["job_id"] = name
     record["hosts"] = [f"{name}-{REPLICATED_JOB}-0-{index}" for index in range(cell.hosts)]
-    state, cause = JobSetDriver(manifest, folder, log, kubectl).run(os.urandom(32).hex(), timeout_s)
+    # This machine's copy lives in a 0700 folder until the Secret is gone again.
+    with private_credentials(Path(tempfile.gettempdir()), cell.id) as credentials:
+        state, cause = JobSetDriver(manifests, folder, log, kubectl).run(credentials, timeout_s)
     if state == "Completed":
         return 0, ""
     if state == "Failed" and (folder / JUNIT_XML).is_file() and not (folder / HOST_LOST_JSON).is_file():
         return 1, ""  # host 0's pytest exited 1: tests failed, the cell ran
     return None, cause
-
-
-HUB_PORT = 29400  # a pod has its own network namespace: a fixed port cannot collide

@@ -9,6 +9,8 @@ same folder as a local cell, naming every host and the job id. Why a cell errore
 harness was interrupted (the job is cancelled), the cell's time ran out, the job was cancelled from
 outside (`scancel`), Slurm failed a node (NODE_FAIL, named), host 0 saw a host go silent (host-lost.json),
 then pytest's own exit. The job is submitted --no-requeue: a lost node would requeue it and truncate its log.
+The hosts talk TLS with credentials made for the job (harness.engines.credentials), in a 0700 folder of the
+project's while the job runs; job.sh names the file, never its content, and sbatch's environment holds no secret.
 
 The cluster is assumed to share the project folder with the login node (results, environments, the
 harness checkout), as home folders on Slurm clusters are. Client commands run as `sbatch`, `scontrol`,
@@ -32,12 +34,14 @@ from pathlib import Path
 from harness.contract import HOST_LOG, HOST_LOST_JSON, HOST_MEMORY_JSON, JOB_SCRIPT, PYTEST_LOG
 from harness.engines import hostmemory
 from harness.engines.base import JobFields, Launch, Ran, pytest_command, pytest_environment, submitted, word
+from harness.engines.credentials import private_credentials
 from harness.errors import ConfigError
 from harness.plan.cells import Cell, SubmitOptions
 from harness.plan.files import positive_int
-from harness.ranks.hosts import KEY_ENV, port_outside_ephemeral_range
+from harness.ranks.hosts import port_outside_ephemeral_range
 
 POLL_S = 0.5
+PRIVATE_FOLDER = ".harness-private"  # in the project: each job's credentials, 0700, gone when the job ends
 # After the job ends, how long its steps may take to be gone on every host (Slurm's KillWait is 30 s).
 GONE_TIMEOUT_S = 120.0
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY", "PREEMPTED",
@@ -122,9 +126,11 @@ def sbatch_command(cell: Cell, folder: Path, script: Path) -> list[str]:
     return [*command, str(script)]
 
 
-def host_command(cell: Cell, pytest_command: list[str], folder: Path, project: Path, hub_port: int) -> list[str]:
+def host_command(cell: Cell, pytest_command: list[str], folder: Path, project: Path, hub_port: int,
+                 credentials: Path) -> list[str]:
     command = [sys.executable, "-m", "harness", "host", f"--hub-port={hub_port}", f"--ranks-per-host={cell.gpus}",
-               f"--cause-file={folder / HOST_LOST_JSON}", f"--pytest-log={folder / PYTEST_LOG}", f"--cwd={project}"]
+               f"--credentials={credentials}", f"--cause-file={folder / HOST_LOST_JSON}",
+               f"--pytest-log={folder / PYTEST_LOG}", f"--cwd={project}"]
     if cell.is_cpu:
         command.append("--cpu-ranks")
     else:  # each host samples its own GPUs; harness merges them (hostmemory)
@@ -196,12 +202,31 @@ class LogStreamer:
 def run_job(cell: Cell, *, folder: Path, pytest_command: list[str], environ: dict[str, str], project: Path,
             log: Callable[[str], None], record: JobFields, client: SlurmClient | None = None) -> tuple[int | None, str]:
     """Submit, stream, wait; fills record's job_id and hosts. (pytest's exit code or None, the error or "")."""
-    client = client or SlurmClient()
+    # The cell's TLS credentials, for the job's hosts alone, until nothing of the job runs anywhere.
+    with private_credentials(private_folder(project), cell.id) as cell_credentials:
+        return _run_job(cell, folder=folder, pytest_command=pytest_command, environ=environ, project=project,
+                        log=log, record=record, client=client or SlurmClient(), credentials=cell_credentials)
+
+
+def private_folder(project: Path) -> Path:
+    """Where a job's credentials are kept while it runs: in the project, which every host shares, and not in the
+    results folder, which is uploaded as it is (an artifact anyone who reads the repository may read)."""
+    folder = project / PRIVATE_FOLDER
+    folder.mkdir(mode=0o700, exist_ok=True)
+    if folder.is_symlink() or not folder.is_dir():
+        raise ConfigError(f"{folder}: expected a folder of harness's own, found a link or a file")
+    os.chmod(folder, 0o700)
+    return folder
+
+
+def _run_job(cell: Cell, *, folder: Path, pytest_command: list[str], environ: dict[str, str], project: Path,
+             log: Callable[[str], None], record: JobFields, client: SlurmClient,
+             credentials: Path) -> tuple[int | None, str]:
     port = port_outside_ephemeral_range()  # checked free here; the same range is quiet on the hosts
     script = folder / JOB_SCRIPT
-    script.write_text(batch_script(cell, host_command(cell, pytest_command, folder, project, port), folder))
+    script.write_text(batch_script(cell, host_command(cell, pytest_command, folder, project, port, credentials),
+                                   folder))
     script.chmod(0o755)
-    environ = {**environ, KEY_ENV: os.urandom(32).hex()}  # sbatch hands its environment to every host
     if not cell.is_cpu:
         environ.pop("CUDA_VISIBLE_DEVICES", None)  # Slurm gives each host its GPUs
     command = sbatch_command(cell, folder, script)

@@ -3,7 +3,8 @@ a rank says of what it raised (raised.py), what a rank does (rank.py), the launc
 (launcher.py), one spawn per call (spawn.py), the zygote (zygote.py), persistent pools (pool.py), nothing
 outliving its launcher (lifecycle.py), checks that fail on every rank together (agree.py), each call's output
 captured on its ranks (output.py) and the pytest plugin with the `ranks` fixture (plugin.py), which puts that
-output into the test's report (sections.py)."""
+output into the test's report (sections.py); across hosts, host 0's hub (hosts.py), each other host's agent
+(agent.py) and the TLS wire between them (tls.py)."""
 
 from harness.ranks.agree import together
 from harness.ranks.failures import DistributedError, RankFailedError, RankTimeoutError

@@ -9,24 +9,27 @@ ranks, their stack and output files are written in the agent's folder (what they
 to this host's log, as the agent's own output does), and host-local variables (SLURM_*, HOSTNAME,
 TMPDIR, ...) are this host's. The agent beats every HEARTBEAT_INTERVAL_S from a thread (a zygote importing
 transformers for 20 s must not look like a lost host), and gives up, killing its ranks, when host 0 has been
-silent for HOST_LOST_AFTER_S or closed the connection. Standard library only.
+silent for HOST_LOST_AFTER_S or closed the connection. The connection is TLS with the cell's credentials
+(harness.ranks.tls): the agent talks only to a hub that proves it is the cell's, and its ranks dial their
+launcher the same way. Standard library only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import multiprocessing.connection
 import os
 import shutil
 import signal
 import socket
+import ssl
 import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
-from harness.ranks import lifecycle
+from harness.ranks import lifecycle, tls
 from harness.ranks.hostenv import for_host
 from harness.ranks.output import output_paths, read_output
 from harness.ranks.protocol import (
@@ -53,23 +56,28 @@ from harness.ranks.zygote import ForkRefused, Zygote
 
 POLL_S = 0.1
 DIAL_RETRY_S = 0.5
+DIAL_TIMEOUT_S = 10.0  # one attempt: the TCP connect and the TLS handshake
 
 
-def dial(address: tuple[str, int], key: bytes, deadline: float) -> multiprocessing.connection.Connection:
-    """Connect to the hub, retrying while host 0's name resolves and its port opens."""
+def dial(address: tuple[str, int], credentials: Path, deadline: float) -> tls.Channel:
+    """Connect to the hub, retrying while host 0's port opens; a hub that is not the cell's is refused at once."""
+    context = tls.client_context(credentials)
     while True:
         try:
-            return multiprocessing.connection.Client(address, authkey=key)
-        except (OSError, EOFError) as error:
+            return tls.dial(address, context, DIAL_TIMEOUT_S)
+        except ssl.SSLCertVerificationError as error:
+            raise ConnectionError(f"host 0's hub at {address[0]}:{address[1]} is not this cell's: {error}") from None
+        except OSError as error:
             if time.monotonic() > deadline:
                 raise ConnectionError(f"cannot reach host 0's hub at {address[0]}:{address[1]}: {error}") from None
             time.sleep(DIAL_RETRY_S)
 
 
 class Agent:
-    def __init__(self, host: int, connection: multiprocessing.connection.Connection, log=print):
+    def __init__(self, host: int, connection: tls.Channel, credentials: Path, log=print):
         self.host = host
         self.connection = connection
+        self.credentials = credentials  # this host's path of the cell's credentials, for its ranks
         self.log = log
         self.workdir = tempfile.mkdtemp(prefix="harness-agent-")
         self.zygote = Zygote()
@@ -138,7 +146,7 @@ class Agent:
         launch = dataclasses.replace(spec.launch, workdir=self.workdir, launcher_pid=os.getpid(), capture=capture)
         host_environ = dict(os.environ)
         return dataclasses.replace(spec, launch=launch, environ=for_host(spec.environ, host_environ),
-                                   host_environ=host_environ)
+                                   host_environ=host_environ, credentials=str(self.credentials))
 
     def _stacks(self, request: StackRequest) -> dict[int, str]:
         ranks = {rank: pid for rank, pid in request.pids.items() if self.ranks.get(pid) == rank}
@@ -183,8 +191,8 @@ class Agent:
                 return
 
 
-def run_agent(host: int, hub: tuple[str, int], key: bytes, dial_timeout_s: float, log=print) -> str:
+def run_agent(host: int, hub: tuple[str, int], credentials: Path, dial_timeout_s: float, log=print) -> str:
     """Serve host 0's hub until it goes; why the agent stopped."""
-    connection = dial(hub, key, time.monotonic() + dial_timeout_s)
+    connection = dial(hub, credentials, time.monotonic() + dial_timeout_s)
     log(f"agent of host {host}: connected to host 0's hub at {hub[0]}:{hub[1]}")
-    return Agent(host, connection, log).serve()
+    return Agent(host, connection, credentials, log).serve()

@@ -4,8 +4,11 @@ Which process runs what (H hosts x G ranks, world up to H*G):
 
     host 0:  harness host -> pytest (launcher: PoolLauncher + Hub) -> zygote -> ranks 0..G-1
     host h:  harness host (agent, harness.ranks.agent) -> zygote -> ranks h*G..h*G+G-1
-             agent --TCP, HMAC--> hub on host 0 (Preload/Fork/Stacks/Kill in, Forked/Refused/Exited out)
-             every rank --TCP, HMAC--> its RankSet's listener on host 0 (the one protocol: Call, Done, ...)
+             agent --TLS--> hub on host 0 (Preload/Fork/Stacks/Kill in, Forked/Refused/Exited out)
+             every rank --TLS--> its RankSet's listener on host 0 (the one protocol: Call, Done, ...)
+
+Every connection is TLS 1.3, both ends proving they hold the cell's credentials before any message is read
+(harness.ranks.tls); the hub and the listeners bind host 0's address as the cell knows it, not every interface.
 
 A world of W ranks uses the first ceil(W/G) hosts. Both ends send a Heartbeat every HEARTBEAT_INTERVAL_S; a
 host silent for HOST_LOST_AFTER_S (or whose connection closed) is lost, and the host named is the one
@@ -13,8 +16,8 @@ that went silent first: a partitioned host stops beating before its peers' conne
 loss is written to $HARNESS_HOST_CAUSE (JSON) for the engine, and every later call fails at once.
 
 The environment (harness host sets it on host 0's pytest): HARNESS_HOSTS (H), HARNESS_HOST_RANKS (G),
-HARNESS_HUB (host 0's address:port), HARNESS_HOSTS_KEY (hex HMAC key, from the engine), HARNESS_HOST_CAUSE.
-Standard library only.
+HARNESS_HUB (host 0's address:port), HARNESS_HOSTS_CREDENTIALS (the path of the cell's TLS credentials, which
+the engine wrote: never their content), HARNESS_HOST_CAUSE. Standard library only.
 """
 
 from __future__ import annotations
@@ -23,9 +26,8 @@ import contextlib
 import dataclasses
 import json
 import math
-import multiprocessing
-import multiprocessing.connection
 import os
+import pickle
 import queue
 import random
 import socket
@@ -33,6 +35,7 @@ import threading
 import time
 from pathlib import Path
 
+from harness.ranks import tls
 from harness.ranks.failures import HostLostError
 from harness.ranks.hostenv import portable
 from harness.ranks.protocol import (
@@ -54,12 +57,16 @@ from harness.ranks.protocol import (
 HOSTS_ENV = "HARNESS_HOSTS"
 HOST_RANKS_ENV = "HARNESS_HOST_RANKS"
 HUB_ENV = "HARNESS_HUB"
-KEY_ENV = "HARNESS_HOSTS_KEY"
+CREDENTIALS_ENV = "HARNESS_HOSTS_CREDENTIALS"
 CAUSE_ENV = "HARNESS_HOST_CAUSE"
 # A host silent this long (at least two beats missed) counts as silent when naming who went first.
 SILENT_AFTER_S = 3 * HEARTBEAT_INTERVAL_S
 AGENT_REPLY_TIMEOUT_S = 30.0
-HANDSHAKE_TIMEOUT_S = 10.0
+# Admission: the TLS handshake and the agent's hello, together, within this; the hello at most this large.
+ADMISSION_TIMEOUT_S = 10.0
+ADMISSION_MAX_BYTES = 64 * 1024
+# Connections still in admission at once; more are closed at once (each holds a thread for ADMISSION_TIMEOUT_S).
+MAX_ADMITTING = 32
 POLL_S = 0.1
 
 
@@ -68,7 +75,7 @@ class HostsConfig:
     hosts: int
     ranks_per_host: int
     hub_address: tuple[str, int]
-    key: bytes
+    credentials: Path  # the cell's TLS key and certificate (harness.ranks.tls)
     cause_file: Path | None
 
     @classmethod
@@ -81,17 +88,17 @@ class HostsConfig:
             address, _, port = environ[HUB_ENV].rpartition(":")
             cause = environ.get(CAUSE_ENV)
             return cls(hosts=int(environ[HOSTS_ENV]), ranks_per_host=int(environ[HOST_RANKS_ENV]),
-                       hub_address=(address, int(port)), key=bytes.fromhex(environ[KEY_ENV]),
+                       hub_address=(address, int(port)), credentials=Path(environ[CREDENTIALS_ENV]),
                        cause_file=Path(cause) if cause else None)
         except (KeyError, ValueError) as error:
             raise ValueError(f"a cell across hosts needs ${HOSTS_ENV}, ${HOST_RANKS_ENV}, ${HUB_ENV} (address:port) "
-                             f"and ${KEY_ENV} (hex), as harness host sets them: {error!r}") from None
+                             f"and ${CREDENTIALS_ENV} (a file), as harness host sets them: {error!r}") from None
 
 
 class AgentLink:
     """The hub's connection to one host's agent: what it last said and when."""
 
-    def __init__(self, connection: multiprocessing.connection.Connection, hello: AgentHello):
+    def __init__(self, connection: tls.Channel, hello: AgentHello):
         self.connection = connection
         self.host, self.hostname, self.pid = hello.host, hello.hostname, hello.pid
         self.last_seen = time.monotonic()
@@ -152,8 +159,15 @@ class Hub:
         self.links: dict[int, AgentLink] = {}
         self.loss: HostLostError | None = None
         self._closed = False
-        self._server = socket.create_server(("0.0.0.0", config.hub_address[1]), reuse_port=False)
+        self._context = tls.server_context(config.credentials)
+        # Host 0's address as the cell knows it (the agents dial it), not every interface of the host.
+        try:
+            self._server = socket.create_server(config.hub_address, reuse_port=False)
+        except OSError as error:
+            raise OSError(f"host 0's hub cannot listen on {config.hub_address[0]}:{config.hub_address[1]}, host 0's "
+                          f"address as the cell resolves its name: {error}") from None
         self._server.settimeout(POLL_S)
+        self._admitting = threading.BoundedSemaphore(MAX_ADMITTING)
         self._arrived = threading.Condition()
         for target, name in ((self._accept, "accept"), (self._beat, "heartbeat"), (self._watch, "watch")):
             threading.Thread(target=target, name=f"harness-hub-{name}", daemon=True).start()
@@ -230,23 +244,28 @@ class Hub:
                 continue
             except OSError:
                 return
+            if not self._admitting.acquire(blocking=False):  # a flood of connections: each waits its turn no more
+                sock.close()
+                continue
             threading.Thread(target=self._admit, args=(sock,), daemon=True).start()
 
     def _admit(self, sock: socket.socket) -> None:
-        """The HMAC challenge both ways before anything is unpickled; a stalled peer costs only this thread."""
-        sock.setblocking(True)
-        connection = multiprocessing.connection.Connection(sock.detach())
+        """Mutual TLS, then one small AgentHello, all within ADMISSION_TIMEOUT_S: nothing is read from a peer that
+        has not proven it holds the cell's key, and a silent or trickling one costs only this thread, briefly."""
         try:
-            multiprocessing.connection.deliver_challenge(connection, self.config.key)
-            multiprocessing.connection.answer_challenge(connection, self.config.key)
-            if not connection.poll(HANDSHAKE_TIMEOUT_S):
-                raise EOFError
-            hello = connection.recv()
-            if not isinstance(hello, AgentHello) or not 0 < hello.host < self.config.hosts:
-                raise EOFError
-        except (multiprocessing.AuthenticationError, EOFError, OSError, ValueError):
-            connection.close()
-            return
+            deadline = time.monotonic() + ADMISSION_TIMEOUT_S
+            connection = tls.accept(sock, self._context, deadline)
+            if connection is None:
+                return
+            try:
+                hello = pickle.loads(connection.recv_bytes(ADMISSION_MAX_BYTES, deadline))
+                if not isinstance(hello, AgentHello) or not 0 < hello.host < self.config.hosts:
+                    raise ValueError(f"not an agent's hello: {type(hello).__name__}")
+            except Exception:  # EOF, a timeout, a message too large, one that is no hello
+                connection.close()
+                return
+        finally:
+            self._admitting.release()
         with self._arrived:
             self.links[hello.host] = AgentLink(connection, hello)
             self._arrived.notify_all()
@@ -325,6 +344,10 @@ class Placement:
     @property
     def master_addr(self) -> str:
         return self.hub.master_addr
+
+    @property
+    def credentials(self) -> Path:
+        return self.hub.config.credentials
 
     def host_of(self, rank: int) -> int:
         return rank // self.ranks_per_host

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.ranks import lifecycle
+from harness.ranks import lifecycle, tls
 from harness.ranks.failures import Died, DistributedError, failure_error, timeout_error
 from harness.ranks.hosts import Placement, port_outside_ephemeral_range
 from harness.ranks.output import output_paths, read_output
@@ -56,6 +56,7 @@ from harness.ranks.rank import spawned_rank_main, stack_path
 POLL_S = 0.1
 # A rank answers the launcher's challenge at once; a peer silent this long is not one of our ranks.
 HANDSHAKE_TIMEOUT_S = 10.0
+HELLO_MAX_BYTES = 4096  # across hosts, what a rank may send before it is one of ours
 # A rank answers a Ping once it has put back what its last call changed (a garbage collection, an emptied
 # CUDA cache); one that takes longer than this is not used again.
 IDLE_CHECK_TIMEOUT_S = 60.0
@@ -103,8 +104,8 @@ def handshake(sock: socket.socket, authkey: bytes, timeout_s: float) -> multipro
 
 
 def peer_uid(sock: socket.socket) -> int | None:
-    """The uid of the process at the other end of a Unix socket (Linux SO_PEERCRED); None for a TCP peer (a rank
-    of another host: no uid crosses hosts, the HMAC challenge alone admits it) and where the OS cannot tell."""
+    """The uid of the process at the other end of a Unix socket (Linux SO_PEERCRED); None for a TCP peer (no uid
+    crosses hosts) and where the OS cannot tell."""
     if not hasattr(socket, "SO_PEERCRED") or sock.family != socket.AF_UNIX:
         return None
     credentials = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
@@ -145,13 +146,15 @@ class RankSet:
             self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self._server.bind(self._address)
         else:
-            # Ranks on other hosts dial in over TCP; the same HMAC challenge guards it.
+            # Ranks on other hosts dial in over TCP: TLS with the cell's credentials, on host 0's address only.
             self.launch = Launch(world_size=world_size, port=port_outside_ephemeral_range(),
                                  workdir=str(self.workdir),
                                  collective_timeout_s=collective_timeout_s, device=device,
                                  launcher_pid=os.getpid(), master_addr=placement.master_addr,
                                  ranks_per_host=placement.ranks_per_host, capture=capture)
-            self._server = socket.create_server(("0.0.0.0", 0))
+            self._authkey = b""  # the certificate admits a rank across hosts, not a key in its spec
+            self._context = tls.server_context(placement.credentials)
+            self._server = socket.create_server((placement.master_addr, 0))
             self._address = (placement.master_addr, self._server.getsockname()[1])
         self._remote: dict[int, int] = {}  # rank -> its pid on its host (not host 0)
         self._server.listen(world_size)
@@ -162,7 +165,8 @@ class RankSet:
 
     def specs(self) -> list[RankSpec]:
         host_environ = dict(os.environ) if self.placement is not None else None
-        return [RankSpec(self.launch, rank, self._address, self._authkey, dict(os.environ), host_environ)
+        credentials = str(self.placement.credentials) if self.placement is not None else None
+        return [RankSpec(self.launch, rank, self._address, self._authkey, dict(os.environ), host_environ, credentials)
                 for rank in range(self.world_size)]
 
     def adopt_remote(self, pids: dict[int, int]) -> None:
@@ -190,13 +194,12 @@ class RankSet:
             with contextlib.suppress(TimeoutError, socket.timeout):
                 sock, _ = self._server.accept()
                 left_s = max(deadline - time.monotonic(), POLL_S)
-                connection = handshake(sock, self._authkey, min(HANDSHAKE_TIMEOUT_S, left_s))
-                if connection is None:
+                admitted = self._admit(sock, min(HANDSHAKE_TIMEOUT_S, left_s))
+                if admitted is None:
                     continue  # not one of our ranks
-                hello = pickle.loads(connection.recv_bytes())
-                assert isinstance(hello, Hello), hello
-                self._connections[hello.rank] = connection
-                waiting.discard(hello.rank)
+                rank, connection = admitted
+                self._connections[rank] = connection
+                waiting.discard(rank)
                 continue
             self._raise_if_host_lost()
             dead = {rank: self._died(rank, wait_s=0) for rank in sorted(waiting)}
@@ -209,6 +212,30 @@ class RankSet:
                 raise timeout_error(self.world_size, timeout_s, {}, stacks)
         self._server.close()
         self._gather(deadline, timeout_s)
+
+    def _admit(self, sock: socket.socket, timeout_s: float) -> tuple[int, Any] | None:
+        """One of our ranks and its connection, once it proved itself and said which rank it is; None for any
+        other peer. On one host: the Unix socket's uid check and challenge, then Hello. Across hosts: mutual TLS
+        and a small Hello, both within `timeout_s`."""
+        if self.placement is None:
+            connection = handshake(sock, self._authkey, timeout_s)
+            if connection is None:
+                return None
+            hello = pickle.loads(connection.recv_bytes())
+        else:
+            deadline = time.monotonic() + timeout_s
+            connection = tls.accept(sock, self._context, deadline)
+            if connection is None:
+                return None
+            try:
+                hello = pickle.loads(connection.recv_bytes(HELLO_MAX_BYTES, deadline))
+            except Exception:  # EOF, a timeout, a message too large: not a rank of ours after all
+                connection.close()
+                return None
+        if not isinstance(hello, Hello) or not 0 <= hello.rank < self.world_size:
+            connection.close()
+            return None
+        return hello.rank, connection
 
     def idle(self) -> bool:
         """Every rank alive, idle and as a fresh one: asked, not guessed, so a rank that died between calls, or
@@ -274,7 +301,7 @@ class RankSet:
                 break
             pending = {self._connections[rank]: rank for rank in range(self.world_size)
                        if rank not in replies and rank not in failures}
-            for connection in multiprocessing.connection.wait(list(pending), timeout=POLL_S):
+            for connection in tls.wait(list(pending), timeout=POLL_S):
                 rank = pending[connection]
                 try:
                     answer = pickle.loads(connection.recv_bytes())

@@ -1,8 +1,8 @@
 """What passes between the launcher and its ranks, its zygote and its hosts' agents: the messages and the
 deadlines they keep (the errors a launch raises are in failures.py).
 
-Messages are frozen dataclasses pickled over a Unix socket (launcher <-> rank) or a pipe (launcher <->
-zygote); nothing between processes is a bare tuple. Needs only the standard library.
+Messages are frozen dataclasses pickled over a Unix socket (launcher <-> rank), a pipe (launcher <-> zygote) or,
+between hosts, TLS (harness.ranks.tls); nothing between processes is a bare tuple. Needs only the standard library.
 """
 
 from __future__ import annotations
@@ -79,12 +79,15 @@ class Launch:
 class RankSpec:
     launch: Launch
     rank: int
-    address: str  # the launcher's Unix socket
-    authkey: bytes  # answers the launcher's challenge: only its ranks may connect
+    address: str | tuple[str, int]  # the launcher's Unix socket, or its TCP listener in a cell across hosts
+    authkey: bytes  # on one host: answers the launcher's challenge, so only its ranks may connect (else empty)
     environ: dict[str, str]  # the launcher's environment (a forked rank starts with the zygote's)
     # A rank on another host than the launcher's: its host's own environment, whose host-local names
     # (SLURM_*, HOSTNAME, TMPDIR, ...) win over the launcher's in every call (hosts.for_host).
     host_environ: dict[str, str] | None = None
+    # Across hosts: the path, on the rank's host, of the cell's TLS credentials the rank dials its launcher with
+    # (harness.ranks.tls). None: one host, the Unix socket and its challenge.
+    credentials: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

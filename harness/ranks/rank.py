@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from harness.ranks import lifecycle
+from harness.ranks import lifecycle, tls
 from harness.ranks.hostenv import for_host
 from harness.ranks.output import CallCapture, flush_streams
 from harness.ranks.protocol import (
@@ -81,8 +81,7 @@ def serve(spec: RankSpec) -> None:
     set_environment(launch, rank)
     rank_environ = {name: value for name, value in os.environ.items() if before.get(name) != value}
 
-    # A Unix socket on one host; TCP (a (host, port) address) when the launcher is on another host.
-    connection = multiprocessing.connection.Client(spec.address, authkey=spec.authkey)
+    connection = connect(spec)
     _send(connection, Hello(rank))
     try:
         state = RankState(launch, rank)
@@ -117,6 +116,17 @@ def serve(spec: RankSpec) -> None:
                 os._exit(1)
 
 
+def connect(spec: RankSpec) -> multiprocessing.connection.Connection | tls.Channel:
+    """The connection to the launcher: its Unix socket and challenge on one host; across hosts, TLS with the cell's
+    credentials to its listener on host 0 (harness.ranks.tls)."""
+    if spec.credentials is None:
+        return multiprocessing.connection.Client(spec.address, authkey=spec.authkey)
+    address = (spec.address[0], int(spec.address[1]))
+    # No deadline: the launcher handshakes once every host has forked its ranks, which may wait for a zygote's
+    # imports; a rank whose launcher is gone dies with it (lifecycle.watch_launcher).
+    return tls.dial(address, tls.client_context(spec.credentials), None)
+
+
 def _outcome(state: RankState, payload: bytes, capture: CallCapture | None) -> bytes:
     """The call's Done or Failed, pickled, with what the rank wrote while it ran (its fds put back first)."""
     if capture is not None:
@@ -137,11 +147,11 @@ def _outcome(state: RankState, payload: bytes, capture: CallCapture | None) -> b
                                                   output=outcome.output))
 
 
-def _send(connection: multiprocessing.connection.Connection, message: object) -> None:
+def _send(connection: multiprocessing.connection.Connection | tls.Channel, message: object) -> None:
     connection.send_bytes(pickle.dumps(message))
 
 
-def _fail_and_exit(connection: multiprocessing.connection.Connection, failure: Failed) -> None:
+def _fail_and_exit(connection: multiprocessing.connection.Connection | tls.Channel, failure: Failed) -> None:
     """Report, then exit at once: interpreter teardown could wait on a collective a peer never joins."""
     with contextlib.suppress(OSError):
         _send(connection, failure)

@@ -1,6 +1,7 @@
 """The JobSet engine: rendered manifests for 1, 4 and 18 hosts validate against the JobSet CRD's schema
-(kubernetes-sigs/jobset v0.12.0, made strict: no unknown field; tests/unit/data), broken ones are refused,
-and the kubectl driver runs against a stand-in kubectl on PATH (no API server can run here)."""
+(kubernetes-sigs/jobset v0.12.0, made strict: no unknown field; tests/unit/data), their NetworkPolicies against
+NetworkPolicy v1's (strict, tests/unit/data), broken ones are refused, and the kubectl driver runs against a
+stand-in kubectl on PATH (no API server can run here)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from harness.plan.matrix import expand
 from harness.plan.runners import read_runners
 
 SCHEMA = Path(__file__).parent / "data" / "jobset-v0.12.0-strict.schema.json"
+POLICY_SCHEMA = Path(__file__).parent / "data" / "networkpolicy-v1-strict.schema.json"
 RUNNERS = {"gb200": {"labels": ["gpu-gb200"], "gpus": 4, "engine": "jobset", "hosts": 18,
                      "submit": {"image": "ghcr.io/org/harness-cell:py3.11", "namespace": "ml",
                                 "results_claim": "harness-results"}},
@@ -37,7 +39,7 @@ def cell(tmp_path: Path, gpu: str, hosts: int, gpus: int):
     return expand(spec, read_runners(path), name="m", source="m.yaml")[0]
 
 
-def validate(tmp_path: Path, manifests: dict[str, dict]) -> tuple[int, str]:
+def validate(tmp_path: Path, manifests: dict[str, dict], schema: Path = SCHEMA) -> tuple[int, str]:
     """check-jsonschema over every manifest at once (one start of it: seconds on a busy machine)."""
     checker = shutil.which("check-jsonschema") or str(Path(sys.executable).parent / "check-jsonschema")
     if not Path(checker).exists():
@@ -46,7 +48,7 @@ def validate(tmp_path: Path, manifests: dict[str, dict]) -> tuple[int, str]:
     for name, manifest in manifests.items():
         paths.append(tmp_path / f"{name}.yaml")
         paths[-1].write_text(yaml.safe_dump(manifest))
-    result = subprocess.run([checker, "--schemafile", str(SCHEMA), *map(str, paths)], capture_output=True, text=True)
+    result = subprocess.run([checker, "--schemafile", str(schema), *map(str, paths)], capture_output=True, text=True)
     return result.returncode, result.stdout + result.stderr
 
 
@@ -76,8 +78,34 @@ def test_rendered_jobsets_validate(tmp_path):
         assert host0 in container["args"]
         limits = container.get("resources", {}).get("limits")
         assert limits == ({"nvidia.com/gpu": gpus} if gpu == "gb200" else None)
-        text = yaml.safe_dump(manifest)
-        assert "secretKeyRef" in text  # the key is a Secret's, never in the manifest
+        # The cell's credentials: a Secret's volume, read-only, the owner's alone; the host is told the path.
+        assert {"name": "cell-credentials", "secret": {"secretName": f"{manifest['metadata']['name']}-tls",
+                                                       "defaultMode": 0o400}} in job["template"]["spec"]["volumes"]
+        assert {"name": "cell-credentials", "mountPath": jobset.CREDENTIALS_MOUNT, "readOnly": True} in \
+            container["volumeMounts"]
+        assert f"--credentials={jobset.CREDENTIALS_MOUNT}/cell.pem" in container["args"]
+        assert f"--hub-port={jobset.HUB_PORT}" in container["args"]
+        assert "secretKeyRef" not in yaml.safe_dump(manifest)  # no secret in any environment
+
+
+def test_rendered_network_policies_admit_only_the_jobsets_own_pods(tmp_path):
+    policies = {}
+    for gpu, hosts, gpus in SHAPES:
+        one = cell(tmp_path, gpu, hosts, gpus)
+        policies[f"{gpu}-{hosts}x{gpus}"] = jobset.render_network_policy(one, jobset.jobset_name(one, "r1"))
+    broken = copy.deepcopy(policies["cpu-k8s-4x2"])
+    broken["spec"]["podSelecter"] = broken["spec"].pop("podSelector")
+    policies["podSelecter"] = broken
+    code, output = validate(tmp_path, policies, POLICY_SCHEMA)
+    assert code != 0 and "podSelecter.yaml" in output and "'podSelecter' was unexpected" in output, output
+    assert [line for line in output.splitlines() if "x4.yaml" in line or "x2.yaml" in line] == [], output
+    for name, policy in policies.items():
+        if name == "podSelecter":
+            continue
+        pods = {"matchLabels": {"jobset.sigs.k8s.io/jobset-name": policy["metadata"]["name"]}}
+        assert policy["spec"] == {"podSelector": pods, "policyTypes": ["Ingress"], "ingress": [{"from": [
+            {"podSelector": pods}]}]}  # no other peer, no namespace, no address block: the JobSet's pods alone
+        assert policy["metadata"].get("namespace") == ("ml" if name.startswith("gb200") else None)
 
 
 BROKEN = {
@@ -118,9 +146,11 @@ STANDIN = textwrap.dedent("""\
         args = args[2:]
     record = {{"args": args}}
     if args[:3] == ["create", "secret", "generic"]:
-        key_file = Path(args[4].split("=", 2)[2])  # --from-file=key=PATH
+        key_file = Path(args[4].split("=", 2)[2])  # --from-file=cell.pem=PATH
         record["key_mode"] = oct(stat.S_IMODE(key_file.stat().st_mode))
-        record["key_length"] = len(key_file.read_text())
+        record["folder_mode"] = oct(stat.S_IMODE(key_file.parent.stat().st_mode))
+        record["key_file"] = str(key_file)
+        record["pem"] = key_file.read_text()
     if args[:3] == ["apply", "-f", "-"]:
         (state_dir / "applied.yaml").write_text(sys.stdin.read())
     with (state_dir / "calls.jsonl").open("a") as calls:
@@ -168,11 +198,25 @@ def test_driver_applies_waits_collects_and_deletes(tmp_path, kubectl, monkeypatc
     made = calls(kubectl)
     verbs = [call["args"][0] for call in made]
     assert verbs[:2] == ["create", "apply"] and verbs.count("get") == 3 and verbs.count("logs") == 4
-    assert verbs[-2:] == ["delete", "delete"]  # the jobset and its key, whatever the outcome
-    assert made[0]["key_mode"] == "0o600" and made[0]["key_length"] == 64
-    applied = yaml.safe_load((kubectl / "applied.yaml").read_text())
-    assert applied == yaml.safe_load((folder / "jobset.yaml").read_text())
+    # the jobset, its network policy and its credentials, whatever the outcome
+    assert [call["args"][:2] for call in made[-3:]] == [["delete", "jobset"], ["delete", "networkpolicy"],
+                                                       ["delete", "secret"]]
+    secret = made[0]
+    assert (secret["key_mode"], secret["folder_mode"]) == ("0o600", "0o700")
+    assert secret["pem"].startswith("-----BEGIN PRIVATE KEY-----") and "CERTIFICATE" in secret["pem"]
+    assert not Path(secret["key_file"]).exists()  # this machine's copy is gone
+    policy, applied = yaml.safe_load_all((kubectl / "applied.yaml").read_text())
+    assert [policy, applied] == list(yaml.safe_load_all((folder / "jobset.yaml").read_text()))
+    assert (policy["kind"], applied["kind"]) == ("NetworkPolicy", "JobSet")  # the policy stands before any pod
+    assert secret["args"][3] == f"{applied['metadata']['name']}-tls"
     assert record["job_id"] == applied["metadata"]["name"] and len(record["hosts"]) == 4
+    # The key is in no manifest, no command line, no log.
+    body = secret["pem"].splitlines()[1]
+    assert body in (kubectl / "calls.jsonl").read_text()  # the stand-in recorded the file it was given
+    arguments = [call["args"] for call in made]
+    assert all(body not in argument for call in arguments for argument in call)
+    assert body not in (kubectl / "applied.yaml").read_text() and body not in (folder / "jobset.yaml").read_text()
+    assert all(body not in line for line in lines)
     assert "[host3] harness host 3 says hello" in lines
     assert (folder / "host2.log").read_text().strip() == "harness host 2 says hello"
 
@@ -193,7 +237,8 @@ def test_driver_deletes_when_interrupted(tmp_path, kubectl, monkeypatch):
     monkeypatch.setattr(jobset.JobSetDriver, "_run", interrupted_while_waiting)
     with pytest.raises(KeyboardInterrupt):
         jobset.run_job(one, folder=folder, pytest_command=["python"], log=lambda line: None, record={})
-    assert [call["args"][:2] for call in calls(kubectl)][-2:] == [["delete", "jobset"], ["delete", "secret"]]
+    assert [call["args"][:2] for call in calls(kubectl)][-3:] == [["delete", "jobset"], ["delete", "networkpolicy"],
+                                                                  ["delete", "secret"]]
 
 
 def test_the_jobset_engine_runs_the_cells_pytest_as_the_images_python(tmp_path, kubectl, monkeypatch):
@@ -210,7 +255,22 @@ def test_the_jobset_engine_runs_the_cells_pytest_as_the_images_python(tmp_path, 
     job = {"job_id": None, "hosts": []}
     ran = engine("jobset").run(launch, job)
     assert (ran.exit_code, ran.cause, ran.timed_out, ran.memory) == (0, "", False, None)
-    args = yaml.safe_load((folder / "jobset.yaml").read_text())["spec"]["replicatedJobs"][0]["template"]["spec"][
-        "template"]["spec"]["containers"][0]["args"]
+    _, manifest = yaml.safe_load_all((folder / "jobset.yaml").read_text())
+    args = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--") + 1:][:3] == ["python", "-m", "pytest"] and args[-2:] == ["-k", "ep"]
     assert job["job_id"].startswith("h-") and len(job["hosts"]) == 2
+
+
+def test_the_hub_port_comes_from_the_runners_settings(tmp_path, kubectl, monkeypatch):
+    monkeypatch.setenv("STANDIN_STATE", "Completed")
+    entries = {**RUNNERS, "cpu-k8s": {**RUNNERS["cpu-k8s"], "submit": {**RUNNERS["cpu-k8s"]["submit"],
+                                                                       "hub_port": 31007}}}
+    (tmp_path / "runners.yaml").write_text(json.dumps(entries))
+    spec = {"axes": {"gpu": ["cpu-k8s"], "hosts": [2], "gpus": [2], "torch": ["2.13.0"], "transformers": ["5.24.0"]}}
+    one = expand(spec, read_runners(tmp_path / "runners.yaml"), name="m", source="m.yaml")[0]
+    folder = tmp_path / "results" / one.id
+    folder.mkdir(parents=True)
+    jobset.run_job(one, folder=folder, pytest_command=["python"], log=lambda line: None, record={})
+    _, manifest = yaml.safe_load_all((folder / "jobset.yaml").read_text())
+    args = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--hub-port=31007" in args and f"--hub-port={jobset.HUB_PORT}" not in args

@@ -16,6 +16,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from harness.engines.credentials import write as write_credentials
 from harness.ranks import RankFailedError, RankTimeoutError, run_distributed
 from harness.ranks.hosts import port_outside_ephemeral_range
 from harness.ranks.output import head_and_tail, merge, read_output, stream_limits
@@ -395,14 +396,14 @@ def assert_each_test_holds_its_own_output(terminal: str, cases: dict[str, tuple[
 def test_a_rank_on_another_host_sends_its_output_through_its_agent(pytester, monkeypatch):
     """Two hosts on this machine (harness host 0 runs pytest, host 1 an agent), a rank each: rank 1's output comes
     back in its call's result, or from its agent when it died or hung; outside calls it is in host 1's log."""
-    monkeypatch.setenv("HARNESS_HOSTS_KEY", os.urandom(16).hex())
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.delenv("PYTHONUNBUFFERED", raising=False)
     monkeypatch.delenv("HARNESS_RANKS_POOL", raising=False)
     pytester.makepyfile(test_suite=SUITE)
     junit = pytester.path / "junit.xml"
+    credentials = write_credentials(pytester.path / "private", "two-hosts")
     host = [sys.executable, "-m", "harness", "host", "--count", "2", "--host0", "127.0.0.1", "--ranks-per-host", "1",
-            "--hub-port", str(port_outside_ephemeral_range("127.0.0.1"))]
+            "--hub-port", str(port_outside_ephemeral_range("127.0.0.1")), "--credentials", str(credentials)]
     pytest_command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
                       "-o", "junit_logging=all", f"--junitxml={junit}"]
     with (pytester.path / "host1.log").open("w+") as host1_log:

@@ -111,6 +111,13 @@ def test_world_8_over_4_hosts_passes_with_every_host_named(cluster, tmp_path):
     assert junit.count("<testcase") == 4 and 'failures="0"' in junit and 'errors="0"' in junit
     assert all(f"[h{i}] " in log for i in range(1, HOSTS + 1))  # every host's output, with its name
     assert "--no-requeue" in log and "--kill-on-bad-exit=1" in (folder / "job.sh").read_text()
+    # The hosts were handed the cell's credentials as a file, named in job.sh, gone with the job; no key in any
+    # environment (the old HARNESS_HOSTS_KEY is no more), log or file of the results folder.
+    credentials = Path((folder / "job.sh").read_text().split("--credentials=")[1].split()[0])
+    assert credentials.parent.parent == Path(__file__).parents[2] / ".harness-private" and not credentials.exists()
+    for path in [tmp_path / "harness.log", *(path for path in folder.rglob("*") if path.is_file())]:
+        text = path.read_bytes()
+        assert b"PRIVATE KEY" not in text and b"HARNESS_HOSTS_KEY" not in text, path
     print(f"world 2/4/8 over {HOSTS} Slurm hosts and a hung rank on h3: 4 passed in "
           f"{time.monotonic() - started:.1f}s")
     assert_nothing_left(cluster)

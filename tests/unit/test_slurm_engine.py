@@ -1,12 +1,12 @@
 """The Slurm engine's pure parts (job script, sbatch line, scontrol parsing, the cause of an errored job) and
-the cross-host hub's (who is named lost, the HMAC check on its TCP listener, the environment a rank on
-another host sees), without a cluster: test_slurm.py runs them against a real one."""
+the cross-host hub's (who is named lost, the environment a rank on another host sees), without a cluster:
+test_slurm.py runs them against a real one; test_hostile_hosts.py plays the network against the hub."""
 
 from __future__ import annotations
 
 import json
-import multiprocessing.connection
-import time
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,7 +18,6 @@ from harness.plan.matrix import expand
 from harness.plan.runners import read_runners
 from harness.ranks import hosts
 from harness.ranks.hostenv import for_host, portable
-from harness.ranks.protocol import AgentHello, Heartbeat
 
 pytest_plugins = ["pytester"]
 
@@ -75,9 +74,11 @@ SLURM_X = {"labels": ["l"], "gpus": 1, "engine": "slurm"}
     ({**SLURM_X, "submit": {"sbatch_args": ["-N"]}}, "x.submit.sbatch_args: expected a list of --options"),
     ({**SLURM_X, "submit": {"partition": "a b"}}, "x.submit.partition: expected a word"),
     ({**SLURM_X, "submit": {"segment": 0}}, "x.submit.segment: expected a whole number >= 1"),
-    ({**SLURM_X, "engine": "jobset", "submit": {"partition": "a"}}, "x.submit: unknown key 'partition' (known: "
-                                                                   "gpu_resource, image, namespace, results_claim)"),
+    ({**SLURM_X, "engine": "jobset", "submit": {"partition": "a"}},
+     "x.submit: unknown key 'partition' (known: gpu_resource, hub_port, image, namespace, results_claim)"),
     ({"labels": ["l"], "gpus": 1, "submit": {"partition": "a"}}, "x.submit: the local engine takes no submit:"),
+    ({**SLURM_X, "engine": "jobset", "submit": {"hub_port": 70000}}, "x.submit.hub_port: expected a TCP port"),
+    ({**SLURM_X, "engine": "jobset", "submit": {"hub_port": "29400"}}, "x.submit.hub_port: expected a whole number"),
 ])
 def test_each_engine_reads_its_own_settings_and_names_the_key(tmp_path, runner, message):
     """The plan keeps `submit:` as written; the runner's engine refuses what is not its own, naming the file."""
@@ -194,33 +195,9 @@ def test_the_host_that_went_silent_first_is_named_not_the_first_closed():
     assert lost.host == 2 and "no heartbeat for 11.0s" in lost.reason
 
 
-def test_hub_admits_only_agents_holding_the_key(tmp_path):
-    key = b"k" * 32
-    config = hosts.HostsConfig(hosts=3, ranks_per_host=2, hub_address=("127.0.0.1", 0), key=key,
-                               cause_file=tmp_path / "host-lost.json")
-    hub = hosts.Hub(config)
-    port = hub._server.getsockname()[1]
-    try:
-        with pytest.raises((multiprocessing.AuthenticationError, EOFError, ConnectionError)):
-            multiprocessing.connection.Client(("127.0.0.1", port), authkey=b"x" * 32)
-        agent = multiprocessing.connection.Client(("127.0.0.1", port), authkey=key)
-        agent.send(AgentHello(host=1, hostname="h2", pid=123))
-        hub.wait_agents(2, time.monotonic() + 60)
-        assert list(hub.links) == [1]
-        assert isinstance(agent.recv(), Heartbeat)  # the hub beats too: an agent notices host 0 going
-        agent.close()  # the agent's host is killed: named at once, written for the engine
-        deadline = time.monotonic() + 60
-        while hub.loss is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert hub.loss is not None and hub.loss.host == 1
-        assert json.loads(config.cause_file.read_text())["hostname"] == "h2"
-    finally:
-        hub.close()
-
-
 def test_only_the_portable_environment_crosses_hosts():
     host0 = {"SLURM_NODEID": "0", "HOSTNAME": "h1", "TMPDIR": "/tmp/a", "HF_HOME": "/x", "PYTHONPATH": "/p",
-             "SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "0,1"}
+             "SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "0,1", "HARNESS_HOSTS_CREDENTIALS": "/job/cell.pem"}
     sent = portable(host0)
     assert sent == {"HF_HOME": "/x", "PYTHONPATH": "/p"}
     host2 = {"SLURM_NODEID": "2", "HOSTNAME": "h3", "TMPDIR": "/tmp/b", "HF_HOME": "/old", "CUDA_VISIBLE_DEVICES": "0"}
@@ -314,7 +291,7 @@ def test_ports_for_stores_and_hubs_avoid_the_ephemeral_range():
 def test_a_cell_across_hosts_refuses_ranks_the_pool_cannot_place(pytester, monkeypatch):
     pytester.makepyfile("def test_nothing():\n    pass\n")
     for name, value in {"HARNESS_HOSTS": "4", "HARNESS_HOST_RANKS": "2", "HARNESS_HUB": "10.0.0.1:20001",
-                        "HARNESS_HOSTS_KEY": "ab" * 32, "HARNESS_RANKS_POOL": "0"}.items():
+                        "HARNESS_HOSTS_CREDENTIALS": "/nowhere/cell.pem", "HARNESS_RANKS_POOL": "0"}.items():
         monkeypatch.setenv(name, value)
     result = pytester.runpytest_subprocess("-p", "harness.ranks.plugin")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -323,3 +300,62 @@ def test_a_cell_across_hosts_refuses_ranks_the_pool_cannot_place(pytester, monke
     monkeypatch.delenv("HARNESS_RANKS_POOL")
     with pytest.raises(ValueError, match=r"needs \$HARNESS_HOSTS"):
         hosts.HostsConfig.from_environment()
+
+
+# ---------------------------------------------------------------- the cell's credentials
+
+
+class RecordingSlurm:
+    """Answers sbatch, scontrol and squeue as for a job that completed at once; at sbatch, notes what the job
+    was handed: its script, its environment, and the credentials file the script names."""
+
+    def __init__(self):
+        self.seen: dict = {}
+
+    def __call__(self, *command, check=True, env=None):
+        if command[0] == "sbatch":
+            script = Path(command[-1]).read_text()
+            credentials = Path(script.split("--credentials=")[1].split()[0])
+            self.seen = {"script": script, "environ": dict(env), "credentials": credentials,
+                         "pem": credentials.read_bytes(), "file_mode": credentials.stat().st_mode & 0o777,
+                         "folder_mode": credentials.parent.stat().st_mode & 0o777,
+                         "parent_mode": credentials.parent.parent.stat().st_mode & 0o777}
+            return "7\n"
+        return ""
+
+    def job(self, job_id):
+        return slurm.JobState(state="COMPLETED", hosts=("h1", "h2"), exit_code=0, reason="")
+
+
+def test_each_job_gets_its_own_credentials_as_a_private_file_named_by_path_only(tmp_path):
+    cell = expand(spec("cpu-slurm", [2]), runners(tmp_path), name="m", source="m.yaml")[0]
+    project, folder = tmp_path / "project", tmp_path / "results" / cell.id
+    project.mkdir()
+    folder.mkdir(parents=True)
+    client, record = RecordingSlurm(), {}
+    exit_code, cause = slurm.run_job(cell, folder=folder, pytest_command=["python", "-m", "pytest"],
+                                     environ={"PATH": "/usr/bin"}, project=project, log=lambda line: None,
+                                     record=record, client=client)
+    assert (exit_code, cause, record["job_id"]) == (0, "", "7")
+    seen = client.seen
+    assert seen["credentials"].parent.parent == project / slurm.PRIVATE_FOLDER  # not in the uploaded results
+    assert (seen["file_mode"], seen["folder_mode"], seen["parent_mode"]) == (0o600, 0o700, 0o700)
+    assert b"PRIVATE KEY" in seen["pem"] and b"CERTIFICATE" in seen["pem"]
+    body = seen["pem"].splitlines()[1].decode()
+    assert body not in json.dumps(seen["environ"]) and body not in seen["script"]
+    assert not any("KEY" in name for name in seen["environ"])
+    assert not seen["credentials"].parent.exists()  # gone with the job
+    assert not any(folder.rglob("*.pem"))
+    # Two jobs never share credentials.
+    slurm.run_job(cell, folder=folder, pytest_command=["python"], environ={}, project=project, log=lambda line: None,
+                  record={}, client=client)
+    assert client.seen["pem"] != seen["pem"]
+
+
+def test_a_host_without_its_credentials_file_stops_with_one_line(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "harness", "host", "--index", "1", "--count", "2", "--host0",
+                             "127.0.0.1", "--hub-port", "20001", "--ranks-per-host", "1",
+                             "--credentials", str(tmp_path / "missing.pem")], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].endswith(
+        f"harness host: --credentials {tmp_path / 'missing.pem'}: no such file (the engine writes it for the cell)")

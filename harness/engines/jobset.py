@@ -25,9 +25,10 @@ from pathlib import Path
 
 import yaml
 
+from harness import contract
 from harness.contract import HOST_LOG, HOST_LOST_JSON, HOST_MEMORY_JSON, JOB_MANIFEST, JUNIT_XML, PYTEST_LOG
 from harness.engines import hostmemory
-from harness.engines.base import JobFields, Launch, Ran, pytest_command, submitted, word
+from harness.engines.base import EngineCause, JobFields, Launch, Ran, host_lost, pytest_command, submitted, word
 from harness.errors import ConfigError
 from harness.plan.cells import Cell, SubmitOptions
 from harness.ranks.hosts import KEY_ENV
@@ -171,8 +172,8 @@ class JobSetDriver:
             raise ConfigError(f"kubectl {args[0]} failed ({result.returncode}): {result.stderr.strip()[:500]}")
         return result.stdout
 
-    def run(self, key_hex: str, timeout_s: float) -> tuple[str, str]:
-        """Apply, wait, collect logs, delete: (terminal state, cause of an error or "")."""
+    def run(self, key_hex: str, timeout_s: float) -> tuple[str, EngineCause | None]:
+        """Apply, wait, collect logs, delete: (terminal state, cause of an error or None)."""
         with tempfile.TemporaryDirectory(prefix="harness-jobset-") as secret_dir:
             key_file = Path(secret_dir) / KEY_SECRET_FIELD
             key_file.touch(mode=0o600)
@@ -186,11 +187,16 @@ class JobSetDriver:
                 state = self._run("get", "jobset", self.name, "-o", "jsonpath={.status.terminalState}",
                                   check=False).strip()
                 if not state and time.monotonic() > deadline:
-                    return "Timeout", f"timed out after {timeout_s:g}s; jobset {self.name} deleted"
+                    return "Timeout", EngineCause(contract.ERROR_TIMEOUT,
+                                                  f"timed out after {timeout_s:g}s; jobset {self.name} deleted")
                 if not state:
                     time.sleep(POLL_S)
             self.collect_logs()
-            return state, "" if state == "Completed" else f"jobset {self.name} ended {state}"
+            # A host that host 0's hub lost is the cause; else the JobSet's end says no more than that it failed.
+            if state == "Completed":
+                return state, None
+            ended = EngineCause(contract.ERROR_ENGINE, f"jobset {self.name} ended {state}")
+            return state, host_lost(self.folder) or ended
         finally:
             self._run("delete", "jobset", self.name, "--ignore-not-found", "--wait=true", check=False)
             self._run("delete", "secret", f"{self.name}-key", "--ignore-not-found", check=False)
@@ -206,8 +212,8 @@ class JobSetDriver:
 
 
 def run_job(cell: Cell, *, folder: Path, pytest_command: list[str], log: Callable[[str], None], record: JobFields,
-            kubectl: str = "kubectl") -> tuple[int | None, str]:
-    """Render, apply, wait, collect, delete. (host 0's exit as far as the JobSet tells, the error or "")."""
+            kubectl: str = "kubectl") -> tuple[int | None, EngineCause | None]:
+    """Render, apply, wait, collect, delete. (host 0's exit as far as the JobSet tells, the error or None)."""
     import uuid
 
     name = jobset_name(cell, uuid.uuid4().hex[:6])
@@ -219,9 +225,9 @@ def run_job(cell: Cell, *, folder: Path, pytest_command: list[str], log: Callabl
     record["hosts"] = [f"{name}-{REPLICATED_JOB}-0-{index}" for index in range(cell.hosts)]
     state, cause = JobSetDriver(manifest, folder, log, kubectl).run(os.urandom(32).hex(), timeout_s)
     if state == "Completed":
-        return 0, ""
+        return 0, None
     if state == "Failed" and (folder / JUNIT_XML).is_file() and not (folder / HOST_LOST_JSON).is_file():
-        return 1, ""  # host 0's pytest exited 1: tests failed, the cell ran
+        return 1, None  # host 0's pytest exited 1: tests failed, the cell ran
     return None, cause
 
 

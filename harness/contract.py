@@ -62,9 +62,12 @@ ERROR_NO_TESTS = "no_tests"  # nothing was collected
 ERROR_NO_JUNIT = "no_junit"  # pytest ended without writing junit.xml
 ERROR_PYTEST = "pytest"  # pytest's internal or usage error, or an exit code it does not document
 ERROR_HARNESS = "harness"  # harness itself failed
-ERROR_ENGINE = "engine"  # a multi-host cell's engine said why: a host lost, scancel, NODE_FAIL
-ERROR_KINDS = (ERROR_ENGINE, ERROR_ENVIRONMENT, ERROR_BUSY_GPUS, ERROR_TIMEOUT, ERROR_SIGNAL, ERROR_INTERRUPTED,
-               ERROR_COLLECTION, ERROR_NO_TESTS, ERROR_NO_JUNIT, ERROR_PYTEST, ERROR_HARNESS)
+ERROR_ENGINE = "engine"  # a multi-host cell's engine ended it and cannot say why (a job that vanished, ended Failed)
+# A host of the cell was lost, as harness saw it: host 0 heard no heartbeat from it or its agent's connection closed
+# (host-lost.json), or the scheduler failed its node (Slurm NODE_FAIL, BOOT_FAIL).
+ERROR_HOST_LOST = "host_lost"
+ERROR_KINDS = (ERROR_ENGINE, ERROR_HOST_LOST, ERROR_ENVIRONMENT, ERROR_BUSY_GPUS, ERROR_TIMEOUT, ERROR_SIGNAL,
+               ERROR_INTERRUPTED, ERROR_COLLECTION, ERROR_NO_TESTS, ERROR_NO_JUNIT, ERROR_PYTEST, ERROR_HARNESS)
 
 # What the suite records per test case (record_property, through `ranks.record`). A failing check
 # records its metrics before it raises, so a red case still shows its numbers.
@@ -116,6 +119,15 @@ HOST_RANK_UNIT = "host_rank_unit"
 RANK_UNIT_GPUS = "GPUs"  # NCCL, one GPU per rank
 RANK_UNIT_CPU = "ranks"  # gloo on CPU (HARNESS_CPU_RANKS)
 RANK_UNITS = (RANK_UNIT_GPUS, RANK_UNIT_CPU)
+# How a launch of the ranks fixture failed, as the launcher saw it (harness.ranks.plugin records it before the error
+# propagates): a rank exited without a result (a signal, the OOM killer, os._exit), ranks still ran at the launch's
+# deadline, or a host of the cell was lost. Triage reads it, never the error's words: a lost host is infrastructure;
+# a dead rank or a hang is a real failure, and infrastructure only where the last good build fails so too.
+LAUNCH_FAILED = "launch_failed"
+LAUNCH_RANK_DIED = "rank_died"
+LAUNCH_TIMED_OUT = "timed_out"
+LAUNCH_HOST_LOST = "host_lost"
+LAUNCH_FAILURES = (LAUNCH_RANK_DIED, LAUNCH_TIMED_OUT, LAUNCH_HOST_LOST)
 # The model family a suite case ran (tests/gpu: rank_cases); EP coverage counts a family where one of its
 # distributed cases ran.
 FAMILY = "family"
@@ -142,9 +154,20 @@ TRIAGE_INFRASTRUCTURE = "infrastructure"
 TRIAGE_REAL = "real failure"
 TRIAGE_CLASSES = (TRIAGE_KNOWN_UPSTREAM, TRIAGE_FLAKY, TRIAGE_INFRASTRUCTURE, TRIAGE_REAL)
 
-# A known upstream bug is a strict xfail whose reason starts with this; its XPASS says the other.
+# A known upstream bug is a strict xfail whose reason starts with this; its XPASS says the other. Words for people:
+# what the report and triage decide by are the properties below.
 KNOWN_BUG_PREFIX = f"{TRIAGE_KNOWN_UPSTREAM}: "
 FIXED_UPSTREAM = "fixed upstream: remove the entry"
+# The suite's known-bugs table (tests/gpu/known_bugs.py) names the entry it matched, by the entry's key: a case whose
+# failure an entry explained (an expected failure) carries KNOWN_BUG; a covered case that passed (the strict xfail's
+# XPASS, "fixed upstream") carries KNOWN_BUG_FIXED, the keys of the entries covering it, comma-separated. Triage's
+# "known upstream bug" is a red carrying KNOWN_BUG_FIXED, nothing else. The values are untrusted: a key is
+# KNOWN_BUG_KEY_PATTERN of at most KNOWN_BUG_KEY_CHARS characters, at most KNOWN_BUG_KEYS of them.
+KNOWN_BUG = "known_bug"
+KNOWN_BUG_FIXED = "known_bug_fixed"
+KNOWN_BUG_KEY_PATTERN = r"[a-z0-9]+(?:[-_.][a-z0-9]+)*"
+KNOWN_BUG_KEY_CHARS = 64
+KNOWN_BUG_KEYS = 8
 
 # What the nightly's jobs hand on (typed in harness.results.nightly_records): `harness bisect --json FILE`
 # (bisect.json) to `harness triage --bisects DIR`, which reads every file under DIR named BISECT_JSON_GLOB, and

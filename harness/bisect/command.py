@@ -138,8 +138,10 @@ def _bisect(args, cell, prober, good, bad) -> int:
     except ConfigError as error:
         if args.json:  # the nightly reads why a bisect said nothing, e.g. its bad end passed again
             same = error.verdict.value if isinstance(error, SameVerdictError) else None
+            failing = list(error.failing_at_good) if isinstance(error, SameVerdictError) else []
             write_json(args.json, BisectRecord(cell=cell.id, pytest_args=list(args.pytest_args), error=str(error),
-                                               exit_code=error.return_code, same_verdict=same))
+                                               exit_code=error.return_code, same_verdict=same,
+                                               failing_at_good=failing))
         raise
     seconds = clock()
     if result.set_aside_line():

@@ -49,6 +49,7 @@ class SameVerdictError(ConfigError):
                        f"{good.verdict.value}{note}")
         super().__init__(message)
         self.verdict = good.verdict
+        self.failing_at_good = failing_tests(good)  # triage's evidence that a crash shows on the last good build
 
 
 class Verdict(str, enum.Enum):

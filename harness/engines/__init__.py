@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from harness.engines.base import Engine, Interrupted, JobFields, Launch, Ran, interruptible
+from harness.engines.base import Engine, EngineCause, Interrupted, JobFields, Launch, Ran, interruptible
 from harness.engines.jobset import JobSetEngine
 from harness.engines.local import LocalEngine
 from harness.engines.slurm import SlurmEngine
 from harness.plan.cells import Cell
 
-__all__ = ["REGISTRY", "Engine", "Interrupted", "JobFields", "Launch", "Ran", "check_settings", "engine",
+__all__ = ["REGISTRY", "Engine", "EngineCause", "Interrupted", "JobFields", "Launch", "Ran", "check_settings", "engine",
            "interruptible"]
 
 REGISTRY: Mapping[str, Engine] = {each.name: each for each in (LocalEngine(), SlurmEngine(), JobSetEngine())}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import signal
 import threading
@@ -17,7 +18,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypedDict
 
-from harness.contract import JUNIT_XML, RANKS_LOG
+from harness import contract
+from harness.contract import HOST_LOST_JSON, JUNIT_XML, RANKS_LOG
 from harness.errors import ConfigError
 from harness.plan.files import reject_unknown_keys
 
@@ -88,14 +90,40 @@ class Launch:
     log: Callable[[str], None]  # harness's lines to the terminal
 
 
+@dataclasses.dataclass(frozen=True)
+class EngineCause:
+    """Why an engine ended a cell in error: its kind (one of contract.ERROR_KINDS, env.json's `error_kind`: what
+    triage and bisect read) and its words (env.json's `error`, for people). The engine that saw the event types it;
+    nothing reads the words back."""
+
+    kind: str
+    words: str
+
+    def __str__(self) -> str:
+        return self.words
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Ran:
     """How the cell's pytest ended, as far as its engine can tell."""
 
     exit_code: int | None  # pytest's (host 0's); None where nothing says
     timed_out: bool = False  # pytest ran past the cell's timeout and was stopped (the local engine)
-    cause: str = ""  # why the engine ended the cell in error (a host lost, scancel, NODE_FAIL, its timeout); "" none
+    cause: EngineCause | None = None  # why the engine ended the cell in error (a host lost, scancel, its timeout)
     memory: MemoryReport | None = None  # what the cell's hosts sampled; None: nothing (this machine's monitor, if any)
+
+
+def host_lost(folder: Path) -> EngineCause | None:
+    """What host 0's hub wrote when a host went silent or its agent's connection closed (untrusted: bounded)."""
+    lost = folder / HOST_LOST_JSON
+    if not lost.is_file():
+        return None
+    try:
+        data = json.loads(lost.read_text()[:4096])
+        words = f"host {int(data['host'])} ({str(data['hostname'])[:64]}) lost: {str(data['reason'])[:200]}"
+    except (ValueError, KeyError, TypeError, OSError):
+        words = f"a host was lost ({HOST_LOST_JSON} unreadable)"
+    return EngineCause(contract.ERROR_HOST_LOST, words)
 
 
 class JobFields(TypedDict):

@@ -28,9 +28,10 @@ from pathlib import Path
 
 import yaml
 
+from harness import contract
 from harness.contract import HOST_LOG, HOST_LOST_JSON, HOST_MEMORY_JSON, JOB_MANIFEST, JUNIT_XML, PYTEST_LOG
 from harness.engines import hostmemory
-from harness.engines.base import JobFields, Launch, Ran, pytest_command, submitted, word
+from harness.engines.base import EngineCause, JobFields, Launch, Ran, host_lost, pytest_command, submitted, word
 from harness.engines.credentials import CREDENTIALS_FILE, private_credentials
 from harness.errors import ConfigError
 from harness.plan.cells import Cell, SubmitOptions
@@ -214,8 +215,9 @@ class JobSetDriver:
             raise ConfigError(f"kubectl {args[0]} failed ({result.returncode}): {result.stderr.strip()[:500]}")
         return result.stdout
 
-    def run(self, credentials: Path, timeout_s: float) -> tuple[str, str]:
-        """Secret from the credentials file, apply, wait, collect logs, delete: (terminal state, cause or "")."""
+    def run(self, credentials: Path, timeout_s: float) -> tuple[str, EngineCause | None]:
+        """Secret from the credentials file, apply, wait, collect logs, delete: (terminal state, cause of an error or
+        None)."""
         self._run("create", "secret", "generic", secret_name(self.name),
                   f"--from-file={CREDENTIALS_FILE}={credentials}")
         try:
@@ -227,11 +229,16 @@ class JobSetDriver:
                 state = self._run("get", "jobset", self.name, "-o", "jsonpath={.status.terminalState}",
                                   check=False).strip()
                 if not state and time.monotonic() > deadline:
-                    return "Timeout", f"timed out after {timeout_s:g}s; jobset {self.name} deleted"
+                    return "Timeout", EngineCause(contract.ERROR_TIMEOUT,
+                                                  f"timed out after {timeout_s:g}s; jobset {self.name} deleted")
                 if not state:
                     time.sleep(POLL_S)
             self.collect_logs()
-            return state, "" if state == "Completed" else f"jobset {self.name} ended {state}"
+            # A host that host 0's hub lost is the cause; else the JobSet's end says no more than that it failed.
+            if state == "Completed":
+                return state, None
+            ended = EngineCause(contract.ERROR_ENGINE, f"jobset {self.name} ended {state}")
+            return state, host_lost(self.folder) or ended
         finally:
             self._run("delete", "jobset", self.name, "--ignore-not-found", "--wait=true", check=False)
             self._run("delete", "networkpolicy", self.name, "--ignore-not-found", check=False)
@@ -248,8 +255,8 @@ class JobSetDriver:
 
 
 def run_job(cell: Cell, *, folder: Path, pytest_command: list[str], log: Callable[[str], None], record: JobFields,
-            kubectl: str = "kubectl") -> tuple[int | None, str]:
-    """Render, apply, wait, collect, delete. (host 0's exit as far as the JobSet tells, the error or "")."""
+            kubectl: str = "kubectl") -> tuple[int | None, EngineCause | None]:
+    """Render, apply, wait, collect, delete. (host 0's exit as far as the JobSet tells, the error or None)."""
     import uuid
 
     name = jobset_name(cell, uuid.uuid4().hex[:6])
@@ -265,7 +272,7 @@ def run_job(cell: Cell, *, folder: Path, pytest_command: list[str], log: Callabl
     with private_credentials(Path(tempfile.gettempdir()), cell.id) as credentials:
         state, cause = JobSetDriver(manifests, folder, log, kubectl).run(credentials, timeout_s)
     if state == "Completed":
-        return 0, ""
+        return 0, None
     if state == "Failed" and (folder / JUNIT_XML).is_file() and not (folder / HOST_LOST_JSON).is_file():
-        return 1, ""  # host 0's pytest exited 1: tests failed, the cell ran
+        return 1, None  # host 0's pytest exited 1: tests failed, the cell ran
     return None, cause

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import re
 import shlex
@@ -31,9 +30,20 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from harness import contract
 from harness.contract import HOST_LOG, HOST_LOST_JSON, HOST_MEMORY_JSON, JOB_SCRIPT, PYTEST_LOG
 from harness.engines import hostmemory
-from harness.engines.base import JobFields, Launch, Ran, pytest_command, pytest_environment, submitted, word
+from harness.engines.base import (
+    EngineCause,
+    JobFields,
+    Launch,
+    Ran,
+    host_lost,
+    pytest_command,
+    pytest_environment,
+    submitted,
+    word,
+)
 from harness.engines.credentials import private_credentials
 from harness.errors import ConfigError
 from harness.plan.cells import Cell, SubmitOptions
@@ -200,8 +210,9 @@ class LogStreamer:
 
 
 def run_job(cell: Cell, *, folder: Path, pytest_command: list[str], environ: dict[str, str], project: Path,
-            log: Callable[[str], None], record: JobFields, client: SlurmClient | None = None) -> tuple[int | None, str]:
-    """Submit, stream, wait; fills record's job_id and hosts. (pytest's exit code or None, the error or "")."""
+            log: Callable[[str], None], record: JobFields,
+            client: SlurmClient | None = None) -> tuple[int | None, EngineCause | None]:
+    """Submit, stream, wait; fills record's job_id and hosts. (pytest's exit code or None, the error or None)."""
     # The cell's TLS credentials, for the job's hosts alone, until nothing of the job runs anywhere.
     with private_credentials(private_folder(project), cell.id) as cell_credentials:
         return _run_job(cell, folder=folder, pytest_command=pytest_command, environ=environ, project=project,
@@ -221,7 +232,7 @@ def private_folder(project: Path) -> Path:
 
 def _run_job(cell: Cell, *, folder: Path, pytest_command: list[str], environ: dict[str, str], project: Path,
              log: Callable[[str], None], record: JobFields, client: SlurmClient,
-             credentials: Path) -> tuple[int | None, str]:
+             credentials: Path) -> tuple[int | None, EngineCause | None]:
     port = port_outside_ephemeral_range()  # checked free here; the same range is quiet on the hosts
     script = folder / JOB_SCRIPT
     script.write_text(batch_script(cell, host_command(cell, pytest_command, folder, project, port, credentials),
@@ -240,7 +251,7 @@ def _run_job(cell: Cell, *, folder: Path, pytest_command: list[str], environ: di
     deadline = time.monotonic() + cell.timeout_minutes * 60
     state: JobState | None = None
     dropped: list[str] = []
-    cause = ""
+    cause: EngineCause | None = None
     try:
         while True:
             state = client.job(job_id) or state
@@ -256,7 +267,8 @@ def _run_job(cell: Cell, *, folder: Path, pytest_command: list[str], environ: di
                 if state.state in FINAL_STATES:
                     break
             if time.monotonic() > deadline:
-                cause = f"timed out after {cell.timeout_minutes} min; job {job_id} cancelled"
+                cause = EngineCause(contract.ERROR_TIMEOUT,
+                                    f"timed out after {cell.timeout_minutes} min; job {job_id} cancelled")
                 break
             time.sleep(POLL_S)
     finally:
@@ -271,40 +283,35 @@ def _run_job(cell: Cell, *, folder: Path, pytest_command: list[str], environ: di
         cause or job_cause(client, state, folder, job_id, hosts, dropped=dropped)
 
 
+# Slurm's end states that say why, as the kind of error each is: a time limit is a hang or too slow, the OOM kill the
+# cell's own memory (both the code under test's), a node that did not boot a lost host, preemption an interruption.
+SLURM_END_KINDS = {"TIMEOUT": contract.ERROR_TIMEOUT, "DEADLINE": contract.ERROR_TIMEOUT,
+                   "OUT_OF_MEMORY": contract.ERROR_SIGNAL, "BOOT_FAIL": contract.ERROR_HOST_LOST,
+                   "PREEMPTED": contract.ERROR_INTERRUPTED}
+
+
 def job_cause(client: SlurmClient, state: JobState | None, folder: Path, job_id: str,
-              hosts: tuple[str, ...] = (), dropped: list[str] | None = None) -> str:
-    """Why the job errored, first cause first; "" when it ran to its end (pytest's exit then decides)."""
+              hosts: tuple[str, ...] = (), dropped: list[str] | None = None) -> EngineCause | None:
+    """Why the job errored, first cause first, typed; None when it ran to its end (pytest's exit then decides)."""
     if state is None:
-        return f"job {job_id} vanished from Slurm before it ended"
+        return EngineCause(contract.ERROR_ENGINE, f"job {job_id} vanished from Slurm before it ended")
     seen = host_lost(folder)
     if state.state == "CANCELLED":
-        return f"job {job_id} cancelled (scancel, or an administrator)"
+        return EngineCause(contract.ERROR_INTERRUPTED, f"job {job_id} cancelled (scancel, or an administrator)")
     hosts = hosts or state.hosts
     if state.state == "NODE_FAIL":
         # Slurm ends every host's task at once: which agent's connection closed first says nothing then.
         down = node_failures(folder / "slurm.log") or dropped or client.down_hosts(hosts)
         named = f"host {', '.join(down)} failed" if down else "a host failed"
-        return f"Slurm NODE_FAIL: {named} (job {job_id})"
+        return EngineCause(contract.ERROR_HOST_LOST, f"Slurm NODE_FAIL: {named} (job {job_id})")
     if seen:
         return seen
     failed_task = first_failed_task(folder / "slurm.log", hosts)
-    if failed_task:
-        return failed_task
-    if state.state in ("TIMEOUT", "DEADLINE", "OUT_OF_MEMORY", "BOOT_FAIL", "PREEMPTED"):
-        return f"Slurm ended job {job_id}: {state.state}"
-    return ""
-
-
-def host_lost(folder: Path) -> str:
-    """What host 0's hub wrote when a host went silent or its agent's connection closed (untrusted: bounded)."""
-    lost = folder / HOST_LOST_JSON
-    if not lost.is_file():
-        return ""
-    try:
-        data = json.loads(lost.read_text()[:4096])
-        return f"host {int(data['host'])} ({str(data['hostname'])[:64]}) lost: {str(data['reason'])[:200]}"
-    except (ValueError, KeyError, TypeError, OSError):
-        return f"a host was lost ({HOST_LOST_JSON} unreadable)"
+    if failed_task:  # an agent's task ended (killed, or exited): the engine saw it end, not why
+        return EngineCause(contract.ERROR_ENGINE, failed_task)
+    if state.state in SLURM_END_KINDS:
+        return EngineCause(SLURM_END_KINDS[state.state], f"Slurm ended job {job_id}: {state.state}")
+    return None
 
 
 SRUN_NODE_FAILURE = re.compile(r"srun: error: Node failure on (\S+)")

@@ -52,7 +52,7 @@ TRIAGE_JSON_BYTES = 16 * 1024 * 1024
 
 def triage_regressions(path: str | Path) -> tuple:
     """The new reds of `harness triage -o FILE` as the issue lists them: a test's class, or an errored cell's
-    message and class. Read as input: a bad file is one line naming it, exit 2."""
+    message and class, each with its label. Read as input: a bad file is one line naming it, exit 2."""
     from harness.results import Regression
     from harness.results.nightly_records import TriageRecord
 
@@ -72,9 +72,11 @@ def triage_regressions(path: str | Path) -> tuple:
         if red.triage_class == TRIAGE_FLAKY:  # passed on a rerun: no regression, as nightly_regressions has it
             continue
         if red.test is None:
-            found.append(Regression(cell_id=red.cell, kind="errored", text=f"{red.message} ({red.triage_class})"))
+            found.append(Regression(cell_id=red.cell, kind="errored", text=red.message,
+                                    triage_class=red.triage_class, label=red.label))
         else:
-            found.append(Regression(cell_id=red.cell, kind="failing", test_id=red.test, text=red.triage_class))
+            found.append(Regression(cell_id=red.cell, kind="failing", test_id=red.test, text=red.triage_class,
+                                    triage_class=red.triage_class, label=red.label))
     return tuple(found)
 
 

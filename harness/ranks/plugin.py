@@ -37,6 +37,10 @@ import pytest
 from harness.contract import (
     HOST_RANK_UNIT,
     HOST_RANKS,
+    LAUNCH_FAILED,
+    LAUNCH_HOST_LOST,
+    LAUNCH_RANK_DIED,
+    LAUNCH_TIMED_OUT,
     NEEDS_WORLD_SIZE,
     PEAK_ALLOCATED_PREFIX,
     PEAK_RESERVED_PREFIX,
@@ -47,7 +51,7 @@ from harness.contract import (
     WORLD_SIZE,
 )
 from harness.ranks import sections
-from harness.ranks.failures import HostLostError
+from harness.ranks.failures import HostLostError, RankFailedError, RankTimeoutError
 from harness.ranks.hosts import HostsConfig
 from harness.ranks.pool import PoolLauncher
 from harness.ranks.protocol import DEFAULT_TIMEOUT_S, RankOutput, RankResult
@@ -272,6 +276,9 @@ class Ranks:
             results = self._launcher(world_size, fn, *args, timeout=self.timeout_s)
         except BaseException as error:  # a failure, a hang, an interrupt: what the ranks wrote until then
             self._keep_output(getattr(error, "rank_outputs", None) or {})
+            failed = launch_failure(error)
+            if failed is not None:
+                self._record_property(LAUNCH_FAILED, failed)
             if isinstance(error, HostLostError) and self._session is not None:
                 self._session.shouldstop = str(error)  # a cell across hosts cannot go on without one host
             raise
@@ -291,6 +298,18 @@ class Ranks:
         """Record the case's metrics (max_rel_grad_error=..., grad_error_bound=..., ...) as properties."""
         for name, value in metrics.items():
             self._record_property(name, value)
+
+
+def launch_failure(error: BaseException) -> str | None:
+    """How a launch failed, as the launcher saw it (contract.LAUNCH_FAILURES), for triage to read as data; None where
+    a rank raised an exception of its own (the case's failure, whatever its words) or the launch was interrupted."""
+    if isinstance(error, HostLostError):
+        return LAUNCH_HOST_LOST
+    if isinstance(error, RankTimeoutError):
+        return LAUNCH_TIMED_OUT
+    if isinstance(error, RankFailedError) and error.error_type is None:  # the first rank to fail died without a word
+        return LAUNCH_RANK_DIED
+    return None
 
 
 @pytest.fixture

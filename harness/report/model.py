@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from harness.contract import KNOWN_BUG_PREFIX
 from harness.report.links import RunLinks
-from harness.report.red_classes import RedClass, RedKey, classify_reds
+from harness.report.listing import Listed, listed
+from harness.report.red_classes import ClassifiedRed, RedClass, RedKey, classify_reds
 from harness.results import (
     CellResult,
     CellStatus,
@@ -216,7 +217,7 @@ class Report:
     notes: tuple[Note, ...]
     digest: Digest
     links: RunLinks | None = None  # where the run, each cell's job and artifact are (GitHub Actions only)
-    red_classes: Mapping[RedKey, RedClass] | None = None  # against the baseline nightly, when one was given
+    red_classes: Mapping[RedKey, ClassifiedRed] | None = None  # against the baseline nightly, when one was given
     red_baseline_sha: str | None = None  # the commit of the nightly the classes were judged against
     # Training cases' final steps against the baseline's curves (a results folder's digest carries them; a comment's
     # does not): what moved beyond its threshold, new or gone.
@@ -232,15 +233,26 @@ class Report:
         return tuple(cell for cell in self.cells if cell.status is CellStatus.NOT_RUN or cell.not_run.cases)
 
     def red_class(self, cell_id: str, test_id: str | None) -> RedClass | None:
-        return self.red_classes.get((cell_id, test_id)) if self.red_classes is not None else None
+        found = self.red_classes.get((cell_id, test_id)) if self.red_classes is not None else None
+        return found.red_class if found is not None else None
+
+    def red_label(self, cell_id: str, test_id: str | None) -> str | None:
+        """What the red's words look like, shown beside its class (None: nothing, or no baseline to classify by)."""
+        found = self.red_classes.get((cell_id, test_id)) if self.red_classes is not None else None
+        return found.label if found is not None else None
 
     @property
     def red_tally(self) -> tuple[tuple[RedClass, int], ...]:
         """How many reds of each class, in the order of `RedClass`; empty without a baseline."""
         if not self.red_classes:
             return ()
-        counts = Counter(self.red_classes.values())
+        counts = Counter(red.red_class for red in self.red_classes.values())
         return tuple((red_class, counts[red_class]) for red_class in RedClass if counts[red_class])
+
+    def listed_failures(self, per_cell: int, total: int) -> Listed[FailureGroup]:
+        """The failure groups a rendering lists: at most `per_cell` of any cell's and `total` in all (a rendering's
+        Limits); the rest are counted."""
+        return listed(self.failures, lambda group: group.cells, per_cell=per_cell, total=total)
 
 
 def build_report(

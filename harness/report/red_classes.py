@@ -1,14 +1,16 @@
 """Each red of a pull request's run, classified against the baseline (main's last nightly), with the
 same rules as nightly triage: `harness.results.triage.triage` says which reds are new and classifies those;
-a red it leaves out was already red on the baseline. Nothing here is a rule of its own."""
+a red it leaves out was already red on the baseline. Each also carries the label its words got ("looks like an
+OOM"), shown beside its class. Nothing here is a rule of its own."""
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from harness.results import CellStatus, Outcome, ResultSet
-from harness.results.triage import Triage, triage
+from harness.results.triage import Triage, label_of, triage
 
 
 class RedClass(str, enum.Enum):
@@ -29,14 +31,24 @@ _FROM_TRIAGE = {
 RedKey = tuple[str, "str | None"]  # (cell id, test id); None: the cell errored without a failing test
 
 
-def classify_reds(results: ResultSet, baseline: ResultSet) -> Mapping[RedKey, RedClass]:
+@dataclass(frozen=True, slots=True)
+class ClassifiedRed:
+    """A red's class and, beside it, what its words look like (triage.LABELS; None: nothing)."""
+
+    red_class: RedClass
+    label: str | None = None
+
+
+def classify_reds(results: ResultSet, baseline: ResultSet) -> Mapping[RedKey, ClassifiedRed]:
     """Every failing, erroring or flaky test (and every cell that errored without one) of `results`."""
-    new = {(red.cell_id, red.test_id): _FROM_TRIAGE[red.triage] for red in triage(results, baseline)}
-    classes: dict[RedKey, RedClass] = {}
+    new = {(red.cell_id, red.test_id): ClassifiedRed(_FROM_TRIAGE[red.triage], red.label)
+           for red in triage(results, baseline)}
+    classes: dict[RedKey, ClassifiedRed] = {}
     for cell in results.cells:
-        reds = [test.test_id for test in cell.tests if test.outcome.is_failing or test.outcome is Outcome.FLAKY]
+        reds = [test for test in cell.tests if test.outcome.is_failing or test.outcome is Outcome.FLAKY]
+        keys = [((cell.id, test.test_id), test) for test in reds]
         if cell.status is CellStatus.ERRORED and not cell.failing_tests:
-            reds.append(None)
-        for test_id in reds:
-            classes[(cell.id, test_id)] = new.get((cell.id, test_id), RedClass.ALREADY_RED)
+            keys.append(((cell.id, None), None))
+        for key, test in keys:
+            classes[key] = new.get(key) or ClassifiedRed(RedClass.ALREADY_RED, label_of(cell, test))
     return classes

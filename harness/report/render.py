@@ -24,6 +24,7 @@ from harness.report.filters import (
     one_line,
 )
 from harness.report.links import RunLinks, links_from
+from harness.report.listing import listed
 from harness.report.model import Report, build_report
 from harness.report.plots import html_plots, loss_plot
 from harness.report.templates import environment as _environment
@@ -52,7 +53,8 @@ class Limits:
     """How much of each section a rendering shows; the rest is counted, not shown."""
 
     cells: int
-    failures: int
+    failures: int  # failures listed in all (listing.listed)
+    failures_per_cell: int  # and in any one cell
     excerpt_lines: int  # 0: no excerpts
     flaky: int
     metrics: int
@@ -62,26 +64,31 @@ class Limits:
     text_chars: int  # longest message, reason or name shown
 
 
-UNLIMITED = Limits(cells=10**9, failures=10**9, excerpt_lines=10**9, flaky=10**9, metrics=10**9,
-                   skip_reasons=10**9, changes=10**9, log_lines=10**9, text_chars=2_000)
+# One self-contained page: every cell's row, and bounded lists (a night of 300,000 failures rendered 44 MB whole).
+HTML_LIMITS = Limits(cells=10**9, failures=2_000, failures_per_cell=200, excerpt_lines=30, flaky=2_000,
+                     metrics=2_000, skip_reasons=500, changes=2_000, log_lines=10**9, text_chars=2_000)
 # Tried in order until the text fits; each step keeps the verdict, the table and the failures' names.
 COMMENT_LADDER = (
-    Limits(cells=300, failures=30, excerpt_lines=30, flaky=30, metrics=25, skip_reasons=20, changes=20,
-           log_lines=30, text_chars=300),
-    Limits(cells=300, failures=15, excerpt_lines=12, flaky=15, metrics=15, skip_reasons=10, changes=10,
-           log_lines=12, text_chars=200),
-    Limits(cells=300, failures=8, excerpt_lines=0, flaky=10, metrics=10, skip_reasons=5, changes=5,
-           log_lines=0, text_chars=160),
-    Limits(cells=60, failures=3, excerpt_lines=0, flaky=5, metrics=0, skip_reasons=3, changes=3,
+    Limits(cells=300, failures=30, failures_per_cell=10, excerpt_lines=30, flaky=30, metrics=25, skip_reasons=20,
+           changes=20, log_lines=30, text_chars=300),
+    Limits(cells=300, failures=15, failures_per_cell=5, excerpt_lines=12, flaky=15, metrics=15, skip_reasons=10,
+           changes=10, log_lines=12, text_chars=200),
+    Limits(cells=300, failures=8, failures_per_cell=3, excerpt_lines=0, flaky=10, metrics=10, skip_reasons=5,
+           changes=5, log_lines=0, text_chars=160),
+    Limits(cells=60, failures=3, failures_per_cell=1, excerpt_lines=0, flaky=5, metrics=0, skip_reasons=3, changes=3,
            log_lines=0, text_chars=60),
 )
 SUMMARY_LADDER = (
-    Limits(cells=5_000, failures=300, excerpt_lines=30, flaky=300, metrics=300, skip_reasons=200,
-           changes=200, log_lines=30, text_chars=500),
+    Limits(cells=5_000, failures=300, failures_per_cell=30, excerpt_lines=30, flaky=300, metrics=300,
+           skip_reasons=200, changes=200, log_lines=30, text_chars=500),
     *COMMENT_LADDER,
 )
-TERMINAL_LIMITS = Limits(cells=10**9, failures=50, excerpt_lines=0, flaky=50, metrics=0, skip_reasons=20,
-                         changes=20, log_lines=0, text_chars=160)
+TERMINAL_LIMITS = Limits(cells=10**9, failures=50, failures_per_cell=10, excerpt_lines=0, flaky=50, metrics=0,
+                         skip_reasons=20, changes=20, log_lines=0, text_chars=160)
+# The nightly issue's list of regressions, and the triage table in it and in the job summary: every new red is in
+# triage.json.
+NIGHTLY_LISTED = 300
+NIGHTLY_LISTED_PER_CELL = 30
 
 
 # ---------------------------------------------------------------------------------------------
@@ -111,7 +118,7 @@ def _render_format(report: Report, fmt: str, *, color: bool = False) -> str:
                     SUMMARY_LADDER, _utf8_length, SUMMARY_LIMIT_BYTES, unit="bytes")
     if fmt == "terminal":
         return _render("terminal.txt.j2", report, TERMINAL_LIMITS, table=terminal_table(report.cells), color=color)
-    return _render("report.html.j2", report, UNLIMITED, plots=html_plots(report), loss_plot=loss_plot)
+    return _render("report.html.j2", report, HTML_LIMITS, plots=html_plots(report), loss_plot=loss_plot)
 
 
 def _render_pr_comment(report: Report) -> str:
@@ -181,12 +188,13 @@ def _render(template: str, report: Report, limits: Limits, **extra: object) -> s
 def render_nightly(kind: str, *, marker: str, sha: str, run_url: str | None, regressions: Iterable[Regression] = (),
                    matrix: str = "", against: str = "", report: str = "", triage: str = "") -> str:
     """The nightly issue's body (kind "issue") or a comment on it ("again", "green"), escaped like every
-    other rendering of results."""
+    other rendering of results; the regressions listed at most NIGHTLY_LISTED_PER_CELL per cell and NIGHTLY_LISTED
+    in all, the rest counted."""
+    shown = listed(tuple(regressions), lambda regression: (regression.cell_id,), per_cell=NIGHTLY_LISTED_PER_CELL,
+                   total=NIGHTLY_LISTED)
     return _environment().get_template("nightly-issue.md.j2").render(
-        kind=kind, marker=marker, sha=sha, run_url=run_url, regressions=tuple(regressions), matrix=matrix,
-        against=against, report=report, triage=triage)
-
-
+        kind=kind, marker=marker, sha=sha, run_url=run_url, regressions=shown.shown, more=shown.left_out,
+        matrix=matrix, against=against, report=report, triage=triage)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,15 +6,23 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from harness.report.listing import listed
 from harness.report.templates import render_template
 from harness.results import load_results
 from harness.results.nightly_records import TriageRecord, TriageRed
 from harness.results.triage import bisect_plan, load_bisects, triage, with_bisects
 
+# The table lists at most so many reds per cell and in all (it goes to the job summary and the nightly issue);
+# triage.json keeps every one.
+LISTED = 300
+LISTED_PER_CELL = 30
+
 
 def render_triage(rows: Iterable[TriageRed], *, baseline: bool) -> str:
     """The triage table (reports/triage.md.j2), escaped like every rendering of results."""
-    return render_template("triage.md.j2", reds=list(rows), baseline=baseline)
+    reds = tuple(rows)
+    shown = listed(reds, lambda red: (red.cell,), per_cell=LISTED_PER_CELL, total=LISTED)
+    return render_template("triage.md.j2", reds=shown.shown, total=len(reds), more=shown.left_out, baseline=baseline)
 
 
 def command(args) -> int:

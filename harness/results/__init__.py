@@ -4,7 +4,8 @@ By stage: `model` (the frozen values; `values` makes recorded numbers and texts 
 model, through `files` for bounded reads, `junit` for junit.xml and `records` for env.json and memory.json),
 `digest` (the bounded numbers a PR comment carries), `compare` (a result set against a baseline, and the one rule
 for what is new since the night before), `training` (a training case's per-step curve), `training_trends` (those
-curves against the baseline's), `triage` (the nightly's class of each new red) and `nightly_records` (bisect.json
+curves against the baseline's), `triage` (the nightly's class of each new red, by structure), `labels` (what a
+failure's words look like, shown beside the class) and `nightly_records` (bisect.json
 and triage.json, typed). The names below are what callers import; the file names, env.json record and metric names
 live in `harness.contract`.
 """

@@ -195,7 +195,8 @@ def night_before(cell: CellResult, baseline: ResultSet) -> CellResult | None:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Regression:
     """One thing worse than the night before. `kind`: errored (the cell broke; `text` says why), failing
-    (`test_id` failed, `text` is its outcome), or memory (`memory` grew past both limits)."""
+    (`test_id` failed, `text` is its outcome), or memory (`memory` grew past both limits). From triage.json, a red
+    also carries its class and the label its words got ("looks like an OOM"), as the fields triage wrote."""
 
     cell_id: str
     kind: str
@@ -203,6 +204,8 @@ class Regression:
     text: str | None = None
     no_result_before: bool = False  # the cell had no tests the night before: every failure is new
     memory: MemoryChange | None = None
+    triage_class: str | None = None
+    label: str | None = None
 
 
 def nightly_regressions(

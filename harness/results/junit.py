@@ -207,5 +207,6 @@ def with_stopped_test(junit: Junit, running: str | None) -> tuple[TestResult, ..
     tests = tuple(test for test in junit.tests if test.test_id != running)
     test_id = running or "(the test that was running; its name was not recorded)"
     stopped = TestResult(test_id=test_id, name=test_id.rsplit("::", 1)[-1], outcome=Outcome.ERRORED,
-                         message="was still running when pytest stopped (timed out, crashed or interrupted)")
+                         message="was still running when pytest stopped (timed out, crashed or interrupted)",
+                         stopped=True)
     return (*tests, stopped)

@@ -20,6 +20,13 @@ from harness.contract import (
     GRAD_ERROR_PARAM,
     HOST_RANK_UNIT,
     HOST_RANKS,
+    KNOWN_BUG,
+    KNOWN_BUG_FIXED,
+    KNOWN_BUG_KEY_CHARS,
+    KNOWN_BUG_KEY_PATTERN,
+    KNOWN_BUG_KEYS,
+    LAUNCH_FAILED,
+    LAUNCH_FAILURES,
     LOGITS_ATOL,
     LOGITS_DIFFERENCE,
     NEEDS_WORLD_SIZE,
@@ -42,6 +49,7 @@ _K_KEYWORDS = {"and", "or", "not", "True", "False", "None"}
 _K_NAME_CHARS = 200  # longer names make a command nobody pastes
 _K_NAMES = 8
 FAMILY_CHARS = 100  # a model_type name
+_KNOWN_BUG_KEY = re.compile(KNOWN_BUG_KEY_PATTERN)
 
 
 class Outcome(str, Enum):
@@ -87,6 +95,9 @@ class TestResult:
     attempts: int = 1  # 1 + reruns by pytest-rerunfailures
     duration_s: Number = 0.0
     properties: tuple[tuple[str, str], ...] = ()
+    # The test pytest was running when the cell stopped (a timeout, a crash, an interrupt): junit.with_stopped_test
+    # makes it an errored test, and the cell's error_kind says why it stopped.
+    stopped: bool = False
     # The numbers the report shows, read from `properties` once (a report may hold 200,000 tests).
     grad_error: Number | None = field(init=False, compare=False, repr=False)
     grad_bound: Number | None = field(init=False, compare=False, repr=False)
@@ -103,6 +114,11 @@ class TestResult:
     host_rank_unit: str | None = field(init=False, compare=False, repr=False)  # one of contract.RANK_UNITS
     family: str | None = field(init=False, compare=False, repr=False)
     training: TrainingCurve | None = field(init=False, compare=False, repr=False)  # a training case's steps
+    # The known-bugs table's entries, by key, that explained this case's expected failure, and those covering a case
+    # that passed (fixed upstream); () where the property is absent or not of its shape (contract.KNOWN_BUG).
+    known_bug: tuple[str, ...] = field(init=False, compare=False, repr=False)
+    known_bug_fixed: tuple[str, ...] = field(init=False, compare=False, repr=False)
+    launch_failed: str | None = field(init=False, compare=False, repr=False)  # one of contract.LAUNCH_FAILURES
     # Skipped for too few GPUs or ranks: the property is there, whatever its value (a garbled number still
     # says the case did not run).
     not_run_for_ranks: bool = field(init=False, compare=False, repr=False)
@@ -127,6 +143,10 @@ class TestResult:
         family = values.get(FAMILY)
         object.__setattr__(self, "family", family if family and len(family) <= FAMILY_CHARS else None)
         object.__setattr__(self, "training", training_curve(values))
+        object.__setattr__(self, "known_bug", known_bug_keys(values.get(KNOWN_BUG)))
+        object.__setattr__(self, "known_bug_fixed", known_bug_keys(values.get(KNOWN_BUG_FIXED)))
+        launch = values.get(LAUNCH_FAILED)
+        object.__setattr__(self, "launch_failed", launch if launch in LAUNCH_FAILURES else None)
         skipped = self.outcome is Outcome.SKIPPED
         object.__setattr__(self, "not_run_for_ranks", skipped and NEEDS_WORLD_SIZE in values)
 
@@ -156,6 +176,19 @@ class TestResult:
 
     def number(self, name: str) -> Number | None:
         return number(self.property_value(name))
+
+
+def known_bug_keys(value: str | None) -> tuple[str, ...]:
+    """The known-bugs entries a property names, by key; () for a value of any other shape: the value is untrusted,
+    and one that names no entry as the suite writes it names none."""
+    if not value or len(value) > KNOWN_BUG_KEYS * (KNOWN_BUG_KEY_CHARS + 1):
+        return ()
+    keys = value.split(",")
+    if len(keys) > KNOWN_BUG_KEYS:
+        return ()
+    if not all(len(key) <= KNOWN_BUG_KEY_CHARS and _KNOWN_BUG_KEY.fullmatch(key) for key in keys):
+        return ()
+    return tuple(keys)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -100,6 +100,9 @@ class BisectRecord:
     # A bisect that said nothing.
     error: str | None = None
     same_verdict: str | None = None  # VERDICT_PASS or VERDICT_FAIL: good and bad both gave it
+    # With same_verdict VERDICT_FAIL: the tests that failed on the good end (the last good build, on the red's runner
+    # shape), as the probe's junit.xml had them. Triage's evidence that a crash shows there too.
+    failing_at_good: list[str] = field(default_factory=list)
 
     def said(self) -> str | None:
         """What the bisect answered, in one line: its boundary, or why it found none or said nothing."""
@@ -108,7 +111,8 @@ class BisectRecord:
     def to_json(self) -> dict[str, Any]:
         head = {"cell": self.cell, "pytest_args": list(self.pytest_args)}
         if self.error is not None:
-            return {**head, "error": self.error, "exit_code": self.exit_code, "same_verdict": self.same_verdict}
+            return {**head, "error": self.error, "exit_code": self.exit_code, "same_verdict": self.same_verdict,
+                    "failing_at_good": list(self.failing_at_good)}
         return {
             **head,
             "package": self.package,
@@ -159,6 +163,7 @@ class BisectRecord:
             probes=[BisectProbeRecord.from_json(probe) for probe in _objects(document, "probes", what)],
             error=text("error"),
             same_verdict=text("same_verdict"),
+            failing_at_good=_strings(_typed(document, "failing_at_good", (list,), [], what), "failing_at_good", what),
         )
 
 
@@ -173,6 +178,7 @@ class TriageRed:
     message: str
     triage_class: str  # "class" in the file
     cause: str
+    label: str | None = None  # what the failure's words look like ("looks like an OOM"): beside the class, never it
     good: dict[str, str] | None = None
     bad: dict[str, str] | None = None
     crash: bool = False  # a crash, hang or timeout: infrastructure if the last good build shows it too
@@ -180,8 +186,8 @@ class TriageRed:
 
     def to_json(self) -> dict[str, Any]:
         return {"cell": self.cell, "test": self.test, "name": self.name, "message": self.message,
-                "class": self.triage_class, "cause": self.cause, "good": self.good, "bad": self.bad,
-                "crash": self.crash, "bisect": self.bisect}
+                "class": self.triage_class, "cause": self.cause, "label": self.label, "good": self.good,
+                "bad": self.bad, "crash": self.crash, "bisect": self.bisect}
 
     @classmethod
     def from_json(cls, document: dict) -> TriageRed:
@@ -196,6 +202,7 @@ class TriageRed:
             message=_typed(document, "message", (str,), "", what),
             triage_class=triage_class,
             cause=_typed(document, "cause", (str,), "", what),
+            label=_typed(document, "label", (str,), None, what),
             good=_string_map(document.get("good"), "good", what),
             bad=_string_map(document.get("bad"), "bad", what),
             crash=_typed(document, "crash", (bool,), False, what),

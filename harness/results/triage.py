@@ -1,17 +1,18 @@
 """Nightly triage: each new red since the previous night gets a class, and the real failures get a
 bisect plan (last night's versions good, tonight's bad) for a job on the same runner shape.
 
-A red is classified from what it is, never from a test's source: a failing test from its exception and
-the `E` lines of its failure (the frames and source lines of any traceback among them left out), an
-errored cell from env.json's typed `error_kind`. Classes, first match wins:
-  known upstream bug  a strict xfail of the known-bugs table that passed ("fixed upstream"), or a
-                      failure that says it is one
-  flaky               passed on a rerun in the same job (pytest-rerunfailures, or the bisect's rerun)
-  infrastructure      the machine, not the code: one of INFRASTRUCTURE's patterns, or a cell's error kind
-                      that is the machine's (install, busy GPUs, an interrupt)
-  real failure        anything else; bisected. A crash (a signal, a device assert, an illegal memory access:
-                      how an indexing bug upstream shows on CUDA), a hang or a timeout is real, and becomes
-                      infrastructure only when the bisect finds it on the last good build too.
+A red is classified by structure: what harness and the suite recorded as data, never a failure's words. Classes:
+  flaky               passed on a rerun in the same job (pytest-rerunfailures), or when the bisect ran it again
+  known upstream bug  a covered case of the suite's known-bugs table that passed: it carries the table's
+                      KNOWN_BUG_FIXED property naming the entries (contract.KNOWN_BUG_FIXED)
+  infrastructure      a typed event of harness's own: env.json's error_kind of the machine or the job (an install
+                      failure, busy GPUs, a lost host, an interruption), for the cell or the test it stopped; the
+                      ranks fixture's lost host (contract.LAUNCH_FAILED); or, for a crash or hang, the bisect's
+                      evidence that the same failure shows on the last good build on the same runner shape
+  real failure        anything else; bisected. An OOM under the code under test is a memory regression, a watchdog
+                      or gloo timeout a hang of the code under test: real, whatever they say.
+A failure's words (its exception and `E` lines, the frames and source lines of any traceback left out) only label a
+red: `labels` gives "looks like an OOM" beside the class, as a field of the record, never the class.
 """
 
 from __future__ import annotations
@@ -19,14 +20,17 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from harness import contract
 from harness.results import CellResult, Outcome, ResultSet, TestResult
 from harness.results.compare import new_reds
+from harness.results.labels import LABELS, failure_text, label_text
 from harness.results.nightly_records import BisectJob, BisectRecord, TriageRed
+
+__all__ = ["LABELS", "Red", "Triage", "Verdict", "bisect_plan", "classify_cell", "classify_test", "failure_text",
+           "label_of", "label_text", "load_bisects", "triage", "with_bisects"]
 
 
 class Triage(str, enum.Enum):
@@ -36,69 +40,12 @@ class Triage(str, enum.Enum):
     REAL = contract.TRIAGE_REAL
 
 
-@dataclasses.dataclass(frozen=True)
-class Pattern:
-    name: str
-    regex: re.Pattern
-
-
-def _pattern(name: str, *alternatives: str) -> Pattern:
-    return Pattern(name, re.compile("|".join(f"(?:{a})" for a in alternatives), re.M))
-
-
-# The suite's known-bugs table writes these (tests/gpu/known_bugs.py): a strict xfail's reason, and its XPASS.
-KNOWN_UPSTREAM = _pattern(
-    Triage.KNOWN_UPSTREAM.value, re.escape(contract.KNOWN_BUG_PREFIX), re.escape(contract.FIXED_UPSTREAM)
-)
-
-# A crash: real (an upstream bug can show so), unless the last good build crashes too. Tested in test_triage.py.
-CRASH = _pattern(
-    "a crash or a device assert",
-    r"\b(?:killed|exited) by signal SIG[A-Z]+",  # the rank launchers
-    r"exited with (?:exit)?code -\d+\b",
-    r"Signal \d+ \(SIG[A-Z]+\) received",
-    r"device-side assert triggered",
-    r"an illegal memory access was encountered",
-)
-CRASH_CAUSE = "a crash or a device assert: real unless the last good build shows it too"
-
-# What a broken machine, network or runner says. One row per cause; each has a test in test_triage.py.
-INFRASTRUCTURE = (
-    _pattern(
-        "NCCL or gloo timeout",
-        r"Watchdog caught collective operation timeout",
-        r"\b(?:NCCL|[Gg]loo)\b[^\n]*\b(?:[Tt]imed out|[Tt]imeout)\b",
-        r"DistStoreError: [^\n]*[Tt]imed out",
-    ),
-    _pattern(
-        "communicator error",
-        r"\bNCCL error\b",
-        r"\bnccl(?:Internal|UnhandledCuda|System|Remote|Invalid\w*)Error\b",
-        r"NCCL communicator was aborted",
-        r"\bgloo\b[^\n]*(?:Connection (?:reset|closed) by peer|Read error)",
-        r"\[enforce fail at [^\]]*gloo",
-    ),
-    _pattern(
-        "CUDA error",
-        r"\bCUDA error\b",
-        r"\bcudaError\w+",
-        r"\bCUBLAS_STATUS_\w+",
-        r"\bCUDNN_STATUS_\w+",
-    ),
-    _pattern("out of memory", r"CUDA out of memory", r"\bOutOfMemoryError\b", r"\bout of memory\b"),
-    _pattern(
-        "install failure",
-        r"No matching distribution found",
-        r"ResolutionImpossible",
-        r"Failed to (?:download|build|prepare distributions)",
-    ),
-    _pattern(
-        "runner lost",
-        r"runner has received a shutdown signal",
-        r"lost communication with the server",
-        r"The self-hosted runner: .* lost",
-    ),
-)
+def label_of(cell: CellResult, test: TestResult | None) -> str | None:
+    """The label of a red: a failing test's words (failure_text), or an errored cell's reason. A case the known-bugs
+    property names as fixed upstream has none: its words are the suite's own XPASS message."""
+    if test is not None and test.known_bug_fixed:
+        return None
+    return label_text(failure_text(test) if test is not None else cell.reason or "")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -110,83 +57,80 @@ class Red:
     test_name: str | None
     message: str
     triage: Triage
-    cause: str  # the matching pattern, or why it is real
+    cause: str  # why this class: the typed event, the property, or why it is real
+    label: str | None = None  # what its words look like (LABELS): shown beside the class, never deciding it
     good: Mapping[str, str] | None = None  # last night's versions, where the test passed
     bad: Mapping[str, str] | None = None  # tonight's
-    crash: bool = False  # a crash, hang or timeout: infrastructure if the last good build shows it too
+    crash: bool = False  # a typed crash, hang or timeout: infrastructure if the last good build shows it too
 
     def record(self) -> TriageRed:
         """The red as triage.json has it, before any bisect answered."""
         return TriageRed(cell=self.cell_id, test=self.test_id, name=self.test_name, message=self.message,
-                         triage_class=self.triage.value, cause=self.cause, good=dict(self.good) if self.good else None,
-                         bad=dict(self.bad) if self.bad else None, crash=self.crash)
+                         triage_class=self.triage.value, cause=self.cause, label=self.label,
+                         good=dict(self.good) if self.good else None, bad=dict(self.bad) if self.bad else None,
+                         crash=self.crash)
 
 
-def classify_text(text: str) -> tuple[Triage, str] | None:
-    """The class a failure's own words say it is, or None when nothing matches (a real failure). `text` is
-    what failure_text gives: the exception and the E lines, never source."""
-    if KNOWN_UPSTREAM.regex.search(text):
-        return Triage.KNOWN_UPSTREAM, KNOWN_UPSTREAM.name
-    if CRASH.regex.search(text):
-        return Triage.REAL, CRASH_CAUSE
-    for pattern in INFRASTRUCTURE:
-        if pattern.regex.search(text):
-            return Triage.INFRASTRUCTURE, pattern.name
-    return None
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """A red's class, why (the typed event or property it rests on), and whether it is a typed crash or hang."""
+
+    triage: Triage
+    cause: str
+    crash: bool = False
 
 
-_E_LINE = re.compile(r"^E(?:\s+|$)")
-_FRAME = re.compile(r'^\s*File "[^"]*", line \d+')
-_MARKERS = re.compile(r"^[\s^~]+$")  # the carets under a traceback's source line
+CRASH_CAUSE = "a crash or a hang: real unless the last good build shows it too"
+NO_EVENT = "no typed infrastructure event"
 
-
-def failure_text(test: TestResult) -> str:
-    """What a failure says: its message (the exception) and the E lines of its excerpt, leaving out the test's
-    source (every line pytest does not mark E) and, inside a traceback among the E lines (a rank's), each
-    frame's line and the source line under it."""
-    lines = [test.message or ""]
-    after_frame = False
-    for line in (test.excerpt or "").splitlines():
-        if not _E_LINE.match(line):
-            continue
-        said = _E_LINE.sub("", line, count=1)
-        if _FRAME.match(said):
-            after_frame = True
-            continue
-        if after_frame or _MARKERS.match(said or " "):
-            after_frame = False
-            continue
-        lines.append(said)
-    return "\n".join(lines)
-
-
-def classify_test(test: TestResult) -> tuple[Triage, str]:
-    if test.outcome is Outcome.FLAKY:
-        return Triage.FLAKY, f"passed on attempt {test.attempts}"
-    return classify_text(failure_text(test)) or (Triage.REAL, "no infrastructure pattern matched")
-
-
-# An errored cell's typed cause: its class and cause. A crash or hang is real (see the module's docstring).
+# An errored cell's typed cause (env.json's error_kind): its verdict. A crash or hang is real (the module's docstring).
 CELL_CAUSES = {
-    contract.ERROR_ENVIRONMENT: (Triage.INFRASTRUCTURE, "install failure"),
-    contract.ERROR_BUSY_GPUS: (Triage.INFRASTRUCTURE, "GPUs busy before the cell began"),
-    contract.ERROR_INTERRUPTED: (Triage.INFRASTRUCTURE, "interrupted: the job was cancelled or its runner stopped"),
-    contract.ERROR_HARNESS: (Triage.INFRASTRUCTURE, "harness itself failed"),
-    contract.ERROR_PYTEST: (Triage.INFRASTRUCTURE, "pytest's internal or usage error"),
-    contract.ERROR_TIMEOUT: (Triage.REAL, "a hang or a timeout: real unless the last good build shows it too"),
-    contract.ERROR_SIGNAL: (Triage.REAL, CRASH_CAUSE),
-    contract.ERROR_NO_JUNIT: (Triage.REAL, "pytest ended without a junit.xml"),
-    contract.ERROR_COLLECTION: (Triage.REAL, "the suite does not collect"),
-    contract.ERROR_NO_TESTS: (Triage.REAL, "no tests collected"),
+    contract.ERROR_ENVIRONMENT: Verdict(Triage.INFRASTRUCTURE, "install failure"),
+    contract.ERROR_BUSY_GPUS: Verdict(Triage.INFRASTRUCTURE, "GPUs busy before the cell began"),
+    contract.ERROR_INTERRUPTED: Verdict(Triage.INFRASTRUCTURE, "interrupted: the job was cancelled or its runner "
+                                        "stopped"),
+    contract.ERROR_HOST_LOST: Verdict(Triage.INFRASTRUCTURE, "a host of the cell was lost"),
+    contract.ERROR_HARNESS: Verdict(Triage.INFRASTRUCTURE, "harness itself failed"),
+    contract.ERROR_PYTEST: Verdict(Triage.REAL, "pytest's internal or usage error, or an exit the tested code chose"),
+    contract.ERROR_TIMEOUT: Verdict(Triage.REAL, f"a hang or a timeout: {CRASH_CAUSE}", crash=True),
+    contract.ERROR_SIGNAL: Verdict(Triage.REAL, f"pytest killed by a signal: {CRASH_CAUSE}", crash=True),
+    contract.ERROR_NO_JUNIT: Verdict(Triage.REAL, f"pytest ended without a junit.xml: {CRASH_CAUSE}", crash=True),
+    contract.ERROR_ENGINE: Verdict(Triage.REAL, f"the engine ended the job without a typed cause: {CRASH_CAUSE}",
+                                   crash=True),
+    contract.ERROR_COLLECTION: Verdict(Triage.REAL, "the suite does not collect"),
+    contract.ERROR_NO_TESTS: Verdict(Triage.REAL, "no tests collected"),
 }
-CRASH_KINDS = (contract.ERROR_TIMEOUT, contract.ERROR_SIGNAL, contract.ERROR_NO_JUNIT)
+# No error_kind: harness never finished writing the folder (killed outright), which no typed event explains.
+UNTYPED_CELL = Verdict(Triage.REAL, f"no typed cause: the run did not finish writing its folder; {CRASH_CAUSE}",
+                       crash=True)
+# How the ranks fixture saw a launch fail (contract.LAUNCH_FAILED).
+LAUNCH_CAUSES = {
+    contract.LAUNCH_HOST_LOST: Verdict(Triage.INFRASTRUCTURE, "a host of the cell was lost during the test"),
+    contract.LAUNCH_RANK_DIED: Verdict(Triage.REAL, f"a rank died without a result: {CRASH_CAUSE}", crash=True),
+    contract.LAUNCH_TIMED_OUT: Verdict(Triage.REAL, f"ranks still ran at the launch's deadline: {CRASH_CAUSE}",
+                                       crash=True),
+}
 
 
-def classify_cell(cell: CellResult) -> tuple[Triage, str]:
-    """A cell that errored without a failing test, from env.json's error_kind."""
-    if cell.error_kind in CELL_CAUSES:
-        return CELL_CAUSES[cell.error_kind]
-    return Triage.INFRASTRUCTURE, "no typed cause: the run did not finish writing its folder (a lost runner)"
+def classify_test(test: TestResult, cell: CellResult | None = None) -> Verdict:
+    """A failing or flaky test, from its outcome and typed properties, and (for the test the cell stopped in) its
+    cell's error_kind; its words decide nothing."""
+    if test.outcome is Outcome.FLAKY:
+        return Verdict(Triage.FLAKY, f"passed on attempt {test.attempts}")
+    if test.known_bug_fixed:
+        keys = ", ".join(test.known_bug_fixed)
+        return Verdict(Triage.KNOWN_UPSTREAM, f"passed though known-bugs entry {keys} covers it: fixed upstream, "
+                       "remove the entry")
+    if test.launch_failed in LAUNCH_CAUSES:
+        return LAUNCH_CAUSES[test.launch_failed]
+    if test.stopped and cell is not None:  # the test pytest was running when the cell stopped: the cell's why
+        return classify_cell(cell)
+    return Verdict(Triage.REAL, NO_EVENT)
+
+
+def classify_cell(cell: CellResult) -> Verdict:
+    """A cell that errored, from env.json's error_kind."""
+    return CELL_CAUSES.get(cell.error_kind or "", UNTYPED_CELL)
 
 
 def versions_of(cell: CellResult) -> dict[str, str]:
@@ -199,46 +143,26 @@ def triage(tonight: ResultSet, baseline: ResultSet | None) -> list[Red]:
     for new in new_reds(tonight, baseline):
         cell, before, test = new.cell, new.before, new.test
         if test is None:  # the cell errored without a failing test
-            triage_class, cause = classify_cell(cell)
+            verdict, label = classify_cell(cell), label_of(cell, None)
             good = bad = None
-            if triage_class is Triage.REAL and before is not None and versions_of(before) != versions_of(cell):
+            if verdict.triage is Triage.REAL and before is not None and versions_of(before) != versions_of(cell):
                 good, bad = versions_of(before), versions_of(cell)  # a hang or crash is bisected too
-            reds.append(
-                Red(
-                    cell_id=cell.id,
-                    test_id=None,
-                    test_name=None,
-                    message=cell.reason or "errored",
-                    triage=triage_class,
-                    cause=cause,
-                    good=good,
-                    bad=bad,
-                    crash=cell.error_kind in CRASH_KINDS,
-                )
-            )
+            reds.append(Red(cell_id=cell.id, test_id=None, test_name=None, message=cell.reason or "errored",
+                            triage=verdict.triage, cause=verdict.cause, label=label, good=good, bad=bad,
+                            crash=verdict.crash))
             continue
-        triage_class, cause = classify_test(test)
-        good = bad = None
-        if triage_class is Triage.REAL:
+        verdict = classify_test(test, cell)
+        cause, good, bad = verdict.cause, None, None
+        if verdict.triage is Triage.REAL:
             if new.was is Outcome.PASSED and versions_of(before) != versions_of(cell):
                 good, bad = versions_of(before), versions_of(cell)
             elif new.was is Outcome.PASSED:
-                cause = "same torch and transformers as the night before: a change in this repository"
+                cause = f"{cause}; same torch and transformers as the night before: a change in this repository"
             else:
-                cause = "no passing result the night before to bisect from"
-        reds.append(
-            Red(
-                cell_id=cell.id,
-                test_id=test.test_id,
-                test_name=test.name,
-                message=test.message or test.outcome.value,
-                triage=triage_class,
-                cause=cause,
-                good=good,
-                bad=bad,
-                crash=cause == CRASH_CAUSE,
-            )
-        )
+                cause = f"{cause}; no passing result the night before to bisect from"
+        reds.append(Red(cell_id=cell.id, test_id=test.test_id, test_name=test.name,
+                        message=test.message or test.outcome.value, triage=verdict.triage, cause=cause,
+                        label=label_of(cell, test), good=good, bad=bad, crash=verdict.crash))
     return reds
 
 
@@ -267,8 +191,9 @@ def bisect_plan(
 
 
 def with_bisects(reds: Sequence[Red], bisects: Mapping[str, BisectRecord]) -> list[TriageRed]:
-    """Each red as triage.json has it, with its cell's bisect answer; a bisect whose bad end passed again means the
-    red did not reproduce on the same runner shape: flaky."""
+    """Each red as triage.json has it, with its cell's bisect answer. The bisect ran on the red's runner shape: its bad
+    end passing again means the red did not reproduce (flaky); its good end failing the same way (the same test, or
+    the whole cell for a red without one) makes a typed crash or hang the machine's (infrastructure)."""
     rows = []
     for red in reds:
         row = red.record()
@@ -278,11 +203,17 @@ def with_bisects(reds: Sequence[Red], bisects: Mapping[str, BisectRecord]) -> li
             if answer.same_verdict == contract.VERDICT_PASS:
                 row = dataclasses.replace(row, triage_class=Triage.FLAKY.value,
                                           cause="passed when the bisect job ran it again")
-            elif answer.same_verdict == contract.VERDICT_FAIL and red.crash:
+            elif answer.same_verdict == contract.VERDICT_FAIL and red.crash and _fails_at_good(red, answer):
                 row = dataclasses.replace(row, triage_class=Triage.INFRASTRUCTURE.value,
-                                          cause="crashes on the last good build too")
+                                          cause="the same crash or hang on the last good build, same runner shape")
         rows.append(row)
     return rows
+
+
+def _fails_at_good(red: Red, answer: BisectRecord) -> bool:
+    """The bisect's good end failed as this red did: the same test among those failing there (BisectRecord's typed
+    list), or, for a cell that errored without a failing test, the good end of its whole suite failing too."""
+    return red.test_id is None or red.test_id in answer.failing_at_good
 
 
 def load_bisects(folder: str | Path | None) -> dict[str, BisectRecord]:

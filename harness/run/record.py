@@ -35,8 +35,10 @@ from harness.run.execute import Executed
 from harness.run.prepare import iso
 
 JUNIT_SCAN_BYTES = 64 * 1024 * 1024
-# pytest's exit codes past 1: its words, and the kind of error (2 is also a collection error: see classify).
-PYTEST_EXITS = {2: ("interrupted", contract.ERROR_INTERRUPTED), 3: ("internal error", contract.ERROR_PYTEST),
+# pytest's exit codes past 1: its words, and the kind of error (2 is also a collection error: see classify). pytest's
+# own "interrupted" is not an interruption harness saw (a SIGINT or SIGTERM to harness is, and is recorded as
+# ERROR_INTERRUPTED by `record`): the tested code can raise KeyboardInterrupt or call pytest.exit itself.
+PYTEST_EXITS = {2: ("interrupted", contract.ERROR_PYTEST), 3: ("internal error", contract.ERROR_PYTEST),
                 4: ("usage error", contract.ERROR_PYTEST), 5: ("no tests collected", contract.ERROR_NO_TESTS)}
 
 
@@ -56,8 +58,8 @@ def record(executed: Executed, log: Callable[[str], None]) -> CellOutcome:
     try:
         if raised is None and executed.ran is not None:
             ran = executed.ran
-            if ran.cause:  # the engine knows why (a host lost, scancel, NODE_FAIL)
-                env = dataclasses.replace(env, status=STATUS_ERRORED, error=ran.cause, error_kind=contract.ERROR_ENGINE)
+            if ran.cause is not None:  # the engine knows why, typed (a host lost, scancel, NODE_FAIL, its timeout)
+                env = dataclasses.replace(env, status=STATUS_ERRORED, error=ran.cause.words, error_kind=ran.cause.kind)
             else:
                 status, error, kind = classify(cell, ran.exit_code, ran.timed_out, folder / JUNIT_XML)
                 env = dataclasses.replace(env, status=status, error=error, error_kind=kind)

@@ -2,11 +2,18 @@
 file; run it directly:
 
     python tests/benchmarks/bench_report.py [--cells 100] [--cases 2000] [--repeat 3] [--load]
+    python tests/benchmarks/bench_report.py --failures 300000 [--cells 100]
 
 It renders every format for the full set (goal: under 2 s for 100 cells x 2,000 cases), a set with
 half the cells and one with a quarter, and prints each time against the time of the smallest set
 next to the size ratio: equal ratios mean linear. With --load it also writes the sets as cell
 folders (junit.xml, env.json, memory.json) and times reading them back.
+
+With --failures N it renders a night of N failures instead (the same tests failing in every one of --cells cells,
+each with its own message, a 20-line traceback and the metrics a failing case records), as the nightly does: the
+HTML report, the PR comment, the job summary, `harness triage`'s table and the nightly issue, each timed, its peak
+Python memory taken with tracemalloc (a second, traced run) and its size printed. Run it at a base commit's checkout
+and at this one to compare (the file imports the `harness` of the checkout it sits in).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import json
 import sys
 import tempfile
 import time
+import tracemalloc
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
@@ -132,13 +140,78 @@ def best_of(repeat: int, work) -> tuple[float, object]:
     return best, value
 
 
+def failing_set(failures: int, cells: int) -> ResultSet:
+    """`failures` failing tests over `cells` cells: the same tests in every cell, each failure its own message."""
+    per_cell = failures // cells
+    results = []
+    for cell in range(cells):
+        tests = tuple(
+            TestResult(test_id=f"tests/gpu/test_suite_{case % 10}.py::test_case_{case}[2-bf16]",
+                       name=f"test_case_{case}[2-bf16]", outcome=Outcome.FAILED,
+                       message=f"routing differs: layer {case % 4} sends {1 + case % 31} of 32 tokens to other experts "
+                               f"than the whole model (cell {cell})",
+                       excerpt=TRACEBACK, duration_s=0.5,
+                       properties=(("max_rel_grad_error", f"{1e-4 * (1 + (case * cell) % 250):.3e}"),
+                                   ("grad_error_bound", "3e-02"), ("world_size", "2")))
+            for case in range(per_cell))
+        cell_id = f"h200-8gpu-torch2.{cell // 10}.0-tf5.{cell % 10}.0"
+        results.append(CellResult(
+            info=CellInfo(id=cell_id, gpu="h200", gpus=8, torch=f"2.{cell // 10}.0", transformers=f"5.{cell % 10}.0",
+                          matrix="nightly"),
+            status=CellStatus.FAILED, tests=tests, duration_s=600.0, reproduce=f"harness run --cell '{cell_id}'"))
+    return ResultSet(tuple(results))
+
+
+def measured(work) -> tuple[float, float, int]:
+    """(seconds, peak MiB of Python allocations, characters of the text) of `work()`: timed untraced, then its peak
+    taken in a second run under tracemalloc (which slows it)."""
+    start = time.perf_counter()
+    text = work()
+    seconds = time.perf_counter() - start
+    del text
+    tracemalloc.start()
+    text = work()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return seconds, peak / 2**20, len(text.encode("utf-8"))
+
+
+def failures_main(failures: int, cells: int) -> int:
+    from harness.report.render import render_nightly
+    from harness.report.triage_view import render_triage
+    from harness.results import nightly_regressions
+    from harness.results.triage import triage, with_bisects
+
+    result_set = failing_set(failures, cells)
+    print(f"{result_set.counts.failed:,} failures in {cells} cells")
+    renderings = {
+        "html": lambda: render(result_set, "html"),
+        "pr-comment": lambda: render(result_set, "pr-comment"),
+        "summary": lambda: render(result_set, "summary"),
+        "triage table": lambda: render_triage(with_bisects(triage(result_set, None), {}), baseline=False),
+        "nightly issue": lambda: render_nightly(
+            "issue", marker="<!-- harness-nightly -->", sha="0" * 12, run_url=None, matrix="nightly",
+            against="no earlier results", report="", triage="",
+            regressions=nightly_regressions(result_set, None, memory_mib=256, memory_percent=5)),
+    }
+    print(f"{'rendering':<14} {'seconds':>8} {'peak MiB':>9} {'bytes':>13}")
+    for name, work in renderings.items():
+        seconds, peak_mib, size = measured(work)
+        print(f"{name:<14} {seconds:>8.2f} {peak_mib:>9.1f} {size:>13,}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cells", type=int, default=100)
     parser.add_argument("--cases", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=3, help="best of this many runs (default 3)")
     parser.add_argument("--load", action="store_true", help="also time reading the sets back from disk")
+    parser.add_argument("--failures", type=int, metavar="N",
+                        help="render a night of N failures in every format the nightly writes, instead")
     args = parser.parse_args(argv)
+    if args.failures:
+        return failures_main(args.failures, args.cells)
 
     sizes = [max(1, args.cells // 4), max(1, args.cells // 2), args.cells]
     rows = []

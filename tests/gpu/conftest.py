@@ -39,13 +39,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
-    """A strict xfail from the known-bugs table that passed: say what to do about it."""
+    """A strict xfail from the known-bugs table that passed: name its entries as data (the KNOWN_BUG_FIXED property,
+    what triage reads) and say what to do about it."""
     import known_bugs
 
+    from harness.contract import KNOWN_BUG_FIXED
+
     report = yield
-    message = known_bugs.fixed_upstream_message(str(report.longrepr)) if report.failed else None
-    if message is not None:
-        report.longrepr = message
+    keys = known_bugs.fixed_upstream(item, call, report)
+    if keys is not None:
+        report.longrepr = known_bugs.fixed_upstream_message(str(report.longrepr))
+        item.user_properties.append((KNOWN_BUG_FIXED, ",".join(keys)))  # junit.xml takes the test's at teardown
     return report
 
 

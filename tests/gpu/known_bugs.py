@@ -12,6 +12,11 @@ covered case that fails otherwise is red, saying it failed differently from its 
 fails saying `fixed upstream: remove the entry` (conftest.py). Every range ends at the newest release it was
 verified on, so a newer release runs the case and shows whether the bug is still there.
 
+Each entry has a stable `key`, and the case records, as a JUnit property, which entries it matched: the entry that
+explained an expected failure (contract.KNOWN_BUG), or the entries covering a case that passed (contract.
+KNOWN_BUG_FIXED, conftest.py). Nightly triage calls a red a known upstream bug from that property alone; the words
+above are for people.
+
 The `bisected` commands name the tests as they were when they ran: `test_fsdp_ep_moe`, the FSDP2 dense
 `test_fsdp_dense_*` and the EP cases of `test_ep_load_and_logits` / `test_ep_gradients` are now the one-step checks
 at the start of `test_training_steps` (one load serves both; the deep EP ones per experts implementation too). A
@@ -28,11 +33,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import families
+import pytest
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from harness.contract import FIXED_UPSTREAM as FIXED_MESSAGE
-from harness.contract import KNOWN_BUG_PREFIX as REASON_PREFIX  # what the report and triage read
+from harness.contract import KNOWN_BUG, KNOWN_BUG_KEY_CHARS, KNOWN_BUG_KEY_PATTERN
+from harness.contract import KNOWN_BUG_PREFIX as REASON_PREFIX  # what the report shows
 from harness.ranks import RankFailedError
 from harness.ranks.raised import NO_MESSAGE, RaisingFrame, first_line, raising_frame
 
@@ -41,7 +48,17 @@ PACKAGES = ("transformers", "torch")  # every entry names the releases of each i
 
 
 class KnownBugFailure(Exception):
-    """A covered case failed the way its entry says: the strict xfail's `raises`, so nothing else is xfailed."""
+    """A covered case failed the way its entry says: the strict xfail's `raises`, so nothing else is xfailed. `key`:
+    the entry that explained it."""
+
+    def __init__(self, message: str, key: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+# The keys of the entries covering the running test, for the report hook (conftest.py) to name on a strict XPASS.
+COVERING = pytest.StashKey[tuple[str, ...]]()
+_KEY = re.compile(KNOWN_BUG_KEY_PATTERN)
 
 
 class DifferentFailure(AssertionError):
@@ -62,8 +79,11 @@ class Failure:
         return f"{self.error_type or 'no exception'}: {self.message}{where}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KnownBug:
+    # Names the entry in the case's known-bugs property (contract.KNOWN_BUG): lower-case words joined by -, _ or .;
+    # unique in the table, and kept when the entry's ranges or words change.
+    key: str
     transformers: str  # a PEP 440 specifier set of the transformers releases that have it, bounded above
     torch: str  # likewise for torch (a release without its local tag: 2.11.0, not 2.11.0+cu130)
     torch_verified: str  # the torch releases the entry was run on, and where its torch range rests on no run
@@ -84,6 +104,9 @@ class KnownBug:
     raised_at: str | None = None
 
     def __post_init__(self) -> None:
+        if not (len(self.key) <= KNOWN_BUG_KEY_CHARS and _KEY.fullmatch(self.key)):
+            raise ValueError(f"known bug {self.key!r}: a key is lower-case words joined by -, _ or . "
+                             f"({KNOWN_BUG_KEY_PATTERN}), at most {KNOWN_BUG_KEY_CHARS} characters")
         for package in PACKAGES:
             _check_specifiers(self, package)
         if self.raised_at is None and re.search(self.match, NO_MESSAGE):
@@ -97,7 +120,7 @@ class KnownBug:
     def label(self) -> str:
         """Which entry this is, for an error about the table."""
         families = ", ".join(self.families) if self.families else "every MoE family"
-        return f"[{families}; {'/'.join(self.layouts)}; {self.raises}; {self.ranges}]"
+        return f"{self.key} [{families}; {'/'.join(self.layouts)}; {self.raises}; {self.ranges}]"
 
     @property
     def ranges(self) -> str:
@@ -133,7 +156,7 @@ class KnownBug:
         """What a covered case raises in place of `error`: the bug the xfail expects, or a different failure."""
         failure = failure_of(error)
         if self.explains(error):
-            return KnownBugFailure(f"{REASON_PREFIX}{self.ranges}: {failure}")
+            return KnownBugFailure(f"{REASON_PREFIX}{self.ranges}: {failure}", self.key)
         where = f" raised in {self.raised_at}" if self.raised_at else ""
         return DifferentFailure(
             f"{DIFFERENT_MESSAGE} ({self.ranges}: {self.raises} matching {self.match!r}{where}): {failure}"
@@ -236,6 +259,7 @@ _INKLING_MUSE_BISECTED = (
 )
 
 _INKLING_BARE_ASSERT = KnownBug(
+    key="inkling-dtensor-rmsnorm-bare-assert",
     transformers=">=5.23,<=5.24.0",
     torch=TORCH_2_13_ONLY,
     torch_verified=RUN_ON_2_13_ONLY,
@@ -256,6 +280,7 @@ _INKLING_BARE_ASSERT = KnownBug(
 
 _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
+        key="text-config-qk-norm-tp-plan",
         transformers=">=5.23,<=5.24.0",
         torch=TORCH_2_11_AND_2_13,
         torch_verified=RUN_ON_2_11_WITH_5_24,
@@ -288,6 +313,7 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
+        key="fsdp-ep-linear-attention-conv1d",
         transformers=">=5.20,<=5.24.0",
         torch=TORCH_2_11_AND_2_13,
         torch_verified=RUN_ON_2_11_WITH_5_24,
@@ -313,6 +339,7 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
+        key="fsdp-ep-overlapping-meshes",
         transformers=">=5.24,<=5.24.0",
         torch=TORCH_2_11_AND_2_13,
         torch_verified=RUN_ON_2_11_WITH_5_24,
@@ -338,6 +365,7 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
+        key="sarvam-fused-qkv-split",
         transformers=">=5.24,<=5.24.0",
         torch=TORCH_2_11_AND_2_13,
         torch_verified=RUN_ON_2_11_WITH_5_24,
@@ -356,6 +384,7 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
+        key="fsdp-ep-conversion-on-shard",
         transformers=">=5.24,<=5.24.0",
         torch=TORCH_2_11_AND_2_13,
         torch_verified=RUN_ON_2_11_WITH_5_24,
@@ -377,6 +406,7 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
+        key="dots3-per-layer-qk-rope",
         transformers=">=5.23,<=5.24.0",
         torch=TORCH_2_11_AND_2_13,
         torch_verified=RUN_ON_2_11_WITH_5_24,
@@ -398,6 +428,7 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
+        key="glm5-next-o-proj-rowwise",
         transformers=">=5.23,<=5.24.0",
         torch=TORCH_2_11_AND_2_13,
         torch_verified=RUN_ON_2_11_WITH_5_24,
@@ -422,11 +453,13 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
     # the same bare assert for muse_spark_text, which raises it on torch 2.11 too (inkling_text: the entry below)
     dataclasses.replace(
         _INKLING_BARE_ASSERT,
+        key="muse-spark-dtensor-rmsnorm-bare-assert",
         families=("muse_spark_text",),
         torch=TORCH_2_11_AND_2_13,
         torch_verified=RUN_ON_2_11_WITH_5_24,
     ),
     KnownBug(
+        key="inkling-dtensor-rmsnorm-mixed",
         transformers=">=5.23,<=5.24.0",
         torch="==2.11.0",
         torch_verified="2.11.0 only: the GPU host's CPU, transformers 5.24.0, gloo: both inkling_text EP cases "
@@ -449,6 +482,7 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
+        key="ep-without-tp-plan",
         transformers=">=5.23,<=5.24.0",
         torch=TORCH_2_11_AND_2_13,
         torch_verified=RUN_ON_2_11_WITH_5_24,
@@ -496,6 +530,7 @@ RUN_ON_2_11_WITH_5_24_TRAINING = (
 )
 _TRAINING_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
+        key="replicated-grad-allreduce-training",
         transformers=">=5.23,<=5.24.0",
         torch=TORCH_2_11_AND_2_13,
         torch_verified=RUN_ON_2_11_WITH_5_24_TRAINING,
@@ -521,6 +556,7 @@ _TRAINING_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
+        key="text-config-qk-norm-training",
         transformers=">=5.23,<=5.24.0",
         torch=TORCH_2_13_ONLY,
         torch_verified=RUN_ON_2_13_ONLY,
@@ -541,6 +577,7 @@ _TRAINING_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
+        key="ep-clip-grad-norm-mixed-dtensor",
         transformers=">=5.16,<=5.24.0",
         torch=TORCH_2_11_AND_2_13,
         torch_verified=RUN_ON_2_11_WITH_5_24_TRAINING,
@@ -564,6 +601,7 @@ _TRAINING_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
+        key="fsdp-ep-clip-grad-norm-meshes",
         transformers=">=5.20,<=5.24.0",
         torch=TORCH_2_11_AND_2_13,
         torch_verified=RUN_ON_2_11_WITH_5_24_TRAINING,
@@ -583,6 +621,7 @@ _TRAINING_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
+        key="ep-fused-adamw-mixed-dtensor",
         transformers=">=5.16,<=5.24.0",
         torch=TORCH_2_11_AND_2_13,
         torch_verified=RUN_ON_2_11_WITH_5_24_TRAINING,
@@ -604,6 +643,7 @@ _TRAINING_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
+        key="fully-shard-save-pretrained",
         transformers=">=5.1,<=5.24.0",
         torch=TORCH_2_11_AND_2_13,
         torch_verified="2.13.0 (the bisect) and 2.11.0 (the GPU host's CPU, transformers 5.24.0 carried, 2 gloo "
@@ -632,6 +672,7 @@ _TRAINING_BUGS: tuple[KnownBug, ...] = (
 
 KNOWN_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
+        key="ep-eager-sentinel-one-hot",
         transformers=">=5.7,<5.18",
         torch=TORCH_2_11_AND_2_13,
         torch_verified=RUN_ON_2_11_AND_2_13,
@@ -647,6 +688,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         bisected=_EP_SENTINEL_BISECTED,
     ),
     KnownBug(
+        key="ep-batched-mm-router-gradient",
         transformers=">=5.7,<5.18",
         torch=TORCH_2_11_AND_2_13,
         torch_verified=RUN_ON_2_11_AND_2_13,
@@ -661,6 +703,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         bisected=_EP_SENTINEL_BISECTED,
     ),
     KnownBug(
+        key="gpt-oss-eager-sentinel-5-18",
         transformers=">=5.18,<5.19",
         torch=TORCH_2_13_ONLY,
         torch_verified=RUN_ON_2_13_ONLY,
@@ -687,6 +730,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
+        key="fsdp-ep-half-expert-gradients",
         transformers=">=5.20,<5.23",
         torch=TORCH_2_13_ONLY,
         torch_verified=RUN_ON_2_13_ONLY,
@@ -707,6 +751,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
+        key="gpt-oss-eager-sentinel-all-reduce-ep",
         transformers=">=5.23,<=5.24.0",
         torch=TORCH_2_11_AND_2_13,
         torch_verified=RUN_ON_2_11_WITH_5_24,
@@ -733,6 +778,7 @@ KNOWN_BUGS: tuple[KnownBug, ...] = (
     *_WIDE_SWEEP_BUGS,
     # Found by the one-device tier on the H200 (issue 29): a torch kernel bug that only a GPU shows.
     KnownBug(
+        key="deepseek-v3-cuda-sdpa-offset",
         transformers=">=5.17,<=5.24.0",
         torch="==2.11.0",
         torch_verified="2.11.0+cu130 only (the H200 image, cuDNN 9.19); not bisected in torch: the bug needs CUDA, "
@@ -785,19 +831,23 @@ def known_bugs(case) -> tuple[KnownBug, ...]:
 
 @contextlib.contextmanager
 def expecting(request, bugs: tuple[KnownBug, ...]) -> Iterator[None]:
-    """Marks the running test as a strict xfail for `bugs`; a failure inside the block is one of theirs (xfailed)
-    or a different one (red). pytest's own outcomes (skip, xfail) and interrupts pass through unchanged."""
+    """Marks the running test as a strict xfail for `bugs`; a failure inside the block is one of theirs (xfailed,
+    recording the entry's key as the KNOWN_BUG property) or a different one (red). pytest's own outcomes (skip, xfail)
+    and interrupts pass through unchanged. A case that passes is the strict XPASS conftest.py names (fixed
+    upstream), from the covering keys stashed here."""
     if not bugs:
         yield
         return
-    import pytest
-
     reason = bugs[0].reason + "".join(f"; or {bug.reason.removeprefix(REASON_PREFIX)}" for bug in bugs[1:])
     request.applymarker(pytest.mark.xfail(strict=True, reason=reason, raises=KnownBugFailure))
+    request.node.stash[COVERING] = tuple(bug.key for bug in bugs)
     try:
         yield
     except Exception as error:
-        raise verdict(bugs, error) from error
+        found = verdict(bugs, error)
+        if isinstance(found, KnownBugFailure):
+            request.node.user_properties.append((KNOWN_BUG, found.key))
+        raise found from error
 
 
 def verdict(bugs: tuple[KnownBug, ...], error: Exception) -> Exception:
@@ -813,11 +863,17 @@ def verdict(bugs: tuple[KnownBug, ...], error: Exception) -> Exception:
     return different
 
 
-def fixed_upstream_message(longrepr: str) -> str | None:
-    """For pytest's strict-XPASS failure text of a known-bugs case, what to tell the reader instead; else None."""
-    strict_xpass = "[XPASS(strict)] "
-    if not longrepr.startswith(strict_xpass + REASON_PREFIX):
+def fixed_upstream(item, call, report) -> tuple[str, ...] | None:
+    """The keys of the entries covering a case that passed (its strict xfail's XPASS, which pytest reports failed),
+    decided by structure: the call raised nothing, its report failed, and `expecting` covered it. Else None."""
+    if call.when != "call" or call.excinfo is not None or not report.failed:
         return None
+    return item.stash.get(COVERING, None)
+
+
+def fixed_upstream_message(longrepr: str) -> str:
+    """What to tell the reader of a known-bugs case's strict XPASS, in place of pytest's text."""
+    strict_xpass = "[XPASS(strict)] "
     return f"{strict_xpass}{FIXED_MESSAGE} in tests/gpu/known_bugs.py: {longrepr.removeprefix(strict_xpass)}"
 
 
@@ -834,6 +890,7 @@ _EARLY_RUN = ("harness run --matrix M -- -k 'test_training_steps and {case}' (M:
               "transformers {releases})")
 _EARLY_RELEASE_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
+        key="opf-router-gradients-early",
         transformers=">=5.6,<5.17",
         torch=TORCH_2_13_ONLY,
         torch_verified=RUN_ON_2_13_ONLY,
@@ -855,6 +912,7 @@ _EARLY_RELEASE_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
+        key="opf-expert-bias-nan-early",
         transformers=">=5.8,<5.17",
         torch=TORCH_2_13_ONLY,
         torch_verified=RUN_ON_2_13_ONLY,
@@ -876,6 +934,7 @@ _EARLY_RELEASE_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
+        key="gemma4-router-gradients-early",
         transformers=">=5.6,<5.17",
         torch=TORCH_2_13_ONLY,
         torch_verified=RUN_ON_2_13_ONLY,
@@ -897,6 +956,7 @@ _EARLY_RELEASE_BUGS: tuple[KnownBug, ...] = (
         ),
     ),
     KnownBug(
+        key="gemma4-nan-backward-early",
         transformers=">=5.8,<=5.15.0",
         torch=TORCH_2_13_ONLY,
         torch_verified=RUN_ON_2_13_ONLY,
@@ -922,6 +982,7 @@ _EARLY_RELEASE_BUGS: tuple[KnownBug, ...] = (
 # What the deep training cases found running every experts implementation at older releases (2026-12-03).
 _GROUPED_MM_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
+        key="ep-grouped-mm-router-gradient",
         transformers=">=5.7,<5.17",
         torch=TORCH_2_13_ONLY,
         torch_verified=RUN_ON_2_13_ONLY,
@@ -956,6 +1017,7 @@ _EXHAUSTIVE_TIER_BUGS: tuple[KnownBug, ...] = (
         implementations=("eager",),
         raises="IndexError",
         match=r"index \d+ is out of bounds for dimension 0 with size \d+",
+        key="nemotron-h-eager-ep-sentinel",
         cause="Nemotron-H's eager experts one-hot the EP sentinel expert id with a class of its own "
         "(num_classes=num_experts + 1) and then index it into the local expert stack (self.up_proj[num_local_experts])",
         reproduced="upstream_repros/nemotron_h_eager_ep_sentinel.py: raises at 5.23.0 and 5.24.0, not at 5.21.0 or "
@@ -982,6 +1044,7 @@ _GPT_OSS_BUGS: tuple[KnownBug, ...] = (
         families=("gpt_oss",),
         raises="UnboundLocalError",
         match=r"cannot access local variable 'tp_plan_alt'",
+        key="gpt-oss-ep-tp-plan-alt-unbound",
         cause="EP loading of GPT-OSS, the release that first declares its EP plan, raises before any weight is read: "
         "'cannot access local variable 'tp_plan_alt' where it is not associated with a value'",
         reproduced=_GPT_OSS_RUN.format(what="every EP case raises at 5.3.0, on 2 CPU ranks"),
@@ -1001,6 +1064,7 @@ _GPT_OSS_BUGS: tuple[KnownBug, ...] = (
         families=("gpt_oss",),
         raises="AssertionError",
         match=r"^load: rank \d+ holds \d+ experts of model\.layers\.\d+\.mlp\.experts\.\S+, expected \d+",
+        key="gpt-oss-ep-experts-not-sharded",
         cause="EP loading of GPT-OSS hands the weight loader the TP plan instead of the EP plan: every rank holds all "
         "the experts of every stack (8 where its share is 4)",
         reproduced=_GPT_OSS_RUN.format(what="every EP case fails the load check at 5.4.0, 5.5.0 and "
@@ -1020,6 +1084,7 @@ _GPT_OSS_BUGS: tuple[KnownBug, ...] = (
         implementations=("eager",),
         raises="RuntimeError",
         match=r"Class values must be smaller than num_classes",
+        key="gpt-oss-eager-ep-one-hot-5-6",
         cause="GPT-OSS eager experts one-hot the EP sentinel expert id (entry 0's bug, one release before its lower "
         "end there: 5.7.0 was the EP layout's floor)",
         reproduced="upstream_repros/gpt_oss_eager_ep_one_hot.py raises at 5.6.0 and 5.6.2, on 2 CPU ranks",
@@ -1038,6 +1103,7 @@ _GPT_OSS_BUGS: tuple[KnownBug, ...] = (
         implementations=("grouped_mm", "batched_mm"),
         raises="AssertionError",
         match=r"^gradients differ from the whole model's: .*\.router\.(weight|bias)",
+        key="gpt-oss-ep-router-gradients-5-6",
         cause="grouped_mm and batched_mm experts under EP give GPT-OSS's router a wrong gradient (relative error "
         "0.6-1.3: entries 1 and 27's bug, one release before their lower end: 5.7.0 was the EP layout's floor)",
         reproduced=_GPT_OSS_RUN.format(what="router.weight and router.bias 0.63-1.31 against bounds "

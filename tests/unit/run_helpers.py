@@ -45,6 +45,14 @@ SUITES = {
     "empty": """
         x = 1
     """,
+    # The tested code ends pytest as an interrupt would (pytest exits 2): nobody interrupted harness.
+    "self-interrupting": """
+        def test_ok():
+            pass
+
+        def test_says_interrupted():
+            raise KeyboardInterrupt
+    """,
     # The ranks fixture with a trivial function: on one rank both world sizes skip before any rank starts.
     "distributed": """
         import pytest

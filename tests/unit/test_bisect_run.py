@@ -176,6 +176,15 @@ def test_a_flaky_commit_stops_the_search(project):
     )
 
 
+def test_a_good_end_that_fails_too_names_its_failing_tests_for_triage(project):
+    """The nightly's evidence that a crash is the machine's: the same test fails on the last good build."""
+    repo = project["repo"]
+    shas = [commit(repo, "c0 broken", value=2), commit(repo, "c1 broken too", value=2)]
+    code, record = bisect(project, "--good", shas[0], "--bad", shas[-1])
+    assert (code, record["same_verdict"]) == (2, "fail")
+    assert [test.rsplit("::", 1)[-1] for test in record["failing_at_good"]] == ["test_value"]
+
+
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [

@@ -267,3 +267,18 @@ def test_a_bad_cpu_rank_count_is_a_usage_error(pytester, monkeypatch):
     result = pytester.runpytest()
     assert "HARNESS_CPU_RANKS must be a whole number of CPU ranks, got 'two'" in result.stdout.str() + \
         result.stderr.str()
+
+
+def test_a_failed_launch_records_how_the_launcher_saw_it_end():
+    """The launch_failed property triage reads: from the launcher's own error types, never a message's words."""
+    from harness.ranks.failures import HostLostError, RankFailedError, RankTimeoutError
+    from harness.ranks.plugin import launch_failure
+
+    assert launch_failure(HostLostError(1, "h1", "no heartbeat for 10.1s")) == "host_lost"
+    assert launch_failure(RankTimeoutError(60.0, [1], {1: "waiting"})) == "timed_out"
+    assert launch_failure(RankFailedError(1, "exited by signal SIGKILL without a result", "", [])) == "rank_died"
+    # a rank's own exception is the case's failure, whatever it says (an OOM under the code under test)
+    oom = RankFailedError(1, "raised OutOfMemoryError: CUDA out of memory", "", [], error_type="OutOfMemoryError",
+                          error_message="CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert launch_failure(oom) is None
+    assert launch_failure(KeyboardInterrupt()) is None

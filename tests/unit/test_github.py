@@ -637,7 +637,7 @@ def regressions(now: Path, before: Path | None = None, memory_mib: float = 64.0,
     found = nightly_regressions(load_results([now]), baseline, memory_mib=memory_mib, memory_percent=memory_percent)
     if not found:
         return []
-    listing = report._environment().get_template("nightly-listing.md.j2").render(regressions=found)
+    listing = report._environment().get_template("nightly-listing.md.j2").render(regressions=found, more=0)
     return [line.removeprefix("- ") for line in listing.splitlines()]
 
 
@@ -678,6 +678,28 @@ def test_gpu_memory_growth_beyond_both_limits(tmp_path, tonight, last_night, lim
     before = cells(tmp_path, "before", gpu_peak=last_night, t="passed")
     findings = regressions(now, before, memory_mib=limits[0], memory_percent=limits[1])
     assert findings == ([expected] if expected else [])
+
+
+def test_the_issue_lists_a_bounded_number_of_regressions_per_cell_and_in_all():
+    """A night of thousands of new reds: the issue lists so many per cell and in all, and counts the rest."""
+    from harness.results import Regression
+
+    many = [Regression(cell_id=f"cell-{cell}", kind="failing", test_id=f"t{test}", text="real failure",
+                       triage_class="real failure", label="looks like an OOM")
+            for cell in range(20) for test in range(100)]
+    body = report.render_nightly("again", marker="<!-- m -->", sha="abc", run_url=None, regressions=many)
+    listed = [line for line in body.splitlines() if line.startswith("- `cell-")]
+    per_cell = {line.split("`")[1] for line in listed}
+    assert len(listed) == report.NIGHTLY_LISTED
+    assert len(per_cell) == report.NIGHTLY_LISTED // report.NIGHTLY_LISTED_PER_CELL
+    assert all(sum(line.startswith(f"- `{cell}`") for line in listed) == report.NIGHTLY_LISTED_PER_CELL
+               for cell in per_cell)
+    assert listed[0] == "- `cell-0` `t0` real failure (looks like an OOM)"
+    assert f"- …and {2000 - report.NIGHTLY_LISTED} more, not listed here" in body
+    errored = Regression(cell_id="c", kind="errored", text="environment: uv exited 1", triage_class="infrastructure",
+                         label="looks like an install failure")
+    body = report.render_nightly("again", marker="<!-- m -->", sha="abc", run_url=None, regressions=[errored])
+    assert "- `c` errored: environment: uv exited 1 · infrastructure (looks like an install failure)\n" in body
 
 
 def test_cells_that_newly_errored(tmp_path):

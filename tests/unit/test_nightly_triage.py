@@ -69,9 +69,10 @@ def test_the_regression_issue_lists_each_red_with_its_class_and_bisect_line(fake
     write_json(bisects / "bisect.json", answer.record(12.5, cell=job["cell"]))
 
     # Job `regression`: the table, then the issue.
-    triage_md = tmp_path / "triage.md"
+    triage_md, triage_json = tmp_path / "triage.md", tmp_path / "triage.json"
     assert (
-        main(["triage", "--results", str(after), "--baseline", str(before), "--bisects", str(tmp_path / "bisects")])
+        main(["triage", "--results", str(after), "--baseline", str(before), "--bisects", str(tmp_path / "bisects"),
+              "-o", str(triage_json)])
         == 0
     )
     triage_md.write_text(capsys.readouterr().out)
@@ -91,6 +92,8 @@ def test_the_regression_issue_lists_each_red_with_its_class_and_bisect_line(fake
             "6dcb09b5b57875f334f61aebed695e2e4193db5e",
             "--triage",
             str(triage_md),
+            "--triage-json",
+            str(triage_json),
         ])
         == 0
     )
@@ -101,13 +104,18 @@ def test_the_regression_issue_lists_each_red_with_its_class_and_bisect_line(fake
     assert "| real failure |" in real
     # Escaped like every rendering: markup characters from results are text.
     assert "first bad: transformers 5.20.0 (last good 5.19.0) · test\\_fsdp\\_ep\\_moe\\[2-float32\\]" in real
-    [infra] = [
+    [communicator] = [
         line
         for line in body.splitlines()
         if "test\\_ep\\_load" in line or "test_ep_load" in line
         if line.startswith("| ")
     ]
-    assert "| infrastructure |" in infra and "communicator error" in infra
+    # A communicator error with no typed event is the code under test's: real, its words a label beside the class.
+    assert "| real failure (looks like a communicator error) |" in communicator
+    # The issue's list of regressions shows each red's class and label, from triage.json's fields.
+    listed = [line for line in body.splitlines() if line.startswith("- ") and "test_ep_load" in line]
+    assert listed == [f"- `{H200}` `tests/gpu/test_fsdp2.py::test_ep_load[2]` real failure (looks like a communicator "
+                      "error)"]
     assert issue["labels"] == [{"name": "nightly-regression"}]
 
 

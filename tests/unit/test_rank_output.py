@@ -342,6 +342,13 @@ def junit_outputs(junit) -> dict[str, tuple[str, str]]:
             for case in ET.parse(junit).getroot().iter("testcase")}
 
 
+def launch_failures(junit) -> dict[str, str]:
+    """Each test's launch_failed property (contract.LAUNCH_FAILED), by its name without test_."""
+    return {case.get("name").removeprefix("test_"): prop.get("value")
+            for case in ET.parse(junit).getroot().iter("testcase")
+            for prop in case.iter("property") if prop.get("name") == "launch_failed"}
+
+
 def without_imports(text: str) -> str:
     return "".join(line for line in text.splitlines(keepends=True) if not line.startswith("imported by"))
 
@@ -361,6 +368,8 @@ def test_each_ranks_output_is_its_own_tests_in_junit_and_shows_only_with_a_failu
     result.assert_outcomes(passed=2, failed=4)
     terminal = result.stdout.str() + result.stderr.str()
     assert_each_test_holds_its_own_output(terminal, cases)
+    # How each launch failed, as the launcher saw it: the property triage reads (a rank's own exception is none).
+    assert launch_failures(pytester.path / "junit.xml") == {"crashes": "rank_died", "hangs": "timed_out"}
     if how == "forked pool":
         quiet = cases["quiet"][0] + cases["quiet"][1]
         assert "--- rank" not in quiet and "imported by" not in terminal

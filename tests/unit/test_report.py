@@ -335,6 +335,58 @@ def test_a_huge_comment_is_shortened_says_what_was_cut_and_keeps_its_digest(monk
     assert decode_digest(text).cells.keys() == digest(results).cells.keys()
 
 
+def many_failures(cells: int, per_cell: int) -> ResultSet:
+    """`per_cell` failures in each of `cells` cells, every one its own (a message naming its cell)."""
+    return ResultSet(tuple(
+        cell(f"h200-2gpu-torch2.11.0-tf5.{index}.0", *(
+            make_test(case, Outcome.FAILED, message=f"routing differs in cell {index}: layer {case}")
+            for case in range(per_cell)))
+        for index in range(cells)
+    ))
+
+
+def listed_failures(text: str, fmt: str) -> dict[str, int]:
+    """How many failures each cell has listed in a rendering's failures section."""
+    found: dict[str, int] = {}
+    marker = "routing differs in cell "
+    for line in text.splitlines():
+        if ("<summary>" in line) and marker in line:
+            index = line.split(marker, 1)[1].split(":", 1)[0]
+            found[index] = found.get(index, 0) + 1
+    return found
+
+
+@pytest.mark.parametrize(("fmt", "limits"), [("html", report.HTML_LIMITS), ("pr-comment", report.COMMENT_LADDER[0]),
+                                             ("summary", report.SUMMARY_LADDER[0])])
+def test_each_rendering_lists_a_bounded_number_of_failures_per_cell_and_in_all(fmt, limits):
+    """A night of thousands of failures: at most so many of a cell's are listed and so many in all; the rest are
+    counted, never rendered (every one stays in its cell's junit.xml)."""
+    per_cell = limits.failures_per_cell + 7
+    one_cell = render(many_failures(1, per_cell), fmt)
+    assert listed_failures(one_cell, fmt) == {"0": limits.failures_per_cell}
+    assert "…and 7 more failures not" in one_cell
+    cells = limits.failures // limits.failures_per_cell + 3
+    text = render(many_failures(cells, per_cell), fmt)
+    listed = listed_failures(text, fmt)
+    assert sum(listed.values()) == limits.failures and max(listed.values()) <= limits.failures_per_cell
+    assert f"…and {cells * per_cell - limits.failures:,} more failures not" in text
+
+
+def test_a_failure_shared_by_cells_is_listed_while_one_of_its_cells_has_room():
+    from harness.report.listing import Listed, listed
+
+    items = [("a",), ("a",), ("a", "b"), ("b",), ("a",), ("c",)]
+    assert listed(items, lambda cells: cells, per_cell=2, total=10) == \
+        Listed(shown=(("a",), ("a",), ("a", "b"), ("b",), ("c",)), left_out=1)
+    assert listed(items, lambda cells: cells, per_cell=2, total=2) == Listed(shown=(("a",), ("a",)), left_out=4)
+
+
+def test_the_html_report_of_many_failures_stays_small():
+    """2,000 failures listed, each with a 30-line excerpt at most: a page a browser opens, whatever the night."""
+    text = render(many_failures(100, 300), "html")
+    assert len(text) < 10_000_000 and "…and 28,000 more failures not listed here" in text
+
+
 def test_a_comment_that_fits_has_no_cut_note_even_when_its_tables_show_their_worst_rows_only():
     """The first step's limits (25 metric rows, 30 failures) are the comment's ordinary length: a comment that
     fits at that step was not shortened, whatever those limits left out."""

@@ -17,6 +17,7 @@ import harness.run.command
 import harness.run.plan
 import harness.run.prepare
 import harness.run.record
+from harness import contract
 from harness.cli import main
 from harness.plan.matrix import load_matrix
 
@@ -126,6 +127,15 @@ def test_classify_reads_not_run_from_the_typed_properties(tmp_path, prop, result
     cell = load_matrix(write_matrix(tmp_path, "passing")).cells[0]
     assert harness.run.record.classify(cell, 0, False, junit) == (status, None, None)
     assert harness.run.record.classify(cell, 1, False, junit)[0] == "failed"  # pytest's red stays red
+
+
+def test_a_suite_that_raises_keyboardinterrupt_is_not_an_interrupted_cell(tmp_path):
+    """pytest's own "interrupted" exit, chosen by the tested code, is no interruption harness saw: not the
+    infrastructure kind `interrupted` (a SIGINT or SIGTERM to harness is, test_run_lifecycle.py)."""
+    assert run(tmp_path, write_matrix(tmp_path, "self-interrupting")) == 1
+    env = read_env(cell_folder(tmp_path / "results"))
+    assert (env["status"], env["error_kind"], env["exit_code"]) == ("errored", "pytest", 2)
+    assert env["error"] == "pytest exited 2 (interrupted); see pytest.log"
 
 
 def test_a_run_with_pytest_args_records_them_and_its_reproduce_line_has_one_separator(tmp_path):
@@ -282,7 +292,7 @@ def test_the_execute_stage_runs_the_cells_engine_and_an_interrupted_job_is_recor
     interrupted (its id, its hosts) is in env.json, and the interruption goes on once the folder is written."""
     import sys
 
-    from harness.engines import Interrupted, Ran
+    from harness.engines import EngineCause, Interrupted, Ran
     from harness.envs.build import Environment
 
     launches = []
@@ -295,7 +305,7 @@ def test_the_execute_stage_runs_the_cells_engine_and_an_interrupted_job_is_recor
             job["job_id"], job["hosts"] = "42", ["h0", "h1"]
             if launch.pytest_args:
                 raise Interrupted(15)
-            return Ran(exit_code=0, cause="host 1 (h1) lost: silent")
+            return Ran(exit_code=0, cause=EngineCause(contract.ERROR_HOST_LOST, "host 1 (h1) lost: silent"))
 
     monkeypatch.setitem(harness.engines.REGISTRY, "slurm", Standin())
     cell = dataclasses.replace(load_matrix(write_matrix(tmp_path, "passing")).cells[0], engine="slurm", hosts=2)
@@ -305,7 +315,8 @@ def test_the_execute_stage_runs_the_cells_engine_and_an_interrupted_job_is_recor
                   prepare_environment=lambda cell, env_dir, log: here)
     outcome = harness.run.command.run_cell(cell, results_root=tmp_path / "a", pytest_args=[], **common)
     env = read_env(outcome.folder)
-    assert (env["status"], env["error_kind"], env["error"]) == ("errored", "engine", "host 1 (h1) lost: silent")
+    # The engine's kind, as it typed it: what triage reads (the words are for people).
+    assert (env["status"], env["error_kind"], env["error"]) == ("errored", "host_lost", "host 1 (h1) lost: silent")
     assert (env["job_id"], env["hosts"], env["exit_code"], env["versions"]["python"]) == ("42", ["h0", "h1"], 0, "3")
     with pytest.raises(Interrupted):
         harness.run.command.run_cell(cell, results_root=tmp_path / "b", pytest_args=["-x"], **common)

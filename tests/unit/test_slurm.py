@@ -123,8 +123,10 @@ def test_world_8_over_4_hosts_passes_with_every_host_named(cluster, tmp_path):
     assert_nothing_left(cluster)
 
 
-def break_while_waiting(cluster: SlurmCluster, tmp_path: Path, breaking, expected: str) -> dict:
-    """Start the cell's waiting case, break something once all 8 ranks wait, and read the folder."""
+def break_while_waiting(cluster: SlurmCluster, tmp_path: Path, breaking, expected: str,
+                        kind: str | None = None) -> dict:
+    """Start the cell's waiting case, break something once all 8 ranks wait, and read the folder: errored, saying
+    `expected`, and of the error kind `kind` (what triage reads) where given."""
     markers = tmp_path / "markers"
     markers.mkdir()
     process, folder = start_cell(cluster, tmp_path, "-k", "a_host_breaks",
@@ -139,6 +141,7 @@ def break_while_waiting(cluster: SlurmCluster, tmp_path: Path, breaking, expecte
     print(f"{expected}: {env['error']!r}; harness returned {time.time() - broken_at:.1f}s after{detected}")
     assert env["status"] == "errored", env
     assert expected in (env["error"] or ""), env["error"]
+    assert kind is None or env["error_kind"] == kind, env["error_kind"]
     assert_nothing_left(cluster)
     return env
 
@@ -170,24 +173,25 @@ def test_partition_of_a_host_names_it(cluster, tmp_path):
         finally:
             cluster.partition(3, cut=False)
 
-    env = break_while_waiting(cluster, tmp_path, cut_h3, "host 2 (h3) lost: no heartbeat")
+    env = break_while_waiting(cluster, tmp_path, cut_h3, "host 2 (h3) lost: no heartbeat", "host_lost")
     assert json.loads(lost.read_text())["hostname"] == "h3" and env["exit_code"] != 0
 
 
 def test_scancel_leaves_a_cancelled_folder(cluster, tmp_path):
     break_while_waiting(cluster, tmp_path, lambda process: cluster.login("scancel", job_id(cluster)),
-                        "cancelled (scancel")
+                        "cancelled (scancel", "interrupted")
 
 
 def test_harness_interrupted_cancels_its_job(cluster, tmp_path):
     env = break_while_waiting(cluster, tmp_path, lambda process: process.send_signal(signal.SIGTERM),
-                              "cancelled: harness interrupted by SIGTERM; slurm job")
+                              "cancelled: harness interrupted by SIGTERM; slurm job", "interrupted")
     assert env["job_id"] in env["error"]
 
 
 def test_node_fail_names_the_node(cluster, tmp_path):
     try:
         break_while_waiting(cluster, tmp_path, lambda process: cluster.login(
-            "scontrol", "update", "NodeName=h3", "State=DOWN", "Reason=harness-test"), "NODE_FAIL: host h3")
+            "scontrol", "update", "NodeName=h3", "State=DOWN", "Reason=harness-test"), "NODE_FAIL: host h3",
+            "host_lost")
     finally:
         cluster.login("scontrol", "update", "NodeName=h3", "State=RESUME", check=False)

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from harness import contract
 from harness.engines import check_settings, slurm
 from harness.errors import ConfigError
 from harness.plan.matrix import expand
@@ -134,33 +135,51 @@ def job(state: str) -> slurm.JobState:
     return slurm.JobState(state=state, hosts=("h1", "h2", "h3", "h4"), exit_code=1, reason="")
 
 
-def test_the_first_cause_wins(tmp_path):
+def said(cause) -> tuple[str, str] | None:
+    return None if cause is None else (cause.kind, cause.words)
+
+
+def test_the_first_cause_wins_and_each_is_typed(tmp_path):
+    """Each cause carries its kind, as the engine saw it (what triage reads); the words are for people."""
     lost = tmp_path / "host-lost.json"
-    assert slurm.job_cause(FakeClient(), job("COMPLETED"), tmp_path, "7") == ""
+    assert slurm.job_cause(FakeClient(), job("COMPLETED"), tmp_path, "7") is None
     (tmp_path / "slurm.log").write_text("srun: error: h1: task 0: Exited with exit code 1\n"
                                         "srun: error: h3: task 2: Killed\n")
-    assert slurm.job_cause(FakeClient(), job("FAILED"), tmp_path, "7") == "host 2 (h3) ended first: Killed"
+    # an agent's task ended: the engine saw that, not why (the OOM killer, a crash of the code under test)
+    assert said(slurm.job_cause(FakeClient(), job("FAILED"), tmp_path, "7")) == \
+        ("engine", "host 2 (h3) ended first: Killed")
     lost.write_text(json.dumps({"host": 2, "hostname": "h3", "reason": "no heartbeat for 10.1s"}))
-    assert slurm.job_cause(FakeClient(), job("FAILED"), tmp_path, "7") == "host 2 (h3) lost: no heartbeat for 10.1s"
-    assert slurm.job_cause(FakeClient(["h3"]), job("NODE_FAIL"), tmp_path, "7") == \
-        "Slurm NODE_FAIL: host h3 failed (job 7)"
+    assert said(slurm.job_cause(FakeClient(), job("FAILED"), tmp_path, "7")) == \
+        ("host_lost", "host 2 (h3) lost: no heartbeat for 10.1s")
+    assert said(slurm.job_cause(FakeClient(["h3"]), job("NODE_FAIL"), tmp_path, "7")) == \
+        ("host_lost", "Slurm NODE_FAIL: host h3 failed (job 7)")
     # srun's own word first: the other hosts' tasks were terminated because of it.
     (tmp_path / "slurm.log").write_text("srun: error: Node failure on h3\nsrun: error: h2: task 1: Terminated\n")
-    assert slurm.job_cause(FakeClient(["h2"]), job("NODE_FAIL"), tmp_path, "7", dropped=["h2"]) == \
+    assert str(slurm.job_cause(FakeClient(["h2"]), job("NODE_FAIL"), tmp_path, "7", dropped=["h2"])) == \
         "Slurm NODE_FAIL: host h3 failed (job 7)"
     (tmp_path / "slurm.log").unlink()
     # The node that left the job's NodeList while it completed is named, even back up by now.
-    assert slurm.job_cause(FakeClient(), job("NODE_FAIL"), tmp_path, "7", dropped=["h3"]) == \
+    assert str(slurm.job_cause(FakeClient(), job("NODE_FAIL"), tmp_path, "7", dropped=["h3"])) == \
         "Slurm NODE_FAIL: host h3 failed (job 7)"
     # An ended job may list no nodes: the hosts seen while it ran are asked about.
     ended = slurm.JobState(state="NODE_FAIL", hosts=(), exit_code=None, reason="")
-    assert slurm.job_cause(FakeClient(["h3"]), ended, tmp_path, "7", ("h1", "h3")) == \
+    assert str(slurm.job_cause(FakeClient(["h3"]), ended, tmp_path, "7", ("h1", "h3"))) == \
         "Slurm NODE_FAIL: host h3 failed (job 7)"
     # scancel stops every agent at once: their closed connections are collateral, not the cause.
-    assert slurm.job_cause(FakeClient(), job("CANCELLED"), tmp_path, "7").startswith("job 7 cancelled (scancel")
+    cancelled = slurm.job_cause(FakeClient(), job("CANCELLED"), tmp_path, "7")
+    assert cancelled.kind == "interrupted" and cancelled.words.startswith("job 7 cancelled (scancel")
     lost.write_text("[not json")
-    assert "unreadable" in slurm.job_cause(FakeClient(), job("FAILED"), tmp_path, "7")
-    assert "vanished" in slurm.job_cause(FakeClient(), None, tmp_path, "7")
+    assert said(slurm.job_cause(FakeClient(), job("FAILED"), tmp_path, "7")) == \
+        ("host_lost", "a host was lost (host-lost.json unreadable)")
+    lost.unlink()
+    assert said(slurm.job_cause(FakeClient(), None, tmp_path, "7")) == \
+        ("engine", "job 7 vanished from Slurm before it ended")
+    # Slurm's own end states: a time limit and the OOM kill are the cell's (the code under test), the others not.
+    kinds = {state: slurm.job_cause(FakeClient(), job(state), tmp_path, "7").kind
+             for state in ("TIMEOUT", "DEADLINE", "OUT_OF_MEMORY", "BOOT_FAIL", "PREEMPTED")}
+    assert kinds == {"TIMEOUT": "timeout", "DEADLINE": "timeout", "OUT_OF_MEMORY": "signal", "BOOT_FAIL": "host_lost",
+                     "PREEMPTED": "interrupted"}
+    assert all(kind in contract.ERROR_KINDS for kind in kinds.values())
 
 
 def test_host_logs_stream_with_the_host_name(tmp_path):

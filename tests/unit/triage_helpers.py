@@ -8,12 +8,16 @@ from pathlib import Path
 from xml.sax.saxutils import quoteattr
 
 
-def junit_case(name: str, outcome: str, message: str = "", attempts: int = 1) -> str:
-    """xunit1 as pytest writes it; pytest-rerunfailures leaves one empty testcase per earlier attempt."""
+def junit_case(name: str, outcome: str, message: str = "", attempts: int = 1,
+               properties: dict[str, str] | None = None) -> str:
+    """xunit1 as pytest writes it, with the case's properties (record_property); pytest-rerunfailures leaves one
+    empty testcase per earlier attempt."""
     head = (
         f'<testcase classname="tests.gpu.test_fsdp2" name="{name}" file="tests/gpu/test_fsdp2.py" line="39" time="1.0"'
     )
-    body = {
+    recorded = "".join(f"<property name={quoteattr(key)} value={quoteattr(value)}/>"
+                       for key, value in (properties or {}).items())
+    body = (f"<properties>{recorded}</properties>" if recorded else "") + {
         "passed": "",
         "failed": f"<failure message={quoteattr(message)}>E   {message}</failure>",
         "skipped": f'<skipped type="pytest.skip" message={quoteattr(message)}>{message}</skipped>',

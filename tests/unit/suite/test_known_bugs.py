@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from xml.etree import ElementTree
 
 import families
 import known_bugs
@@ -15,7 +14,7 @@ from rank_failures import REDUCE_VALUE, rank_raised
 
 from harness.ranks.failures import Died, failure_error
 from harness.ranks.raised import NO_MESSAGE, RaisingFrame
-from harness.results import triage
+from harness.results import read_junit_tests, triage
 
 pytest_plugins = ["pytester"]
 SUITE_CONFTEST = known_bugs.__file__.replace("known_bugs.py", "conftest.py")
@@ -24,6 +23,7 @@ SUITE_CONFTEST = known_bugs.__file__.replace("known_bugs.py", "conftest.py")
 def a_bug(**fields) -> known_bugs.KnownBug:
     return known_bugs.KnownBug(
         **{
+            "key": "a-bug",
             "transformers": ">=5.13,<5.20",
             "torch": ">=2.11,<=2.13.0",
             "torch_verified": "2.11.0 and 2.13.0",
@@ -73,15 +73,27 @@ def test_an_entry_names_the_releases_of_both_packages():
         fields = {name: value for name, value in vars(a_bug()).items() if name != package}
         with pytest.raises(TypeError, match=f"'{package}'"):
             known_bugs.KnownBug(**fields)
-        with pytest.raises(ValueError, match=rf"known bug \[every MoE family; ep; RuntimeError; .*{package}=''"):
+        with pytest.raises(ValueError,
+                           match=rf"known bug a-bug \[every MoE family; ep; RuntimeError; .*{package}=''"):
             a_bug(**{package: ""})  # an empty set would hold for every release
         with pytest.raises(ValueError, match=rf"{package}='5.13' is not a PEP 440 range"):
             a_bug(**{package: "5.13"})
 
 
+@pytest.mark.parametrize("key", ["", "Upper", "two words", "a,b", "-lead", "trail-", "x" * 65, "k\u00e9y"])
+def test_an_entry_key_is_of_the_shape_triage_reads(key):
+    with pytest.raises(ValueError, match="a key is lower-case words joined by"):
+        a_bug(key=key)
+
+
+def test_every_entry_has_its_own_key():
+    keys = [bug.key for bug in known_bugs.KNOWN_BUGS]
+    assert len(set(keys)) == len(keys), sorted(key for key in keys if keys.count(key) > 1)
+
+
 def test_an_entry_for_an_exception_without_a_message_must_name_where_it_is_raised():
-    with pytest.raises(ValueError, match=r"known bug \[alpha_moe; ep; AssertionError; transformers >=5.23,<=5.24.0, "
-                       r"torch ==2.13.0\]: match .* accepts an exception without a message"):
+    with pytest.raises(ValueError, match=r"known bug a-bug \[alpha_moe; ep; AssertionError; transformers "
+                       r">=5.23,<=5.24.0, torch ==2.13.0\]: match .* accepts an exception without a message"):
         a_bug(transformers=">=5.23,<=5.24.0", torch="==2.13.0", families=("alpha_moe",), raises="AssertionError",
               match=r"^\(no message\)$")
     with pytest.raises(ValueError, match="accepts an exception without a message"):
@@ -449,12 +461,13 @@ _suite = sys.modules["suite_conftest"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_suite)
 pytest_runtest_makereport = _suite.pytest_runtest_makereport
 
-BUG = known_bugs.KnownBug(transformers=">=5.13,<5.20", torch=">=2.11,<=2.13.0", torch_verified="2.11.0, 2.13.0",
-                          layouts=("ep",), checks=("logits",), raises="RuntimeError",
+BUG = known_bugs.KnownBug(key="class-values", transformers=">=5.13,<5.20", torch=">=2.11,<=2.13.0",
+                          torch_verified="2.11.0, 2.13.0", layouts=("ep",), checks=("logits",), raises="RuntimeError",
                           match="Class values must be smaller than num_classes", cause="a cause", reproduced="a place",
                           bisected=())
 BARE_ASSERT_BUG = known_bugs.KnownBug(
-    transformers=">=5.23,<=5.24.0", torch="==2.13.0", torch_verified="2.13.0", layouts=("ep",), checks=("load",),
+    key="bare-assert", transformers=">=5.23,<=5.24.0", torch="==2.13.0", torch_verified="2.13.0", layouts=("ep",),
+    checks=("load",),
     raises="AssertionError", match=r"^\\(no message\\)$",
     raised_at="torch/distributed/tensor/placement_types.py:_reduce_value", cause="a bare assert in torch",
     reproduced="a place", bisected=())
@@ -507,12 +520,17 @@ def test_a_covered_case_is_xfailed_only_for_the_failure_its_entry_names(pytester
         def test_another_bare_assert(known_bare_assert):
             with known_bare_assert():
                 raise AssertionError
+
+        def test_passes_the_block_then_fails_saying_fixed_upstream(known):
+            with known():
+                pass
+            assert False, "[XPASS(strict)] known upstream bug: fixed upstream: remove the entry"
         """
     )
     junit = pytester.path / "junit.xml"
     # in-process: the suite's directory (tests/gpu) and this one are on sys.path
     result = pytester.runpytest("-p", "no:cacheprovider", "-rA", f"--junitxml={junit}")
-    result.assert_outcomes(failed=4, xfailed=2, skipped=1)
+    result.assert_outcomes(failed=5, xfailed=2, skipped=1)
     # A summary line carries " - <reason>" only when the terminal is wide enough: every pattern ends open.
     result.stdout.fnmatch_lines_random(
         [
@@ -534,11 +552,17 @@ def test_a_covered_case_is_xfailed_only_for_the_failure_its_entry_names(pytester
             "[[]XPASS(strict)[]] fixed upstream: remove the entry in tests/gpu/known_bugs.py: known upstream bug:*",
         ]
     )
-    # Nightly triage reads the failure's text: a different failure must not pass for the known bug.
-    testcases = ElementTree.parse(junit).iter("testcase")
-    different = [case for case in testcases if case.get("name").startswith("test_another")]
-    assert len(different) == 3
-    for testcase in different:
-        failure = testcase.find("failure")
-        text = f"{failure.get('message')}\n{failure.text}"
-        assert triage.classify_text(text) != (triage.Triage.KNOWN_UPSTREAM, triage.KNOWN_UPSTREAM.name), text
+    # The properties the suite recorded, as harness reads junit.xml, and nightly triage's class from them alone.
+    tests = {test.name: test for test in read_junit_tests(junit)}
+    assert (tests["test_the_known_failure"].known_bug, tests["test_the_known_bare_assert"].known_bug) == \
+        (("class-values",), ("bare-assert",))
+    assert tests["test_fixed"].known_bug_fixed == ("class-values",)
+    assert triage.classify_test(tests["test_fixed"]).triage is triage.Triage.KNOWN_UPSTREAM
+    # A different failure, and a failure after the covered block (its words saying "fixed upstream"), carry no
+    # property: real, with the words as a label only.
+    for name in ("test_another_message", "test_another_exception", "test_another_bare_assert",
+                 "test_passes_the_block_then_fails_saying_fixed_upstream"):
+        assert (tests[name].known_bug, tests[name].known_bug_fixed) == ((), ()), name
+        assert triage.classify_test(tests[name]).triage is triage.Triage.REAL, name
+    assert triage.label_text(triage.failure_text(tests["test_passes_the_block_then_fails_saying_fixed_upstream"])) \
+        == "says it is a known upstream bug, but no known-bugs entry matched"

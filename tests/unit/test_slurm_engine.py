@@ -355,7 +355,7 @@ def test_each_job_gets_its_own_credentials_as_a_private_file_named_by_path_only(
     exit_code, cause = slurm.run_job(cell, folder=folder, pytest_command=["python", "-m", "pytest"],
                                      environ={"PATH": "/usr/bin"}, project=project, log=lambda line: None,
                                      record=record, client=client)
-    assert (exit_code, cause, record["job_id"]) == (0, "", "7")
+    assert (exit_code, cause, record["job_id"]) == (0, None, "7")
     seen = client.seen
     assert seen["credentials"].parent.parent == project / slurm.PRIVATE_FOLDER  # not in the uploaded results
     assert (seen["file_mode"], seen["folder_mode"], seen["parent_mode"]) == (0o600, 0o700, 0o700)

@@ -38,6 +38,8 @@ from harness.ranks.lifecycle import CELL_TOKEN_ENV, cell_processes
 
 
 class Containment:
+    """What one cell starts on this machine, from `born_inside` to `end`."""
+
     def __init__(self, *, use_cgroup: bool = True):
         self.token = uuid.uuid4().hex
         self.environ = {CELL_TOKEN_ENV: self.token}  # for the environment of the cell's first process
@@ -45,7 +47,7 @@ class Containment:
         self._before = {pid: pidkill.start_time(pid) for pid in reaper.descendants(os.getpid())}
         self._subreaper = reaper.adopt_orphans(True)
         self._spared: set[int] = set()
-        self._inside = False  # this process is in the cell's cgroup (it failed to leave): never kill it whole
+        self._inside = False  # this process is in the cell's cgroup (in born_inside, or it failed to leave)
         self._ended: CleanupRecord | None = None
         self.cgroup: CellCgroup | None = None
         self.fallback: str | None = f"${CGROUP_ENV}=off"

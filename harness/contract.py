@@ -69,6 +69,13 @@ ERROR_HOST_LOST = "host_lost"
 ERROR_KINDS = (ERROR_ENGINE, ERROR_HOST_LOST, ERROR_ENVIRONMENT, ERROR_BUSY_GPUS, ERROR_TIMEOUT, ERROR_SIGNAL,
                ERROR_INTERRUPTED, ERROR_COLLECTION, ERROR_NO_TESTS, ERROR_NO_JUNIT, ERROR_PYTEST, ERROR_HARNESS)
 
+# env.json "cleanup": how the cell's processes were ended when it ended (harness.ranks.containment), and whether
+# any survived. The mechanism is the strongest one the host offered:
+CLEANUP_CGROUP = "cgroup"  # the cell's own cgroup (v2), killed whole: no fork leaves it
+CLEANUP_SUBREAPER = "subreaper"  # no cgroup: harness, the cell's child subreaper, killed every descendant (pidfds)
+CLEANUP_TOKEN = "token"  # neither (not Linux): every process carrying the cell's token in its environment
+CLEANUP_MECHANISMS = (CLEANUP_CGROUP, CLEANUP_SUBREAPER, CLEANUP_TOKEN)
+
 # What the suite records per test case (record_property, through `ranks.record`). A failing check
 # records its metrics before it raises, so a red case still shows its numbers.
 GRAD_ERROR = "max_rel_grad_error"
@@ -181,6 +188,19 @@ VERDICT_FLAKY = "flaky"
 
 
 @dataclass(frozen=True, kw_only=True)
+class CleanupRecord:
+    """env.json "cleanup": what ended the cell's processes, and what it could not end."""
+
+    mechanism: str  # one of CLEANUP_MECHANISMS
+    fallback: str | None = None  # why not a cgroup, in words (None: the cgroup ended them)
+    killed: int = 0  # processes of the cell still running when it ended, killed then
+    survivors: list[int] = field(default_factory=list)  # pids still alive after every round of kills
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
 class EnvRecord:
     """env.json: how one cell ran. `harness run` writes it on every exit path; a folder without it
     (or without a status) reads as errored."""
@@ -211,6 +231,8 @@ class EnvRecord:
     engine: str | None = None  # local, slurm, jobset (None: written before engines existed)
     job_id: str | None = None  # the engine's job (Slurm job id, JobSet name)
     hosts: list[str] = field(default_factory=list)  # every host of the cell, host 0 first
+    # How this machine ended the cell's processes (None: an engine's hosts ended them; each host's log says how).
+    cleanup: CleanupRecord | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from harness import contract
-from harness.contract import HOST_LOST_JSON, JUNIT_XML, RANKS_LOG
+from harness.contract import HOST_LOST_JSON, JUNIT_XML, RANKS_LOG, CleanupRecord
 from harness.errors import ConfigError
 from harness.plan.files import reject_unknown_keys
 
@@ -131,6 +131,7 @@ class JobFields(TypedDict):
 
     job_id: str | None  # the engine's job: a Slurm job id, a JobSet's name
     hosts: list[str]  # every host of the cell, host 0 first
+    cleanup: CleanupRecord | None  # how an engine that runs here ended the cell's processes
 
 
 class Engine(Protocol):

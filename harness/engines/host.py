@@ -3,9 +3,11 @@
 Host 0 runs the cell's pytest command, with the environment that makes its rank pool place ranks on every
 host (harness.ranks.hosts); every other host runs its agent (harness.ranks.agent). Every host is given the path
 of the cell's TLS credentials (--credentials), which its engine wrote where only the job's user can read them.
-Each host marks what it starts with a cell token of its own and kills every process carrying it on the way out,
-however it ends: Slurm's proctrack/pgid does not reach a rank that called setpgrp. The host's index, the number
-of hosts and host 0's name come from the options, else from Slurm's environment.
+Each host starts what it runs (pytest, or the agent's zygote and ranks) in a containment of its own (its
+cgroup, else this process as their child subreaper, and a token: harness.ranks.containment) and kills every
+process of it on the way out, however it ends, and says how in its log: Slurm's proctrack/pgid does not reach
+a rank that called setpgrp. The host's index, the number of hosts and host 0's name come from the options,
+else from Slurm's environment.
 """
 
 from __future__ import annotations
@@ -19,14 +21,13 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 
 from harness.cell.gpus import NvmlUnavailable, resolve_gpus
 from harness.cell.memory import MemoryMonitor, write_memory_json
 from harness.errors import ConfigError
-from harness.ranks import hosts
-from harness.ranks.lifecycle import CELL_TOKEN_ENV, kill_cell_processes
+from harness.ranks import cgroup, hosts
+from harness.ranks.containment import Containment, describe
 
 # Host 0's name may take a moment to resolve, and its hub a moment to listen, while the hosts start.
 RENDEZVOUS_TIMEOUT_S = 300.0
@@ -40,8 +41,8 @@ def command(args) -> int:
     host0 = args.host0 or _slurm_first_host()
     credentials = _credentials(args.credentials)
     address = _resolve(host0)
-    token = uuid.uuid4().hex
-    os.environ[CELL_TOKEN_ENV] = token  # what this host starts carries it; ranks inherit it through the zygote
+    containment = Containment(use_cgroup=cgroup.wanted(os.environ))
+    os.environ.update(containment.environ)  # what this host starts carries it; ranks inherit it through the zygote
     temporary = tempfile.mkdtemp(prefix="harness-host-")
     os.environ["TMPDIR"] = temporary
     name = socket.gethostname()
@@ -49,20 +50,20 @@ def command(args) -> int:
     monitor = _monitor_gpus() if args.memory_file else None
     try:
         if index == 0:
-            return run_leader(args, count, address, credentials)
-        reason = _agent(index, (address, args.hub_port), credentials)
+            return run_leader(args, count, address, credentials, containment)
+        with containment.born_inside():  # the agent's zygote, and the ranks it forks, are born in the cgroup
+            reason = _agent(index, (address, args.hub_port), credentials)
         print(f"harness host {index} on {name}: stopped: {reason}", flush=True)
         return 0
     finally:
         if monitor is not None:
             write_memory_json(args.memory_file.replace("{index}", str(index)), monitor.stop())
-        left = kill_cell_processes(token)
+        ended = containment.end()
         shutil.rmtree(temporary, ignore_errors=True)
-        if left:
-            print(f"harness host {index} on {name}: processes {left} survived SIGKILL", flush=True)
+        print(f"harness host {index} on {name}: {describe(ended)}", flush=True)
 
 
-def run_leader(args, count: int, address: str, credentials: Path) -> int:
+def run_leader(args, count: int, address: str, credentials: Path, containment: Containment) -> int:
     """Host 0: the cell's pytest command, its output to the terminal (the engine's log) and pytest.log."""
     command = list(args.host_command)
     if command and command[0] == "--":
@@ -76,8 +77,10 @@ def run_leader(args, count: int, address: str, credentials: Path) -> int:
     if args.cpu_ranks:
         environ["HARNESS_CPU_RANKS"] = str(count * args.ranks_per_host)
     log = Path(args.pytest_log).open("wb") if args.pytest_log else None  # noqa: SIM115 - closed below
-    process = subprocess.Popen(command, env=environ, cwd=args.cwd or None, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, start_new_session=True)
+    with containment.born_inside():
+        process = subprocess.Popen(command, env=environ, cwd=args.cwd or None, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    containment.spare(process.pid)  # its exit status is Popen's to read
     reader = threading.Thread(target=_copy, args=(process.stdout, log), daemon=True)
     reader.start()
 
@@ -89,6 +92,7 @@ def run_leader(args, count: int, address: str, credentials: Path) -> int:
         code = process.wait()
     finally:
         signal.signal(signal.SIGTERM, previous)
+        containment.end()  # before the reader's join: a process left behind may hold pytest's output open
         reader.join(timeout=10)
         if log:
             log.close()

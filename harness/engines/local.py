@@ -2,8 +2,10 @@
 
 pytest's output streams as it comes to pytest.log and the terminal. After the cell's timeout pytest gets
 SIGINT (it still writes junit.xml), then SIGKILL; when harness itself is interrupted, the same with a short
-grace. Every process of the cell carries a token in its environment and writes temporary files under a
-folder of its own; on every way out, whatever still carries the token is killed and the folder removed.
+grace. pytest starts in the cell's containment (its own cgroup, else under harness as child subreaper, and a
+token in its environment: harness.ranks.containment) and writes temporary files under a folder of its own;
+on every way out every process of the cell is killed, the folder removed, and what ended them recorded
+(env.json's "cleanup", through the job fields).
 """
 
 from __future__ import annotations
@@ -17,16 +19,15 @@ import subprocess
 import sys
 import tempfile
 import threading
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.contract import PYTEST_LOG, RUNNING_TEST, RUNNING_TEST_ENV
+from harness.contract import PYTEST_LOG, RUNNING_TEST, RUNNING_TEST_ENV, CleanupRecord
 from harness.engines.base import Interrupted, JobFields, Launch, Ran, pytest_command, pytest_environment
 from harness.errors import ConfigError
 from harness.plan.cells import Cell, SubmitOptions
-from harness.ranks import lifecycle
-from harness.ranks.lifecycle import CELL_TOKEN_ENV, kill_cell_processes
+from harness.ranks import cgroup
+from harness.ranks.containment import Containment, describe
 
 # After the cell's timeout pytest gets SIGINT (it still writes junit.xml), then this long before SIGKILL.
 INTERRUPT_GRACE_SECONDS = 20
@@ -46,34 +47,39 @@ class LocalEngine:
                               "(set the runner's engine: slurm or jobset)")
 
     def run(self, launch: Launch, job: JobFields) -> Ran:
+        def cleaned_up(record: CleanupRecord) -> None:
+            job["cleanup"] = record
+            if record.killed or record.survivors or record.fallback:
+                launch.log(f"   {describe(record)}")
+
         exit_code, timed_out = run_pytest(launch.cell, launch.python, launch.folder, list(launch.gpus),
                                           list(launch.pytest_args), launch.log, project=launch.project,
-                                          import_path=launch.import_path)
+                                          import_path=launch.import_path, cleaned_up=cleaned_up)
         return Ran(exit_code=exit_code, timed_out=timed_out)
 
 
 def run_pytest(cell: Cell, python: Path, folder: Path, gpus: list, pytest_args: list[str],
                log: Callable[[str], None], *, project: Path, import_path: Path | None = None,
-               echo: Callable[[bytes], None] | None = None) -> tuple[int | None, bool]:
+               echo: Callable[[bytes], None] | None = None,
+               cleaned_up: Callable[[CleanupRecord], None] | None = None) -> tuple[int | None, bool]:
     """Runs the suite from the project root, streaming its output as it comes to pytest.log and the
-    terminal. Returns (exit code, timed out).
+    terminal. Returns (exit code, timed out); `cleaned_up` gets how the cell's processes were ended.
 
-    Every process of the cell carries a token in its environment and writes temporary files under a folder
-    of its own; on every way out, whatever still carries the token is killed and the folder removed."""
+    pytest starts in the cell's containment and writes temporary files under a folder of its own; on every
+    way out every process of the cell is killed and the folder removed."""
     command = pytest_command(cell, python, folder, pytest_args)
     log("   " + shlex.join(command))
-    token = uuid.uuid4().hex
     temporary = tempfile.mkdtemp(prefix="harness-cell-")
-    environ = {**pytest_environment(cell, gpus, import_path), CELL_TOKEN_ENV: token, "TMPDIR": temporary,
+    containment = Containment(use_cgroup=cgroup.wanted(os.environ))
+    environ = {**pytest_environment(cell, gpus, import_path), **containment.environ, "TMPDIR": temporary,
                RUNNING_TEST_ENV: str(folder / RUNNING_TEST)}
-    # Orphans of the cell come to this process while it runs, so one that dropped the token still ends with it.
-    before = lifecycle.descendants(os.getpid())
-    adopting = lifecycle.adopt_orphans(True)
     try:
         with (folder / PYTEST_LOG).open("wb") as pytest_log:
-            process = subprocess.Popen(command, cwd=project, env=environ,
-                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                       start_new_session=True)  # its own group, so a timeout kills every rank
+            with containment.born_inside():
+                process = subprocess.Popen(command, cwd=project, env=environ,
+                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                           start_new_session=True)  # its own group: a timeout kills every rank
+            containment.spare(process.pid)  # its exit status is Popen's to read
             reader = threading.Thread(target=stream_output,
                                       args=(process.stdout, pytest_log, echo or echo_terminal), daemon=True)
             reader.start()
@@ -87,13 +93,13 @@ def run_pytest(cell: Cell, python: Path, folder: Path, gpus: list, pytest_args: 
                 _stop_group(process, interrupt_grace=STOP_GRACE_SECONDS)
                 raise
             finally:
-                _kill_leftovers(process, token)
-                if adopting:
-                    lifecycle.kill_new_descendants(before)
+                _end_pytest(process)
+                containment.end()  # before the reader's join: a process left behind may hold pytest's output open
                 reader.join(timeout=10)
     finally:
-        if adopting:
-            lifecycle.adopt_orphans(False)
+        record = containment.end()  # the one above, or (pytest never started) now
+        if cleaned_up is not None:
+            cleaned_up(record)
         shutil.rmtree(temporary, ignore_errors=True)
     return process.returncode, timed_out
 
@@ -123,12 +129,11 @@ def echo_terminal(chunk: bytes) -> None:
     buffer.flush()
 
 
-def _kill_leftovers(process: subprocess.Popen, token: str) -> None:
-    """Ranks orphaned by a crashed pytest still hold GPUs; no process of the cell outlives it. Ranks lead
-    process groups of their own, so the token finds them, not pytest's group."""
+def _end_pytest(process: subprocess.Popen) -> None:
+    """pytest and its group (ranks lead groups of their own: the containment finds those), then its exit status
+    read before the containment reaps what is left."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
-    kill_cell_processes(token)
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=10)
 

@@ -1,7 +1,8 @@
 """Running functions on N ranks: the protocol (protocol.py), the errors a launch raises (failures.py) and what
 a rank says of what it raised (raised.py), what a rank does (rank.py), the launcher's side
 (launcher.py), one spawn per call (spawn.py), the zygote (zygote.py), persistent pools (pool.py), nothing
-outliving its launcher (lifecycle.py), checks that fail on every rank together (agree.py), each call's output
+outliving its launcher (lifecycle.py) nor its cell (containment.py, through cgroup.py, reaper.py and pidkill.py),
+checks that fail on every rank together (agree.py), each call's output
 captured on its ranks (output.py) and the pytest plugin with the `ranks` fixture (plugin.py), which puts that
 output into the test's report (sections.py); across hosts, host 0's hub (hosts.py), each other host's agent
 (agent.py) and the TLS wire between them (tls.py)."""

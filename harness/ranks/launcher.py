@@ -134,8 +134,9 @@ class RankSet:
         self.workdir = Path(tempfile.mkdtemp(prefix="harness-pool-"))
         self._authkey = os.urandom(32)
         if placement is None:
-            # Below the ephemeral range: a port the kernel hands out (bind to 0) can go to any process's outgoing
-            # connection before rank 0's store binds it (seen on a busy machine: EADDRINUSE).
+            # The ranks meet through a FileStore in workdir (rank.rendezvous_store); MASTER_PORT is only for code
+            # that builds a store of its own. Below the ephemeral range: a port the kernel hands out (bind to 0)
+            # can go to any process's outgoing connection before that store binds it (seen: EADDRINUSE).
             self.launch = Launch(world_size=world_size, port=port_outside_ephemeral_range(), workdir=str(self.workdir),
                                  collective_timeout_s=collective_timeout_s, device=device,
                                  launcher_pid=os.getpid(), capture=capture)
@@ -146,8 +147,9 @@ class RankSet:
             self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self._server.bind(self._address)
         else:
-            # Ranks on other hosts dial in over TCP: TLS with the cell's credentials, on host 0's address only.
-            self.launch = Launch(world_size=world_size, port=port_outside_ephemeral_range(),
+            # Ranks on other hosts dial in over TCP: TLS with the cell's credentials, on host 0's address only. Rank
+            # 0's store listens on host 0's address in the cell alone (harness.ranks.rank.rendezvous_store).
+            self.launch = Launch(world_size=world_size, port=port_outside_ephemeral_range(placement.master_addr),
                                  workdir=str(self.workdir),
                                  collective_timeout_s=collective_timeout_s, device=device,
                                  launcher_pid=os.getpid(), master_addr=placement.master_addr,

@@ -1,20 +1,19 @@
-"""Nothing outlives the process that launched it.
+"""Nothing outlives the process that launched it, nor the cell that started it.
 
-Three layers, because each misses a case the next one covers:
+The layers, because each misses a case the next one covers:
 
 1. A rank (and the zygote) asks the kernel for SIGKILL when the process that started it dies
    (`PR_SET_PDEATHSIG`, Linux): it works while the rank spins inside C code holding the GIL.
 2. A thread in each rank polls the launcher and exits when it is gone (any OS; a forked rank's OS parent
    is the zygote, so this watches the launcher itself).
-3. `harness run` marks every process of a cell with a token in its environment (`HARNESS_CELL_TOKEN`,
-   inherited by pytest, the zygote, the ranks and whatever they start) and kills every process carrying
-   it when the cell ends, however it ends: a rank leads its own process group, so killing pytest's group
-   alone misses it.
-4. A process can drop the token (a new session and a clean environment) and double-fork away from its
-   parent. While a cell runs, `harness run` is a child subreaper (`PR_SET_CHILD_SUBREAPER`, Linux 3.4+):
-   an orphan of the cell is reparented to it instead of init, so it stays a descendant, and every
-   descendant that was not there before the cell is killed when the cell ends. What escapes all four:
-   a process another service starts on the cell's behalf (systemd --user, at, ssh, a container runtime).
+3. A rank leads its own process group, so the launcher kills it and all it started at once.
+4. When the cell ends, `harness run` (and `harness host` on each host of a cell across hosts) ends every
+   process the cell started, however it forked (harness.ranks.containment): the cell's own cgroup where
+   the host offers one, else harness as the child subreaper of the cell's processes killing every
+   descendant, and on top every process carrying the cell's token (`HARNESS_CELL_TOKEN`, inherited by
+   pytest, the zygote, the ranks and whatever they start; `cell_processes` below finds them). What escapes
+   them all: a process another service starts on the cell's behalf (systemd --user, at, ssh, a container
+   runtime) from an environment without the token.
 
 Needs only the standard library.
 """
@@ -25,7 +24,6 @@ import contextlib
 import ctypes
 import os
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -33,7 +31,6 @@ from pathlib import Path
 CELL_TOKEN_ENV = "HARNESS_CELL_TOKEN"
 ORPHAN_CHECK_INTERVAL_S = 1.0
 _PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
 
 
 def die_with_parent(expected_parent: int) -> None:
@@ -107,87 +104,3 @@ def cell_processes(token: str) -> list[int]:
             if marker in environ.split(b"\0") and alive(int(entry.name)):
                 found.append(int(entry.name))
     return found
-
-
-def kill_cell_processes(token: str, timeout_s: float = 10.0) -> list[int]:
-    """SIGKILL every process of the cell (and its group) until none is left; the pids still alive after
-    `timeout_s` (none, unless the kernel is stuck on them)."""
-    end = time.monotonic() + timeout_s
-    while True:
-        pids = cell_processes(token)
-        if not pids or time.monotonic() > end:
-            return pids
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                if os.getpgid(pid) == pid:  # a rank leads a group: what it started goes too
-                    os.killpg(pid, signal.SIGKILL)
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.05)
-
-
-# ---------------------------------------------------------------- a cell's orphans (harness run, Linux)
-
-
-def adopt_orphans(enabled: bool) -> bool:
-    """Make this process the child subreaper of its descendants (or stop); False where the host cannot."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(_PR_SET_CHILD_SUBREAPER, int(enabled), 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below `pid` in the process tree (from /proc; empty without it)."""
-    children: dict[int, list[int]] = {}
-    with contextlib.suppress(OSError):
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = Path(entry.path, "stat").read_text()
-            except OSError:  # gone meanwhile
-                continue
-            fields = stat.rsplit(")", 1)[1].split()
-            if fields[0] != "Z":
-                children.setdefault(int(fields[1]), []).append(int(entry.name))
-    found: set[int] = set()
-    frontier = [pid]
-    while frontier:
-        for child in children.get(frontier.pop(), []):
-            if child not in found:
-                found.add(child)
-                frontier.append(child)
-    return found
-
-
-def kill_new_descendants(before: set[int], timeout_s: float = 10.0) -> list[int]:
-    """SIGKILL every descendant of this process that is not in `before` (the cell's, however it hid), reap
-    those reparented here, until none is left; the pids still alive after `timeout_s`."""
-    end = time.monotonic() + timeout_s
-    while True:
-        _reap_orphans()
-        pids = sorted(descendants(os.getpid()) - before)
-        if not pids or time.monotonic() > end:
-            return pids
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.05)
-
-
-def _reap_orphans() -> None:
-    """Collect the exit status of dead children that no Popen owns (orphans reparented to this subreaper)."""
-    with contextlib.suppress(OSError):
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] == "Z" and int(fields[1]) == os.getpid():
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(int(entry.name), os.WNOHANG)

@@ -60,8 +60,10 @@ class Launch:
     """What every rank of one set of ranks shares."""
 
     world_size: int
-    port: int  # rank 0's TCP store
-    workdir: str  # the ranks' stack files and the launcher's socket
+    # MASTER_PORT. Across hosts rank 0's TCPStore listens there, on master_addr alone; on one host nothing of harness
+    # does (the ranks meet through a FileStore in workdir): it is set for code that builds a store of its own.
+    port: int
+    workdir: str  # the ranks' stack files, their rendezvous file on one host, and the launcher's socket (0700)
     collective_timeout_s: float
     device: str
     launcher_pid: int  # the process whose death ends every rank
@@ -73,6 +75,11 @@ class Launch:
     @property
     def local_world_size(self) -> int:
         return self.ranks_per_host or self.world_size
+
+    @property
+    def single_host(self) -> bool:
+        """Every rank is on the launcher's host."""
+        return self.world_size <= self.local_world_size
 
 
 @dataclasses.dataclass(frozen=True)

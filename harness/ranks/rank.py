@@ -3,7 +3,7 @@
 The loop, in the rank process (spawned by the launcher, or forked by the zygote):
 
     connect to the launcher's socket, send Hello(rank)
-    init_process_group                         -> Ready (or Failed, then exit)
+    init_process_group (rendezvous_store)      -> Ready (or Failed, then exit)
     loop: Ping  -> Pong                         (alive and idle: the launcher asks before every call)
           Call  -> Done | Failed                (then put back what the call changed; stay alive)
           Probe -> Pong | Failed, then exit     (one collective on the world group after a failed call)
@@ -34,6 +34,7 @@ import sysconfig
 import time
 import warnings
 from collections.abc import Callable, Iterable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,11 @@ def stack_path(workdir: str | Path, rank: int) -> Path:
     return Path(workdir) / f"stack.rank{rank}.txt"
 
 
+def store_path(workdir: str | Path) -> Path:
+    """The FileStore the ranks of one host meet through, in the launcher's work folder (mode 0700)."""
+    return Path(workdir) / "rendezvous.store"
+
+
 def spawned_rank_main(spec: RankSpec) -> None:
     """Entry point of a rank spawned by the launcher itself (its OS parent)."""
     lifecycle.die_with_parent(spec.launch.launcher_pid)
@@ -76,7 +82,7 @@ def serve(spec: RankSpec) -> None:
     faulthandler.enable(file=stack_file, all_threads=True)  # a crash leaves its stack here
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     lifecycle.watch_launcher(launch.launcher_pid)
-    # init_process_group sets the same variables again (a no-op): set here, they show in rank_environ.
+    # Set here, the rank's variables (RANK, MASTER_ADDR, ...) show in rank_environ: every call gets them back.
     before = dict(os.environ)
     set_environment(launch, rank)
     rank_environ = {name: value for name, value in os.environ.items() if before.get(name) != value}
@@ -185,8 +191,7 @@ def set_environment(launch: Launch, rank: int) -> None:
     })
     # Every rank is on this host: keep gloo on the loopback device, whatever the host name resolves to.
     # Across hosts loopback would refuse every peer (connectFullMesh ... Connection refused).
-    single_host = launch.local_world_size == launch.world_size
-    if single_host and "GLOO_SOCKET_IFNAME" not in os.environ and \
+    if launch.single_host and "GLOO_SOCKET_IFNAME" not in os.environ and \
             any(name == "lo" for _, name in socket.if_nameindex()):
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     # Share this host's cores between its ranks instead of each rank starting a thread per core.
@@ -196,8 +201,6 @@ def set_environment(launch: Launch, rank: int) -> None:
 
 def init_process_group(launch: Launch, rank: int) -> bool:
     """Select this rank's GPU and join the process group; True for CUDA and NCCL, False for gloo on CPU."""
-    from datetime import timedelta
-
     import torch
     import torch.distributed as dist
 
@@ -209,14 +212,33 @@ def init_process_group(launch: Launch, rank: int) -> bool:
         torch.cuda.set_device(device_index)
     # A rank forked with torch already imported missed OMP_NUM_THREADS: its thread count is set here.
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    timeout = timedelta(seconds=launch.collective_timeout_s)
     dist.init_process_group(
         backend="nccl" if use_cuda else "gloo",
+        store=rendezvous_store(launch, rank, timeout),
         rank=rank,
         world_size=launch.world_size,
-        timeout=timedelta(seconds=launch.collective_timeout_s),
+        timeout=timeout,
         device_id=torch.device("cuda", device_index) if use_cuda else None,
     )
     return use_cuda
+
+
+def rendezvous_store(launch: Launch, rank: int, timeout: timedelta):
+    """Where the ranks meet. On one host: a FileStore in the launcher's work folder (0700), which no other user
+    can open and no port exposes (a TCPStore listens on every interface: any local user could write to it).
+    Across hosts: rank 0's TCPStore, listening on host 0's address in the cell alone, not on every interface."""
+    import torch.distributed as dist
+
+    if launch.single_host:
+        return dist.FileStore(str(store_path(launch.workdir)), launch.world_size)
+    if rank != 0:
+        return dist.TCPStore(launch.master_addr, launch.port, launch.world_size, False, timeout)
+    # Bound here: given only a port, the store would listen on every interface.
+    family = socket.AF_INET6 if ":" in launch.master_addr else socket.AF_INET
+    listener = socket.create_server((launch.master_addr, launch.port), family=family)
+    return dist.TCPStore(launch.master_addr, launch.port, launch.world_size, True, timeout,
+                         master_listen_fd=listener.detach())
 
 
 class RankState:

@@ -3,8 +3,9 @@
 Takes `Prepared` (from prepare). Where the cell can run, looks its engine up by runners.yaml's `engine:`
 (harness.engines.REGISTRY) and hands it the `Launch`; while an engine that runs here runs, the memory
 monitor samples the cell's GPUs. Hands on `Executed`: the record with pytest's exit code and the engine's
-job (its id, its hosts), how pytest ended (`Ran`), the cell's GPU memory, and what was raised, if anything
-(harness interrupted, or a failure of harness itself), for the record stage to record and raise again.
+job (its id, its hosts, how it ended the cell's processes), how pytest ended (`Ran`), the cell's GPU memory,
+and what was raised, if anything (harness interrupted, or a failure of harness itself), for the record stage
+to record and raise again.
 A cell that prepare stopped passes through with nothing run.
 """
 
@@ -34,7 +35,7 @@ def execute(prepared: Prepared) -> Executed:
     report = MemoryReport.unavailable("cpu cell: no GPU" if cell.is_cpu else "no GPU was monitored")
     if launch is None or prepared.raised is not None:
         return Executed(prepared=prepared, record=prepared.record, ran=None, memory=report, raised=prepared.raised)
-    job = JobFields(job_id=prepared.record.job_id, hosts=list(prepared.record.hosts))
+    job = JobFields(job_id=prepared.record.job_id, hosts=list(prepared.record.hosts), cleanup=None)
     ran: Ran | None = None
     raised: BaseException | None = None
     monitor = None
@@ -53,5 +54,6 @@ def execute(prepared: Prepared) -> Executed:
     if ran is not None and ran.memory is not None:
         report = ran.memory
     record = dataclasses.replace(prepared.record, job_id=job["job_id"], hosts=list(job["hosts"]),
+                                 cleanup=job["cleanup"],
                                  exit_code=ran.exit_code if ran is not None else prepared.record.exit_code)
     return Executed(prepared=prepared, record=record, ran=ran, memory=report, raised=raised)

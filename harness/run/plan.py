@@ -23,6 +23,7 @@ from harness.plan.cells import Cell, Matrix
 from harness.plan.matrix import DEFAULT_MATRIX, load_matrix, select
 from harness.plan.runners import load_runners
 from harness.project import find_project_root, resolve, shipped_matrices_dir
+from harness.ranks import cgroup
 
 # A refusal names at most this many distinct reasons; the rest are counted.
 REFUSAL_REASONS_SHOWN = 3
@@ -57,6 +58,7 @@ def plan(args) -> Plan:
     if not cells:
         raise ConfigError(f"{matrix.path}: no cell matches --cell {' '.join(args.cell or [])}")
     check_settings(cells)
+    cgroup.wanted(os.environ)  # a bad $HARNESS_CELL_CGROUP stops the run before any cell, not after the first
     if args.reruns is not None:
         if args.reruns < 0:
             raise ConfigError(f"--reruns {args.reruns}: expected a whole number >= 0")

@@ -1,21 +1,27 @@
 """Another process on the host against a rank pool's socket (abstract on Linux, so anyone can connect): a
 peer that says nothing, one of another user, one without the key. None may stall or join the pool. (Across hosts
-the ranks dial over TLS instead: test_hostile_hosts.py.)"""
+the ranks dial over TLS instead: test_hostile_hosts.py.) And against the ranks' rendezvous: on one host no port of
+theirs takes a store write (they meet through a file in a 0700 folder no other user can open); across hosts rank
+0's store listens on host 0's address in the cell alone."""
 
 from __future__ import annotations
 
+import ipaddress
 import multiprocessing.connection
 import os
 import socket
+import stat
 import subprocess
 import sys
 import threading
 import uuid
 
 import pytest
+from process_helpers import host_0_environ, listening_sockets, start_agent
 
-from harness.ranks import launcher
-from harness.ranks.launcher import RankSet, handshake
+from harness.ranks import hosts, launcher
+from harness.ranks.launcher import RankSet, handshake, pickle_call, to_results
+from harness.ranks.rank import store_path
 
 KEY = os.urandom(32)
 
@@ -113,10 +119,88 @@ def test_a_silent_connection_does_not_stall_the_ranks_start():
         squatter.connect(ranks.specs()[0].address)  # connects first, then sends nothing
         ranks.spawn()
         ranks.wait_ready()
-        from harness.ranks.launcher import pickle_call, to_results
-
         [result] = to_results(ranks.call(pickle_call(1, identify, (), "cpu", "test"), 60))
         assert result.value == 0
     finally:
         squatter.close()
         ranks.kill()
+
+
+def rendezvous_view() -> dict:
+    """What a rank sees of its rendezvous: MASTER_ADDR and MASTER_PORT, and the TCP ports it listens on."""
+    return {"master": (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])), "listening": listening_sockets()}
+
+
+@pytest.fixture
+def single_host_ranks():
+    """Two spawned CPU ranks on this host, their process group formed."""
+    pytest.importorskip("torch")
+    ranks = RankSet(2, "cpu", collective_timeout_s=60)
+    try:
+        ranks.spawn()
+        ranks.wait_ready()
+        yield ranks
+    finally:
+        ranks.kill()
+
+
+def test_another_local_process_can_reach_no_store_of_a_single_host_cell(single_host_ranks):
+    """A TCPStore on *:MASTER_PORT took a write from any process of any user of the host (and a client that
+    connects and says nothing stalls it). On one host the ranks meet through a FileStore instead, and the only
+    ports they listen on are gloo's, on the loopback device."""
+    views = [result.value for result in
+             to_results(single_host_ranks.call(pickle_call(2, rendezvous_view, (), "cpu", "test"), 60))]
+    port = single_host_ranks.launch.port
+    with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port), timeout=10):
+        pass
+    for rank, view in enumerate(views):
+        assert view["master"][1] == port
+        assert [address for address, _ in view["listening"] if not ipaddress.ip_address(address).is_loopback] == [], \
+            f"rank {rank} listens beyond the loopback device: {view['listening']}"
+        assert port not in [listened for _, listened in view["listening"]], f"rank {rank} listens on MASTER_PORT"
+    store = store_path(single_host_ranks.workdir)
+    assert store.is_file(), "the ranks met through no FileStore"
+    assert stat.S_IMODE(store.parent.stat().st_mode) == 0o700
+
+
+# The other user opens the store file, and says how that went.
+OTHER_USER_OPENS = (
+    "import sys\n"
+    "try:\n"
+    "    open(sys.argv[1], 'rb')\n"
+    "    print('opened')\n"
+    "except OSError as error:\n"
+    "    print(type(error).__name__)\n"
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or os.getuid() != 0, reason="needs root to be another user")
+@pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason=f"needs {SYSTEM_PYTHON} for the other user")
+def test_another_user_cannot_open_the_single_host_store(single_host_ranks):
+    store = store_path(single_host_ranks.workdir)
+    assert store.is_file(), "the ranks met through no FileStore"
+    done = subprocess.run([SYSTEM_PYTHON, "-c", OTHER_USER_OPENS, str(store)], user=65534, cwd="/",
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "PermissionError", done.stdout + done.stderr
+
+
+def test_across_hosts_rank_0s_store_listens_on_host_0s_address_alone(tmp_path, monkeypatch):
+    """Two 'hosts' on this one (this process is host 0's pytest, `harness host --index=1` the agent of the other):
+    the store the ranks of a cell across hosts meet through listens on the cell's address, not on every
+    interface of host 0."""
+    pytest.importorskip("torch")
+    from harness.ranks.pool import PoolLauncher
+
+    port, key = hosts.port_outside_ephemeral_range("127.0.0.1"), os.urandom(32).hex()
+    for name, value in host_0_environ(port, key).items():
+        monkeypatch.setenv(name, value)
+    agent = start_agent(1, port, key, tmp_path / "agent.log")
+    pool = PoolLauncher()
+    try:
+        views = [result.value for result in pool(2, rendezvous_view, device="cpu", timeout=120)]
+        master = views[0]["master"]
+        assert master[0] == "127.0.0.1"
+        assert [entry for entry in views[0]["listening"] if entry[1] == master[1]] == [master], views[0]["listening"]
+    finally:
+        pool.close()
+        agent.wait(timeout=120)

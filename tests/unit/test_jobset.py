@@ -266,7 +266,7 @@ def test_the_jobset_engine_runs_the_cells_pytest_as_the_images_python(tmp_path, 
     folder.mkdir(parents=True)
     launch = Launch(cell=one, folder=folder, python=Path(sys.executable), pytest_args=("-k", "ep"), project=tmp_path,
                     import_path=None, gpus=(), log=lambda line: None)
-    job = {"job_id": None, "hosts": []}
+    job = {"job_id": None, "hosts": [], "cleanup": None}
     ran = engine("jobset").run(launch, job)
     assert (ran.exit_code, ran.cause, ran.timed_out, ran.memory) == (0, None, False, None)
     _, manifest = yaml.safe_load_all((folder / "jobset.yaml").read_text())

@@ -195,6 +195,7 @@ class CleanupRecord:
     fallback: str | None = None  # why not a cgroup, in words (None: the cgroup ended them)
     killed: int = 0  # processes of the cell still running when it ended, killed then
     survivors: list[int] = field(default_factory=list)  # pids still alive after every round of kills
+    cgroup: str | None = None  # the cell's cgroup (removed when it ended), where it had one
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -110,7 +110,8 @@ class Containment:
             reaper.reap_orphans(self._spared | set(self._before))
             reaper.adopt_orphans(False)
         self._ended = CleanupRecord(mechanism=self.mechanism, fallback=self.fallback, killed=len(killed),
-                                    survivors=sorted(survivors))
+                                    survivors=sorted(survivors),
+                                    cgroup=None if self.cgroup is None else str(self.cgroup.path))
         return self._ended
 
     def _new_descendants(self) -> list[int]:

@@ -50,18 +50,20 @@ def listening_sockets(pid: int | str = "self") -> list[tuple[str, int]]:
     return found
 
 
-def start_agent(index: int, hub_port: int, key: str, log: Path, **environ: str) -> subprocess.Popen:
+def start_agent(index: int, hub_port: int, credentials: Path, log: Path, **environ: str) -> subprocess.Popen:
     """`harness host --index=INDEX`: the agent of one more host of a cell across hosts, on this machine, dialling
-    host 0's hub on 127.0.0.1:HUB_PORT; its output to `log` (a file: a pipe could be held open by what it left)."""
-    environ = {**os.environ, "HARNESS_HOSTS_KEY": key, **environ,
+    host 0's hub on 127.0.0.1:HUB_PORT with the cell's `credentials` (harness.engines.credentials.write); its output
+    to `log` (a file: a pipe could be held open by what it left)."""
+    environ = {**os.environ, **environ,
                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     with log.open("w") as output:
         return subprocess.Popen([sys.executable, "-m", "harness", "host", f"--index={index}", f"--count={index + 1}",
-                                 "--host0=127.0.0.1", f"--hub-port={hub_port}", "--ranks-per-host=1"],
+                                 "--host0=127.0.0.1", f"--hub-port={hub_port}", "--ranks-per-host=1",
+                                 f"--credentials={credentials}"],
                                 env=environ, stdout=output, stderr=subprocess.STDOUT)
 
 
-def host_0_environ(hub_port: int, key: str, hosts: int = 2) -> dict[str, str]:
+def host_0_environ(hub_port: int, credentials: Path, hosts: int = 2) -> dict[str, str]:
     """What `harness host` gives host 0's pytest (harness.ranks.hosts), one rank per host, all on this machine."""
     return {"HARNESS_HOSTS": str(hosts), "HARNESS_HOST_RANKS": "1", "HARNESS_HUB": f"127.0.0.1:{hub_port}",
-            "HARNESS_HOSTS_KEY": key}
+            "HARNESS_HOSTS_CREDENTIALS": str(credentials)}

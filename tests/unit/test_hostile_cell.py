@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from process_helpers import REPO, host_0_environ, is_alive, start_agent
 
+from harness.engines import credentials
 from harness.ranks import cgroup, reaper
 from harness.ranks.cgroup import CellCgroup, CgroupUnavailable
 from harness.ranks.containment import Containment
@@ -117,18 +118,9 @@ def run_cell(tmp_path: Path, environ: dict[str, str]) -> tuple[subprocess.Comple
     return done, json.loads((folder / "env.json").read_text())
 
 
-def cell_cgroups() -> list[Path]:
-    """The cells' cgroups left below this process's cgroup (harness removes each when its cell ends)."""
-    try:
-        return sorted(cgroup.own_cgroup().glob("harness-cell-*"))
-    except CgroupUnavailable:
-        return []
-
-
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_a_daemon_a_rank_started_outside_the_tree_and_without_the_token_ends_with_the_cell(tmp_path, mechanism):
     record = tmp_path / "escaped.pid"
-    cgroups_before = cell_cgroups()
     done, env = run_cell(tmp_path, {"DAEMON": DAEMON, "ESCAPED_PID_FILE": str(record),
                                     cgroup.CGROUP_ENV: CGROUP_SETTING[mechanism]})
     escaped = int(record.read_text())
@@ -139,7 +131,9 @@ def test_a_daemon_a_rank_started_outside_the_tree_and_without_the_token_ends_wit
         assert env["cleanup"]["killed"] >= 1  # the daemon was still running when the cell ended
         assert env["cleanup"]["survivors"] == []
         assert (env["cleanup"]["fallback"] is None) is (mechanism == "cgroup")
-        assert cell_cgroups() == cgroups_before  # the cell's cgroup went with it
+        # the cell's own cgroup went with it (not the whole listing: another run on this machine may have cells)
+        assert (env["cleanup"]["cgroup"] is not None) is (mechanism == "cgroup")
+        assert env["cleanup"]["cgroup"] is None or not Path(env["cleanup"]["cgroup"]).exists()
     finally:
         if is_alive(escaped):
             os.kill(escaped, signal.SIGKILL)
@@ -224,7 +218,7 @@ while not os.path.exists(os.environ["ESCAPED_PID_FILE"]) or not open(os.environ[
 
 
 def host_environ(mechanism: str, **extra: str) -> dict[str, str]:
-    return {**os.environ, "HARNESS_HOSTS_KEY": os.urandom(32).hex(), cgroup.CGROUP_ENV: CGROUP_SETTING[mechanism],
+    return {**os.environ, cgroup.CGROUP_ENV: CGROUP_SETTING[mechanism],
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])), **extra}
 
 
@@ -232,8 +226,10 @@ def host_environ(mechanism: str, **extra: str) -> dict[str, str]:
 def test_host_0_of_a_cell_across_hosts_ends_a_daemon_its_pytest_left(tmp_path, mechanism):
     record = tmp_path / "escaped.pid"
     environ = host_environ(mechanism, DAEMON=DAEMON, ESCAPED_PID_FILE=str(record))
+    cell = credentials.write(tmp_path / "private", "daemon-on-host-0")
     done = subprocess.run([sys.executable, "-m", "harness", "host", "--index=0", "--count=2", "--host0=127.0.0.1",
-                           "--hub-port=1", "--ranks-per-host=1", "--", sys.executable, "-c", HOST_0_COMMAND],
+                           "--hub-port=1", "--ranks-per-host=1", f"--credentials={cell}", "--", sys.executable, "-c",
+                           HOST_0_COMMAND],
                           env=environ, capture_output=True, text=True, timeout=HANG_GUARD_S)
     escaped = int(record.read_text())
     try:
@@ -262,10 +258,10 @@ def test_an_agent_of_a_cell_across_hosts_ends_a_daemon_its_rank_left(tmp_path, m
     from harness.ranks.pool import PoolLauncher
 
     record, log = tmp_path / "escaped.pid", tmp_path / "agent.log"
-    port, key = hosts.port_outside_ephemeral_range("127.0.0.1"), os.urandom(32).hex()
-    for name, value in host_0_environ(port, key).items():
+    port, cell = hosts.port_outside_ephemeral_range("127.0.0.1"), credentials.write(tmp_path / "private", "daemon")
+    for name, value in host_0_environ(port, cell).items():
         monkeypatch.setenv(name, value)
-    agent = start_agent(1, port, key, log, **{cgroup.CGROUP_ENV: CGROUP_SETTING[mechanism]})
+    agent = start_agent(1, port, cell, log, **{cgroup.CGROUP_ENV: CGROUP_SETTING[mechanism]})
     pool = PoolLauncher()
     try:
         pool(2, start_daemon_on_rank_1, DAEMON, str(record), device="cpu", timeout=HANG_GUARD_S)

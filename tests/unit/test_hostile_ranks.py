@@ -19,6 +19,7 @@ import uuid
 import pytest
 from process_helpers import host_0_environ, listening_sockets, start_agent
 
+from harness.engines import credentials
 from harness.ranks import hosts, launcher
 from harness.ranks.launcher import RankSet, handshake, pickle_call, to_results
 from harness.ranks.rank import store_path
@@ -191,10 +192,10 @@ def test_across_hosts_rank_0s_store_listens_on_host_0s_address_alone(tmp_path, m
     pytest.importorskip("torch")
     from harness.ranks.pool import PoolLauncher
 
-    port, key = hosts.port_outside_ephemeral_range("127.0.0.1"), os.urandom(32).hex()
-    for name, value in host_0_environ(port, key).items():
+    port, cell = hosts.port_outside_ephemeral_range("127.0.0.1"), credentials.write(tmp_path / "private", "store")
+    for name, value in host_0_environ(port, cell).items():
         monkeypatch.setenv(name, value)
-    agent = start_agent(1, port, key, tmp_path / "agent.log")
+    agent = start_agent(1, port, cell, tmp_path / "agent.log")
     pool = PoolLauncher()
     try:
         views = [result.value for result in pool(2, rendezvous_view, device="cpu", timeout=120)]

@@ -22,8 +22,9 @@ Hand entries are data, for what introspection cannot know:
   how the suite's token ids reach it (tiny_models.model_inputs / run_model, which every forward of the suite uses).
 - UNINITIALIZED_EXPERTS: a family whose own init leaves its expert stacks empty (the builder draws them).
 - NOT_COVERED: declared families the suite cannot build, each with its reason (reports list them; none in 5.24.0).
-- EARLY_EP: generated families whose EP cases run below the EP layout's floor, from their first release declaring
-  an EP plan (ep_plan_history.json), where their EP loading was verified on ranks.
+- EARLY_EP: families (generated or mechanics) whose EP cases run below the EP layout's floor, from their first
+  release declaring an EP plan (ep_plan_history.json), where their EP cases were run on ranks (what those releases
+  get wrong is in the known-bugs table).
 
 Roles are data too (`ROLES`): which family the fake-quantization and deliberate-bug tests use.
 """
@@ -180,7 +181,7 @@ MECHANICS: Mapping[str, tuple[dict, str | None]] = MappingProxyType(
                 "sliding_window": 8,
                 "layer_types": ["sliding_attention", "full_attention"],
             },
-            "5.3.0",  # its first EP release (ep_plan_history.json): 5.3-5.6 are known bugs (known_bugs.py)
+            "5.7.0",
         ),
         "granitemoe": (
             _COMMON
@@ -300,7 +301,7 @@ NOT_COVERED: Mapping[str, str] = MappingProxyType({})
 # say. Not candidates: gpt_oss (5.3.0: EP loading fails for every family at 5.0-5.5, which hand the weight loader
 # the TP plan) and llama4_text (4.54.0; its EP forward fails at 5.6-5.7: the EP router hook unpacks three outputs
 # from a router returning two).
-EARLY_EP: tuple[str, ...] = ("gemma4_text", "openai_privacy_filter")
+EARLY_EP: tuple[str, ...] = ("gemma4_text", "gpt_oss", "openai_privacy_filter")
 
 
 # ---------------------------------------------------------------- the generic shrink
@@ -552,9 +553,9 @@ def router_weight(module):
     return None
 
 
-def _generated_ep_floor(model_type: str) -> str | None:
-    """A generated family's EP floor: its first release declaring an EP plan where its EP loading was verified
-    there (EARLY_EP); else None (the layout's floor holds)."""
+def _early_ep_floor(model_type: str) -> str | None:
+    """A family's EP floor below the layout's: its first release declaring an EP plan, where its EP cases were run
+    there (EARLY_EP); else None (a mechanics family's hand floor, or the layout's, holds)."""
     return ep_floors.first_ep_release(model_type) if model_type in EARLY_EP else None
 
 
@@ -573,7 +574,7 @@ def family(model_type: str) -> Family:
     return Family(
         model_type,
         MappingProxyType(kwargs),
-        ep_floor=MECHANICS[model_type][1] if model_type in MECHANICS else _generated_ep_floor(model_type),
+        ep_floor=_early_ep_floor(model_type) or (MECHANICS[model_type][1] if model_type in MECHANICS else None),
         deep=model_type in MECHANICS,
         router_mlp=ROUTER_MLPS.get(model_type, ()),
         inputs=MODEL_INPUTS.get(model_type, "input_ids"),

@@ -20,9 +20,9 @@ from 5.6.0, not between: 4.54.0 raises `AttributeError: type object 'Distributed
 'from_config'` for every model; 5.0 - 5.5 hand the weight loader the TP plan instead of the EP plan
 (`UnboundLocalError: cannot access local variable 'tp_plan_alt'` where a config has no TP plan, a `KeyError` of an
 EP-plan key where it has one). The EP layout's floor stays 5.7.0; families verified at their first release below
-it (families.EARLY_EP) run from there (`layout_floor`), and so does gpt_oss (a mechanics family: its floor, 5.3.0,
-is written in families.MECHANICS), whose EP loading 5.3-5.5 gets wrong (known bugs). A case skips below the first
-release that *has* its feature (the floor), with the floor as the reason.
+it (families.EARLY_EP, one mechanics family among them, from 5.3.0, whose EP loading 5.3-5.5 gets wrong: known
+bugs) run from there (`layout_floor`). A case skips below the first release that *has* its feature (the floor),
+with the floor as the reason.
 From the floor on it runs, so a release that has a feature and gets it wrong shows red.
 """
 

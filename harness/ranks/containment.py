@@ -43,8 +43,10 @@ class Containment:
     def __init__(self, *, use_cgroup: bool = True):
         self.token = uuid.uuid4().hex
         self.environ = {CELL_TOKEN_ENV: self.token}  # for the environment of the cell's first process
-        # Not the cell's: never killed, never reaped here (pid and start time: a pid may be reused meanwhile).
+        # Not the cell's: never killed (pid and start time: a pid may be reused meanwhile), never reaped here (a
+        # child this process had, exited or not, is its owner's to wait for).
         self._before = {pid: pidkill.start_time(pid) for pid in reaper.descendants(os.getpid())}
+        self._children_before = reaper.children(os.getpid())
         self._subreaper = reaper.adopt_orphans(True)
         self._spared: set[int] = set()
         self._inside = False  # this process is in the cell's cgroup (in born_inside, or it failed to leave)
@@ -107,7 +109,7 @@ class Containment:
         if self.cgroup is not None and not self._inside:
             self.cgroup.remove()
         if self._subreaper:
-            reaper.reap_orphans(self._spared | set(self._before))
+            reaper.reap_orphans(self._spared | self._children_before)
             reaper.adopt_orphans(False)
         self._ended = CleanupRecord(mechanism=self.mechanism, fallback=self.fallback, killed=len(killed),
                                     survivors=sorted(survivors),

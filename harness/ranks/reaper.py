@@ -57,6 +57,11 @@ def descendants(pid: int) -> set[int]:
     return found
 
 
+def children(pid: int) -> set[int]:
+    """The processes whose parent is `pid`, zombies included."""
+    return {child for child, _, parent in _stats() if parent == pid}
+
+
 def reap_orphans(spare: Iterable[int] = ()) -> None:
     """Collect the exit status of this process's dead children but `spare` (those a Popen waits for itself, which
     would otherwise read exit status 0): the cell's orphans, reparented here, would stay zombies."""

@@ -199,7 +199,8 @@ def test_a_daemon_that_left_the_cells_cgroup_is_still_ended_as_a_descendant(tmp_
         assert escaped not in containment.cgroup.pids()  # out of the cgroup: cgroup.kill alone would miss it
         ended = containment.end()
         assert not is_alive(escaped), "the daemon that left the cgroup outlived its cell"
-        assert (ended.mechanism, ended.killed, ended.survivors) == ("cgroup", 1, [])
+        # Killed: the daemon, and its parents where they had not finished exiting.
+        assert (ended.mechanism, ended.survivors) == ("cgroup", []) and ended.killed >= 1
     finally:
         containment.end()
         if record.exists() and record.read_text() and is_alive(int(record.read_text())):

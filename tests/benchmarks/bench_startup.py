@@ -29,11 +29,12 @@ import signal
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import venv
 from pathlib import Path
+
+from base_tree import export
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -74,16 +75,6 @@ def test_first_call(ranks):
     assert ranks.run(WORLD, rank_of) == list(range(WORLD))
     print("FIRST CALL ANSWERED", flush=True)
 """
-
-
-def export(revision: str, into: Path) -> Path:
-    """The tree of `revision`, as `git archive` writes it (the checkout untouched)."""
-    archive = into / "base.tar"
-    subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", "-o", str(archive), revision], check=True)
-    tree = into / "base"
-    with tarfile.open(archive) as tar:
-        tar.extractall(tree, filter="data")
-    return tree
 
 
 def cell_secret(tree: Path, folder: Path) -> tuple[list[str], dict[str, str]]:

@@ -17,24 +17,15 @@ import json
 import os
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 from xml.etree import ElementTree
 
+from base_tree import export
+
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_BASE = "ba0dc9e"  # the commit before the training layer
-
-
-def export(revision: str, into: Path) -> Path:
-    """The tree of `revision`, as `git archive` writes it (the checkout untouched)."""
-    archive = into / "base.tar"
-    subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", "-o", str(archive), revision], check=True)
-    tree = into / "base"
-    with tarfile.open(archive) as tar:
-        tar.extractall(tree, filter="data")
-    return tree
 
 
 def timed_suite(tree: Path, junit: Path, pytest_args: list[str]) -> dict:

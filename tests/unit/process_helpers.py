@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import subprocess
@@ -67,3 +68,16 @@ def host_0_environ(hub_port: int, credentials: Path, hosts: int = 2) -> dict[str
     """What `harness host` gives host 0's pytest (harness.ranks.hosts), one rank per host, all on this machine."""
     return {"HARNESS_HOSTS": str(hosts), "HARNESS_HOST_RANKS": "1", "HARNESS_HUB": f"127.0.0.1:{hub_port}",
             "HARNESS_HOSTS_CREDENTIALS": str(credentials)}
+
+
+@functools.cache
+def cgroup_unavailable() -> str | None:
+    """Why this host gives harness no cgroup (None: it does), found as harness finds it: by making one (once per
+    session: the skip markers ask at collection)."""
+    from harness.ranks.cgroup import CellCgroup, CgroupUnavailable
+
+    try:
+        CellCgroup.create(prefix="harness-test").remove()
+    except CgroupUnavailable as why:
+        return str(why)
+    return None

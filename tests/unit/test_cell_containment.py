@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from process_helpers import is_alive
+from process_helpers import cgroup_unavailable, is_alive
 
 from harness.errors import ConfigError
 from harness.ranks import cgroup, pidkill, reaper
@@ -20,14 +20,6 @@ from harness.ranks.cgroup import CellCgroup, CgroupUnavailable, cgroup_folder
 from harness.ranks.containment import Containment
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def cgroup_unavailable() -> str | None:
-    try:
-        CellCgroup.create(prefix="harness-test").remove()
-    except CgroupUnavailable as why:
-        return str(why)
-    return None
 
 
 needs_cgroup = pytest.mark.skipif(bool(cgroup_unavailable()), reason=f"{cgroup_unavailable()}")

@@ -19,26 +19,16 @@ import uuid
 from pathlib import Path
 
 import pytest
-from process_helpers import REPO, host_0_environ, is_alive, start_agent
+from process_helpers import REPO, cgroup_unavailable, host_0_environ, is_alive, start_agent
 
 from harness.engines import credentials
 from harness.ranks import cgroup, reaper
-from harness.ranks.cgroup import CellCgroup, CgroupUnavailable
 from harness.ranks.containment import Containment
 
 pytest.importorskip("torch")
 TORCH, TRANSFORMERS = (__import__("importlib.metadata").metadata.version(name).split("+")[0]
                        for name in ("torch", "transformers"))
 HANG_GUARD_S = 240  # a cell that has not ended by now is itself the failure
-
-
-def cgroup_unavailable() -> str | None:
-    """Why this host gives harness no cgroup (None: it does), found as harness finds it."""
-    try:
-        CellCgroup.create(prefix="harness-test").remove()
-    except CgroupUnavailable as why:
-        return str(why)
-    return None
 
 
 MECHANISMS = [

@@ -122,7 +122,9 @@ class RankSet:
     """The ranks of one (world size, device): their sockets, stack files and processes."""
 
     def __init__(self, world_size: int, device: str, collective_timeout_s: float,
-                 placement: Placement | None = None, capture: OutputCapture | None = None):
+                 placement: Placement | None = None, capture: OutputCapture | None = None,
+                 handover_dir: str | None = None):
+        """`handover_dir`: the session's folder for harness.ranks.handover (one host only)."""
         self.world_size = world_size
         # Across hosts: which host each rank is on; ranks on other hosts are reached through their agent.
         self.placement = placement
@@ -139,7 +141,7 @@ class RankSet:
             # can go to any process's outgoing connection before that store binds it (seen: EADDRINUSE).
             self.launch = Launch(world_size=world_size, port=port_outside_ephemeral_range(), workdir=str(self.workdir),
                                  collective_timeout_s=collective_timeout_s, device=device,
-                                 launcher_pid=os.getpid(), capture=capture)
+                                 launcher_pid=os.getpid(), capture=capture, handover_dir=handover_dir)
             # Linux: an abstract socket (no path-length limit, no file left behind), so anyone on the host
             # could connect: the HMAC challenge with a key only the ranks hold comes before anything is unpickled.
             self._address = (f"\0harness-ranks-{uuid.uuid4().hex}" if sys.platform.startswith("linux")

@@ -144,14 +144,15 @@ def pytest_runtest_call(item: pytest.Item):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
-    """Once the test's fixtures are gone: a pool its calls left unlike a fresh one is retired, and this test's
-    report says why (a section, and the JUnit property POOL_REPLACED)."""
+    """Once the test's fixtures are gone, the pools its calls used end: the next test's ranks are forked afresh.
+    A pool replaced within the test (a call left what could not be put back) is named in this test's report (a
+    section, and the JUnit property POOL_REPLACED)."""
     try:
         return (yield from sections.attaching(item, "teardown"))
     finally:
         launcher = item.config.stash.get(POOL_KEY, None)
-        if launcher is not None and "ranks" in getattr(item, "fixturenames", ()):
-            for line in launcher.settle():
+        if launcher is not None:  # also a test that reached the launcher without the fixture
+            for line in launcher.renew():
                 item.user_properties.append((POOL_REPLACED, line))
                 item.add_report_section("teardown", "rank pool", line)
 

@@ -1,10 +1,16 @@
-"""Persistent rank pools: one `RankSet` per (world size, device), started on first use and kept for the
-session, so a test pays for its own work and not for starting processes, importing torch and transformers
-and forming a process group.
+"""Rank pools: one `RankSet` per (world size, device), forked from a template, so a test pays for its own work and
+not for starting interpreters, importing torch and transformers. Under pytest (harness.ranks.plugin) every test
+gets ranks no earlier test touched: `renew()` after each test ends the pools its calls used, and the next test's
+are forked afresh from the zygote, which imports modules but never runs a test's code, initialises a device or
+joins a process group. Whatever a test leaves in its ranks (a patched torch class, a hook, a mode left entered,
+a lowered rlimit, a narrowed affinity) ends with them, whatever it is: nothing is listed or compared for that.
 
 `PoolLauncher()(world_size, fn, *args, timeout=..., device=...)` has the contract of
 `spawn.run_distributed`: one `RankResult` per rank, or `RankFailedError` / `RankTimeoutError`.
 
+- Within a test, calls share its ranks. After each call a rank puts back what it can of a fresh rank's state
+  and names the rest (harness.ranks.state); a set that cannot be put back is replaced before the test's next
+  call, and the test's report says why.
 - Before every call each rank is asked whether it is alive and idle; a pool with a dead rank is replaced
   before the call is sent, so a rank that died between calls (killed, OOM) never fails the next test.
 - After a call that failed on some ranks but was answered by all, a probe collective decides: the pool is
@@ -14,6 +20,8 @@ and forming a process group.
   is replaced by one importing less (the functions' modules, then torch alone); if even that is refused,
   or the first forked pool cannot start where a spawned one can, ranks are spawned for the rest of the
   session; `summary()` says why.
+- What ranks hand on to later tests' ranks on purpose goes through `store_dir`, a 0700 folder of the session
+  (harness.ranks.handover), never through a process.
 
 `HARNESS_RANKS_TIMING=PATH` appends one JSON line per call: how long `fn` ran on each rank and the call's
 wall time (tests/benchmarks/bench_pool.py reads it). Needs only the standard library here.
@@ -24,11 +32,13 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+from harness.ranks import handover
 from harness.ranks.failures import DistributedError, RankFailedError, RankTimeoutError
 from harness.ranks.hosts import HostsConfig, Hub, Placement
 from harness.ranks.launcher import RankSet, pickle_call, to_results
@@ -58,10 +68,13 @@ class PoolLauncher:
         self.pools_started = 0
         self.pools_replaced = 0  # killed after a death, a hang or a broken failure
         self.pools_retired = 0  # a call left state a fresh rank would not have (harness.ranks.state)
+        self.pools_renewed = 0  # ended after the test that used them (renew)
         self.retirements: list[str] = []  # "pool replaced after TEST: why", not yet handed to a report
         self.retired_log: list[str] = []  # every retirement of the session, for the terminal summary
         self._last_test: dict[tuple[int, str], str] = {}  # the test whose call each pool ran last
         self._pools: dict[tuple[int, str], RankSet] = {}
+        self._used: set[tuple[int, str]] = set()  # pools a call used since the last renew()
+        self._handover_dir: str | None = None  # made at the first pool on this host (harness.ranks.handover)
         self._zygote: Zygote | None = None
         self._retired: list[Zygote] = []  # refused zygotes, kept while the ranks they forked serve
         # What the zygote imports besides torch: the modules of the functions called, and (from level 2) the
@@ -90,6 +103,7 @@ class PoolLauncher:
         started = time.monotonic()
         key = (world_size, device)
         self._last_test[key] = current_test()
+        self._used.add(key)
         pool_start_s = 0.0
         outcome, work = "failed", []
         try:
@@ -125,12 +139,16 @@ class PoolLauncher:
         finally:
             _record_timing(world_size, device, fn, outcome, work, time.monotonic() - started, pool_start_s)
 
-    def settle(self) -> list[str]:
-        """Ask every pool whether its last call left it as a fresh one; retire those that were not. Why each
-        pool was replaced since the last time this was asked (the plugin puts it in the test's report)."""
-        for key, pool in list(self._pools.items()):
-            if not pool.idle():
-                self._discard(key)
+    def renew(self) -> list[str]:
+        """End every pool a call used since the last renew (the plugin asks after each test), so the next call
+        gets ranks forked afresh. Why a pool was replaced within the test, since the last time this was asked
+        (the plugin puts it in the test's report)."""
+        for key in sorted(self._used):
+            pool = self._pools.pop(key, None)
+            if pool is not None:
+                pool.kill()
+                self.pools_renewed += 1
+        self._used.clear()
         retirements, self.retirements = self.retirements, []
         return retirements
 
@@ -144,9 +162,9 @@ class PoolLauncher:
             if self.preload_refused:
                 imports = "the functions' modules" if self._preload_level == 1 else "torch alone"
                 how += f" importing {imports} ({self.preload_refused})"
-        return (f"{self.calls} calls, {self.pools_started} pools started, {self.pools_replaced} replaced after a "
-                f"dead rank, a hang or a broken failure, {self.pools_retired} after a call left state a fresh rank "
-                f"would not have; ranks {how}")
+        return (f"{self.calls} calls, {self.pools_started} pools started ({self.pools_renewed} ended with their test), "
+                f"{self.pools_replaced} replaced after a dead rank, a hang or a broken failure, {self.pools_retired} "
+                f"within a test after a call left state a fresh rank would not have; ranks {how}")
 
     def warm_up(self) -> None:
         """Start the zygote now (it imports torch in the background) rather than at the first call."""
@@ -163,6 +181,9 @@ class PoolLauncher:
         if self._hub is not None:
             self._hub.close()
             self._hub = None
+        if self._handover_dir is not None:
+            shutil.rmtree(self._handover_dir, ignore_errors=True)
+            self._handover_dir = None
 
     def _discard(self, key: tuple[int, str]) -> None:
         pool = self._pools.pop(key, None)
@@ -207,8 +228,10 @@ class PoolLauncher:
                 self._hub = Hub(self._hosts)
             self._hub.raise_if_lost()
             placement = Placement(self._hub, world_size)
+        elif self._handover_dir is None:
+            self._handover_dir = handover.make_folder()
         pool = RankSet(world_size, device, collective_timeout_s=collective_timeout(timeout), placement=placement,
-                       capture=self.capture)
+                       capture=self.capture, handover_dir=self._handover_dir)
         self._pools[(world_size, device)] = pool
         self.pools_started += 1
         return pool

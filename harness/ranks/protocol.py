@@ -71,6 +71,9 @@ class Launch:
     master_addr: str = "127.0.0.1"
     ranks_per_host: int = 0
     capture: OutputCapture | None = None  # None: the ranks write where their fds point (pytest -s)
+    # A 0700 folder of the launcher's session that ranks hand results on through to later tests' ranks
+    # (harness.ranks.handover); None: nothing is handed on.
+    handover_dir: str | None = None
 
     @property
     def local_world_size(self) -> int:

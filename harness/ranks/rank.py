@@ -38,7 +38,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from harness.ranks import lifecycle, tls
+from harness.ranks import handover, lifecycle, tls
 from harness.ranks.hostenv import for_host
 from harness.ranks.output import CallCapture, flush_streams
 from harness.ranks.protocol import (
@@ -85,6 +85,7 @@ def serve(spec: RankSpec) -> None:
     # Set here, the rank's variables (RANK, MASTER_ADDR, ...) show in rank_environ: every call gets them back.
     before = dict(os.environ)
     set_environment(launch, rank)
+    handover.adopt(launch.handover_dir)
     rank_environ = {name: value for name, value in os.environ.items() if before.get(name) != value}
 
     connection = connect(spec)

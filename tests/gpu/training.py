@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import math
+import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,7 +50,7 @@ from rank_cases import full, local
 from torch.distributed.tensor import DTensor, Partial, Shard
 
 from harness import contract
-from harness.ranks import together
+from harness.ranks import handover, together
 
 with contextlib.suppress(ImportError):  # torch's private modules that dcp.save/load and torch.save first import
     import torch.distributed.checkpoint._fsspec_filesystem  # an fsspec path, tried first
@@ -231,26 +234,61 @@ class WholeRuns:
     determines them: the checkpoint and model class, the dtype, the experts implementation the whole model resolved
     to, the ranks' shares of the batch, the optimizer's kernel, the clipping and the number of steps. The layouts of
     a family share them (EP and FSDP2+EP, FSDP2 and fully_shard: the whole model's loss is averaged over the ranks'
-    shares of the batch for every layout), so a rank that runs a family's next layout compares with the runs it
-    already made instead of making them again: the same code on the same numbers, in the same process. A case
-    never reads another's sharded results; with the rank pool off (--no-ranks-pool) every case makes its own."""
+    shares of the batch for every layout), so a rank that runs a family's next layout compares with the runs an
+    earlier case's rank of its number made instead of making them again: the same code on the same numbers.
 
-    KEPT = 2  # entries: a family's layouts run one after the other (test_training.py orders them so)
+    Each test's ranks are fresh, so the runs are handed on as files, in the session's handover folder
+    (harness.ranks.handover), read back with `torch.load(weights_only=True)`. A case never reads another's sharded
+    results; with no folder (--no-ranks-pool, ranks across hosts) every case makes its own."""
 
-    def __init__(self):
-        self._entries: dict[tuple, list[tuple[StepResult, ...]]] = {}
+    KEPT = 2  # entries per rank: a family's layouts run one after the other (test_training.py orders them so)
+
+    def __init__(self, folder: Path | None):
+        self.folder = folder
+
+    @classmethod
+    def of_this_rank(cls) -> WholeRuns:
+        shared = handover.folder()
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        return cls(None if shared is None else shared / "whole_runs" / f"rank{rank}")
 
     def get(self, key: tuple) -> list[tuple[StepResult, ...]] | None:
-        return self._entries.get(key)
+        if self.folder is None:
+            return None
+        path = self.folder / handover.entry_name(key)
+        try:
+            entry = torch.load(path, weights_only=True)
+        except FileNotFoundError:
+            return None
+        if entry["key"] != repr(key):  # another key with the same name: not these runs
+            return None
+        self._touch(path)
+        return [tuple(StepResult(**result) for result in step) for step in entry["steps"]]
 
     def put(self, key: tuple, steps: list[tuple[StepResult, ...]]) -> None:
-        self._entries.pop(key, None)
-        self._entries[key] = steps
-        while len(self._entries) > self.KEPT:
-            del self._entries[next(iter(self._entries))]
+        if self.folder is None:
+            return
+        entry = {"key": repr(key), "steps": [[{"loss": result.loss, "grad_norm": result.grad_norm,
+                                                "grads": result.grads, "params": result.params}
+                                               for result in step] for step in steps]}
+        buffer = io.BytesIO()
+        torch.save(entry, buffer)
+        path = self.folder / handover.entry_name(key)
+        handover.write_whole(path, buffer.getvalue())
+        self._touch(path)
+        for old in self._entries()[:-self.KEPT]:
+            old.unlink(missing_ok=True)
 
+    def _entries(self) -> list[Path]:
+        """Oldest first."""
+        entries = [path for path in self.folder.iterdir() if not path.name.startswith(".")]
+        return sorted(entries, key=lambda path: path.stat().st_mtime_ns)
 
-WHOLE_RUNS = WholeRuns()
+    def _touch(self, path: Path) -> None:
+        """Make `path` the latest: its mtime after every other entry's (set, not read from a coarse clock)."""
+        latest = max((other.stat().st_mtime_ns for other in self._entries() if other != path), default=0)
+        stamp = max(time.time_ns(), latest + 1)
+        os.utime(path, ns=(stamp, stamp))
 
 
 def whole_runs_key(checkpoint: str, case: TrainCase, whole_model, world_size: int, model_class) -> tuple:
@@ -404,7 +442,8 @@ def _train_and_compare(checkpoint: str, case: TrainCase, metrics: dict, model_cl
     with together("the load check"):  # the cause first, where loading went wrong
         rank_cases.check_load(sharded.model, whole.model, family, layout, rank, world_size)
     key = whole_runs_key(checkpoint, case, whole.model, world_size, model_class)
-    recorded = WHOLE_RUNS.get(key) if case.reuse_whole_runs else None
+    whole_runs = WholeRuns.of_this_rank()
+    recorded = whole_runs.get(key) if case.reuse_whole_runs else None
     metrics[contract.WHOLE_RUNS] = "made" if recorded is None else "reused"
     # The truth (float64), and the whole model's rounding sampled twice: as it is, and summed in another order
     # with every leaf output moved by up to an ulp (tolerances.py: one sample can be lucky).
@@ -440,7 +479,7 @@ def _train_and_compare(checkpoint: str, case: TrainCase, metrics: dict, model_cl
                 computed = LayerDtypes(sharded.model) if case.mixed_precision else None
                 load_state(sharded, saves / f"step{step}", optimizer_from=saves / f"step{step - 1}" if stale else None)
     if recorded is None:
-        WHOLE_RUNS.put(key, made)
+        whole_runs.put(key, made)
 
 
 class LayerDtypes:

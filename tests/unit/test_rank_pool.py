@@ -273,20 +273,22 @@ def test_what_a_call_leaves_behind_does_not_reach_the_next(launcher, tmp_path):
     (import_a_module_first, "modules imported first during a call: wave"),
 ])
 def test_a_victim_after_a_polluter_sees_what_a_fresh_pool_shows(launcher, polluter, retired_because):
-    """Each polluter leaves process-global state behind; the next call must see a fresh rank's. What can be put
-    back exactly is (the same ranks serve on); what cannot retires the set, and says why."""
-    launcher.settle()
+    """Within one test (between tests its ranks end: test_no_test_sees_what_an_earlier_test_left_in_its_ranks):
+    each polluter leaves process-global state behind; the test's next call must see a fresh rank's. What can be
+    put back exactly is (the same ranks serve on); what cannot retires the set, and says why."""
+    launcher.renew()
     fresh = [result.value for result in launcher(2, fresh_view, timeout=60, device="cpu")]
     before = pids(launcher)
     with contextlib.suppress(RankFailedError):
         launcher(2, polluter, timeout=60, device="cpu")
-    retirements = launcher.settle()
     assert [result.value for result in launcher(2, fresh_view, timeout=60, device="cpu")] == fresh
+    after = pids(launcher)
+    retirements = launcher.renew()
     if retired_because is None:
-        assert retirements == [] and pids(launcher) == before
+        assert retirements == [] and after == before
     else:
         assert len(retirements) == 1 and retired_because in retirements[0], retirements
-        assert set(pids(launcher)).isdisjoint(before)
+        assert set(after).isdisjoint(before)
 
 
 def test_a_dtensor_op_of_a_later_call_gets_that_calls_mesh_not_one_whose_groups_are_gone(launcher):
@@ -685,19 +687,129 @@ def run_suite(pytester, monkeypatch, tests: str, *args: str, pool: str | None = 
     return result, by_test, {value["parent"] for value in values}
 
 
-def test_a_session_reuses_the_pool_and_a_crash_or_hang_fails_only_its_own_test(pytester, monkeypatch):
+def test_a_session_gives_each_test_fresh_ranks_and_a_crash_or_hang_fails_only_its_own_test(pytester, monkeypatch):
     result, pids, parents = run_suite(pytester, monkeypatch, REUSE_AND_CRASH_TESTS)
     result.assert_outcomes(passed=4, failed=2)
     result.stdout.fnmatch_lines(["rank pool: on (ranks forked from a zygote)",
                                  "E *RankFailedError: rank 1 exited with code 3 without a result",
                                  "E *RankTimeoutError: ranks [[]0, 1[]] still running after 2s; killed.*",
-                                 "rank pool: 6 calls, 3 pools started, 2 replaced after*"])
+                                 "rank pool: 6 calls, 6 pools started (4 ended with their test), 2 replaced after*"])
     assert "in hang_on_rank_one" in result.stdout.str()  # the hung rank's stack is in the report
-    assert pids["first"] == pids["second"]
-    assert set(pids["after the crash"]).isdisjoint(pids["first"])
-    assert set(pids["after the hang"]).isdisjoint(pids["after the crash"])
+    ranks_of = [pids[test] for test in ("first", "second", "after the crash", "after the hang")]
+    assert len({pid for ranks in ranks_of for pid in ranks}) == 8  # no two tests shared a rank
+    assert len(parents) == 1  # every test's ranks forked from the session's one zygote, which the failures spared
     # no rank, and not the zygote that forked them, outlives the session
     assert _wait_until_gone([pid for ranks in pids.values() for pid in ranks] + list(parents)) == []
+
+
+POLLUTING_TESTS = SUITE + """
+import resource
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+VIEWS = Path(os.environ["POOL_TEST_PIDS"]).with_name("views.jsonl")
+
+
+def view(name):
+    \"\"\"What a test's ranks see of what the polluters below change.\"\"\"
+    import torch.distributed as dist
+
+    linear = torch.nn.Linear(2, 1)
+    torch.nn.init.ones_(linear.weight), torch.nn.init.zeros_(linear.bias)
+    calls = []
+    forward = torch.nn.Identity()
+    forward.register_forward_hook(lambda *_: calls.append("hook"))  # this module's own hook: not a global one
+    forward(torch.ones(1))
+    return {"test": name, "rank": dist.get_rank(), "pid": os.getpid(),
+            "linear": linear(torch.ones(1, 2)).tolist(), "hooks_seen": calls,
+            "global_forward_hooks": len(torch.nn.modules.module._global_forward_hooks),
+            "anomaly": torch.is_anomaly_enabled(), "rlimit_as": resource.getrlimit(resource.RLIMIT_AS),
+            "dispatch_modes": torch._C._len_torch_dispatch_stack(), "affinity": sorted(os.sched_getaffinity(0)),
+            "sum": torch.arange(4.0).sum().item()}
+
+
+class Doubling(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        return out * 2 if isinstance(out, torch.Tensor) and out.is_floating_point() else out
+
+
+def patch_linear_forward():
+    torch.nn.Linear.forward = lambda self, x: x.sum(-1, keepdim=True) * 0 + 41.0
+
+
+def global_forward_hook():
+    torch.nn.modules.module.register_module_forward_hook(lambda module, args, out: out)
+
+
+def detect_anomaly():
+    torch.autograd.set_detect_anomaly(True)
+
+
+def lower_rlimit_as():
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (8 << 40, hard))  # 8 TiB: lower than unlimited, harmless meanwhile
+
+
+def enter_a_dispatch_mode():
+    Doubling().__enter__()
+
+
+def narrow_affinity():
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+
+
+def polluted_view(polluter, name):
+    polluter()
+    return view(name)
+
+
+def record_view(ranks, name, polluter=None):
+    with VIEWS.open("a") as views:
+        for value in ranks.run(2, view, name) if polluter is None else ranks.run(2, polluted_view, polluter, name):
+            views.write(json.dumps(value) + "\\n")
+
+
+def test_a_first(ranks):
+    record_view(ranks, "first")
+
+
+@pytest.mark.parametrize("polluter", [patch_linear_forward, global_forward_hook, detect_anomaly, lower_rlimit_as,
+                                      enter_a_dispatch_mode, narrow_affinity])
+def test_b_polluter_then_victim(ranks, polluter):
+    record_view(ranks, "polluted " + polluter.__name__, polluter)
+
+
+def test_c_victim(ranks):
+    record_view(ranks, "victim")
+"""
+
+
+def test_no_test_sees_what_an_earlier_test_left_in_its_ranks(pytester, monkeypatch):
+    """The six pollutions that outlived a call on a pool kept for the session (a class of torch patched, a global
+    forward hook, anomaly detection, a lowered RLIMIT_AS, a dispatch mode entered and never left, a narrowed CPU
+    affinity): each is seen by its own test's next call, and by no later test, which gets fresh ranks."""
+    result, _, parents = run_suite(pytester, monkeypatch, POLLUTING_TESTS, "-p", "no:randomly")
+    result.assert_outcomes(passed=8)
+    views = [json.loads(line) for line in (pytester.path / "views.jsonl").read_text().splitlines()]
+    by_test = {}
+    for value in views:
+        by_test.setdefault(value.pop("test"), []).append(value)
+    first, victim = by_test.pop("first"), by_test.pop("victim")
+    assert [{**view, "pid": None} for view in victim] == [{**view, "pid": None} for view in first]
+    polluted = {name.removeprefix("polluted "): views for name, views in by_test.items()}
+    fresh = first[0]
+    # each pollution took, in its own test's ranks (a later test sharing them would have seen it) ...
+    changed = {name: sorted(key for key in fresh if key not in ("rank", "pid") and views[0][key] != fresh[key])
+               for name, views in polluted.items()}
+    assert changed == {"patch_linear_forward": ["linear"], "global_forward_hook": ["global_forward_hooks"],
+                       "detect_anomaly": ["anomaly"], "lower_rlimit_as": ["rlimit_as"],
+                       "enter_a_dispatch_mode": ["dispatch_modes", "linear", "sum"], "narrow_affinity": ["affinity"]}
+    # ... and every test ran on ranks of its own
+    pids = [view["pid"] for views in (first, victim, *polluted.values()) for view in views]
+    assert len(set(pids)) == len(pids)
+    assert _wait_until_gone(pids + list(parents)) == []
 
 
 RERUN_AND_TIMEOUT_TESTS = SUITE + """

@@ -40,15 +40,29 @@ def test_a_case_with_the_one_step_checks_or_mixed_precision_says_so_to_the_known
             training.TrainCase("mixtral" if layout == "ep" else "qwen3", layout, dtype=dtype, mixed_precision=True)
 
 
-def test_the_whole_runs_kept_are_the_latest_and_found_only_by_all_that_determines_them():
-    runs = training.WholeRuns()
-    steps = [(training.StepResult(1.0, 2.0, {}, {}),)]
+def test_the_whole_runs_kept_are_the_latest_and_found_only_by_all_that_determines_them(tmp_path):
+    runs = training.WholeRuns(tmp_path / "rank0")
+    steps = [(training.StepResult(1.0, 2.0, {"w": torch.arange(3.0)}, {"w": torch.ones(2, dtype=torch.float64)}),)]
+
+    def found(key):
+        got = runs.get(key)
+        return got is not None and got[0][0].loss == 1.0 and torch.equal(got[0][0].params["w"], steps[0][0].params["w"])
+
     runs.put(("a",), steps)
     runs.put(("b",), steps)
-    assert runs.get(("a",)) is steps  # and now the latest
+    assert found(("a",))  # and now the latest
     runs.put(("a",), steps)
     runs.put(("c",), steps)  # the oldest, b, goes
-    assert runs.get(("b",)) is None and runs.get(("a",)) is steps and runs.get(("c",)) is steps
+    assert not found(("b",)) and found(("a",)) and found(("c",))
+    assert sorted(path.name for path in (tmp_path / "rank0").iterdir()) == sorted(
+        training.handover.entry_name(key) for key in (("a",), ("c",)))
+    # another process's ranks (a later test's) read them as they were written, grads and float64 params included
+    again = training.WholeRuns(tmp_path / "rank0").get(("c",))[0][0]
+    assert torch.equal(again.grads["w"], torch.arange(3.0)) and again.params["w"].dtype == torch.float64
+    # with no folder (no pool: nothing is handed on) nothing is kept
+    nowhere = training.WholeRuns(None)
+    nowhere.put(("a",), steps)
+    assert nowhere.get(("a",)) is None
 
     class Config:
         _experts_implementation = "grouped_mm"

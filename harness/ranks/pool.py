@@ -69,11 +69,15 @@ class PoolLauncher:
         self.pools_replaced = 0  # killed after a death, a hang or a broken failure
         self.pools_retired = 0  # a call left state a fresh rank would not have (harness.ranks.state)
         self.pools_renewed = 0  # ended after the test that used them (renew)
+        self.pools_started_ahead = 0  # of pools_started: forked by renew() for the next test
         self.retirements: list[str] = []  # "pool replaced after TEST: why", not yet handed to a report
         self.retired_log: list[str] = []  # every retirement of the session, for the terminal summary
         self._last_test: dict[tuple[int, str], str] = {}  # the test whose call each pool ran last
         self._pools: dict[tuple[int, str], RankSet] = {}
         self._used: set[tuple[int, str]] = set()  # pools a call used since the last renew()
+        self._ahead: set[tuple[int, str]] = set()  # pools started by renew() whose ranks have not yet said Ready
+        self._timeouts: dict[tuple[int, str], float] = {}  # the longest call timeout seen per pool: a pool started
+        # ahead waits that long in its collectives, so that no later call finds it too short
         self._handover_dir: str | None = None  # made at the first pool on this host (harness.ranks.handover)
         self._zygote: Zygote | None = None
         self._retired: list[Zygote] = []  # refused zygotes, kept while the ranks they forked serve
@@ -104,17 +108,17 @@ class PoolLauncher:
         key = (world_size, device)
         self._last_test[key] = current_test()
         self._used.add(key)
+        self._timeouts[key] = max(timeout, self._timeouts.get(key, 0.0))
         pool_start_s = 0.0
         outcome, work = "failed", []
         try:
             pool = self._pools.get(key)
-            if pool is not None and not (timeout <= pool.collective_timeout_s - COLLECTIVE_TIMEOUT_MARGIN_S
-                                         and pool.idle()):
+            if pool is not None and not self._serves(key, pool, timeout):
                 self._discard(key)
                 pool = None
             if pool is None:
                 pool = self._start_pool(world_size, device, timeout)
-                pool_start_s = time.monotonic() - started
+            pool_start_s = time.monotonic() - started
             try:
                 replies = pool.call(payload, timeout)
             except BaseException as error:
@@ -140,17 +144,51 @@ class PoolLauncher:
             _record_timing(world_size, device, fn, outcome, work, time.monotonic() - started, pool_start_s)
 
     def renew(self) -> list[str]:
-        """End every pool a call used since the last renew (the plugin asks after each test), so the next call
-        gets ranks forked afresh. Why a pool was replaced within the test, since the last time this was asked
-        (the plugin puts it in the test's report)."""
+        """End every pool a call used since the last renew (the plugin asks after each test) and start its
+        successor at once, so the next test's ranks are fresh and form their process group while that test sets
+        up. Why a pool was replaced within the test, since the last time this was asked (the plugin puts it in the
+        test's report)."""
         for key in sorted(self._used):
             pool = self._pools.pop(key, None)
             if pool is not None:
                 pool.kill()
                 self.pools_renewed += 1
+            self._start_ahead(key)
         self._used.clear()
         retirements, self.retirements = self.retirements, []
         return retirements
+
+    def _start_ahead(self, key: tuple[int, str]) -> None:
+        """Fork a pool's ranks now and wait for them at its first call. Only where forking has proven itself on
+        this host: the first start, the spawn fallback and ranks on other hosts keep the plain path."""
+        if not (self._fork_proven and self._hosts is None and not self.fork_refused):
+            return
+        world_size, device = key
+        pool = self._new_pool(world_size, device, self._timeouts.get(key, DEFAULT_TIMEOUT_S))
+        try:
+            if self._fork_ranks(pool):
+                self._ahead.add(key)
+                self.pools_started_ahead += 1
+                return
+        except Exception:  # the zygote failed mid-fork: the next call starts its pool, and says why
+            pass
+        self._pools.pop(key, None)
+        pool.kill()
+        self.pools_started -= 1  # never started: the call will
+
+    def _serves(self, key: tuple[int, str], pool: RankSet, timeout: float) -> bool:
+        """The pool may take a call with `timeout`: its collectives wait long enough, and its ranks are ready and
+        as fresh ones (asked, for a pool that served before)."""
+        if timeout > pool.collective_timeout_s - COLLECTIVE_TIMEOUT_MARGIN_S:
+            return False
+        if key in self._ahead:
+            self._ahead.discard(key)
+            try:
+                pool.wait_ready()
+            except DistributedError:
+                return False  # replaced, and counted so: the start of a successor failed
+            return True
+        return pool.idle()
 
     def summary(self) -> str:
         if not self.fork:
@@ -162,7 +200,8 @@ class PoolLauncher:
             if self.preload_refused:
                 imports = "the functions' modules" if self._preload_level == 1 else "torch alone"
                 how += f" importing {imports} ({self.preload_refused})"
-        return (f"{self.calls} calls, {self.pools_started} pools started ({self.pools_renewed} ended with their test), "
+        return (f"{self.calls} calls, {self.pools_started} pools started ({self.pools_renewed} ended with their test, "
+                f"{self.pools_started_ahead} started ahead of theirs), "
                 f"{self.pools_replaced} replaced after a dead rank, a hang or a broken failure, {self.pools_retired} "
                 f"within a test after a call left state a fresh rank would not have; ranks {how}")
 
@@ -186,6 +225,7 @@ class PoolLauncher:
             self._handover_dir = None
 
     def _discard(self, key: tuple[int, str]) -> None:
+        self._ahead.discard(key)
         pool = self._pools.pop(key, None)
         if pool is None:
             return

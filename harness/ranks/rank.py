@@ -88,12 +88,16 @@ def serve(spec: RankSpec) -> None:
     handover.adopt(launch.handover_dir)
     rank_environ = {name: value for name, value in os.environ.items() if before.get(name) != value}
 
+    # The process group forms before the launcher is dialled: a pool started ahead of its test (harness.ranks.pool)
+    # is ready by the time the launcher, busy with the test before, accepts its ranks.
+    try:
+        state, failure = RankState(launch, rank), None
+    except BaseException as error:
+        state, failure = None, Failed.from_exception(error, alive=False)
     connection = connect(spec)
     _send(connection, Hello(rank))
-    try:
-        state = RankState(launch, rank)
-    except BaseException as error:
-        _fail_and_exit(connection, Failed.from_exception(error, alive=False))
+    if failure is not None:
+        _fail_and_exit(connection, failure)
     _send(connection, Ready())
     unfit: list[str] = []  # why this rank is not as a fresh one after its last call
     while True:

@@ -1,4 +1,4 @@
-"""pytest plugin: the `ranks` fixture, running test functions on ranks, and the persistent rank pool.
+"""pytest plugin: the `ranks` fixture, running test functions on ranks, and the rank pool (fresh ranks per test).
 
 Registered through the `pytest11` entry point (installed harness), or `-p harness.ranks.plugin`, so its
 options (`--no-ranks-pool`) exist when the command line is parsed.
@@ -60,8 +60,8 @@ from harness.ranks.spawn import run_distributed
 CPU_RANKS_ENV = "HARNESS_CPU_RANKS"
 DEFAULT_CPU_RANKS = 2
 POOL_ENV = "HARNESS_RANKS_POOL"
-POOL_HELP = ("keep one pool of rank processes per world size for the session instead of spawning ranks for "
-             f"every test (default on; {POOL_ENV}=0 turns it off, {POOL_ENV}=spawn spawns the pool's ranks)")
+POOL_HELP = ("fork each test's ranks from a template that has imported torch and the suite, instead of spawning "
+             f"them for every call (default on; {POOL_ENV}=0 turns it off, {POOL_ENV}=spawn spawns the pool's ranks)")
 POOL_MODES = {"0": None, "1": "fork", "spawn": "spawn"}
 # The launch ends this long before pytest-timeout fires, leaving time to collect stacks and kill the ranks.
 TIMEOUT_MARGIN_S = 30.0

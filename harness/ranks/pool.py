@@ -113,12 +113,14 @@ class PoolLauncher:
         outcome, work = "failed", []
         try:
             pool = self._pools.get(key)
+            starting = pool is None or key in self._ahead  # what the call waits for counts as the pool's start
             if pool is not None and not self._serves(key, pool, timeout):
                 self._discard(key)
-                pool = None
+                pool, starting = None, True
             if pool is None:
                 pool = self._start_pool(world_size, device, timeout)
-            pool_start_s = time.monotonic() - started
+            if starting:
+                pool_start_s = max(time.monotonic() - started, 1e-6)
             try:
                 replies = pool.call(payload, timeout)
             except BaseException as error:

@@ -140,11 +140,12 @@ def _run_checks(checkpoint: str, case: Case, metrics: dict, model_class: type | 
     family = families.family(case.family)
 
     whole = tf_adapter.load_whole(checkpoint, dtype, device, case.experts_implementation, model_class)
+    loaded = tf_adapter.Loaded(whole, dtype, case.experts_implementation)  # copied below before anything runs on it
     # The ground truth every bound is measured against (tolerances.py): the whole model in float64.
-    reference = tf_adapter.load_reference(checkpoint, dtype, device, model_class)
+    reference = tf_adapter.load_reference(checkpoint, dtype, device, model_class, loaded)
     if case.layout == "fully_shard":
         sharded = fully_shard_model(
-            tf_adapter.load_whole(checkpoint, dtype, device, cls=model_class), world_size, device
+            tf_adapter.whole_as_loaded(loaded, checkpoint, dtype, device, None, model_class), world_size, device
         )
     else:
         sharded = tf_adapter.load_sharded(

@@ -28,6 +28,7 @@ From the floor on it runs, so a release that has a feature and gets it wrong sho
 
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import dataclass
 
@@ -224,21 +225,47 @@ def load_whole(checkpoint: str, dtype: torch.dtype, device: torch.device, expert
     )
 
 
-def load_eager(checkpoint: str, dtype: torch.dtype, device: torch.device, cls=None):
-    """The whole model with the eager experts loop where the model lets one be set (every release has it; fused
-    kernels such as grouped_mm offer no float64), else its own forward."""
-    cls = cls or model_class(checkpoint)
+@dataclass(frozen=True)
+class Loaded:
+    """A whole model as from_pretrained gave it (nothing has run on it: keep a copy), and how it was asked for: a
+    second load of the same checkpoint, dtype and experts implementation is a copy of it (the same files read the
+    same way give the same weights, buffers and settings), which costs a few ms where a load costs tens."""
+
+    model: torch.nn.Module
+    dtype: torch.dtype
+    experts_implementation: str | None
+
+
+def whole_as_loaded(loaded: Loaded | None, checkpoint: str, dtype: torch.dtype, device: torch.device,
+                    experts_implementation: str | None, cls=None):
+    """load_whole's model: a copy of `loaded` where that was loaded the same way, else loaded."""
+    if loaded is not None and (loaded.dtype, loaded.experts_implementation) == (dtype, experts_implementation):
+        return copy.deepcopy(loaded.model).to(device)
+    return load_whole(checkpoint, dtype, device, experts_implementation, cls)
+
+
+def eager_implementation(cls) -> str | None:
+    """The experts implementation of load_eager: the eager loop where the model lets one be set (every release has
+    it; fused kernels such as grouped_mm offer no float64), else None (its own forward)."""
     can_set = getattr(cls, "_can_set_experts_implementation", None)
     settable = "eager" in experts_implementations() and (can_set is None or can_set())
-    return load_whole(checkpoint, dtype, device, "eager" if settable else None, cls)
+    return "eager" if settable else None
 
 
-def load_reference(checkpoint: str, dtype: torch.dtype, device: torch.device, cls=None):
+def load_eager(checkpoint: str, dtype: torch.dtype, device: torch.device, cls=None, loaded: Loaded | None = None):
+    """The whole model with the eager experts loop where the model lets one be set, else its own forward (a copy of
+    `loaded` where that is the same load)."""
+    cls = cls or model_class(checkpoint)
+    return whole_as_loaded(loaded, checkpoint, dtype, device, eager_implementation(cls), cls)
+
+
+def load_reference(checkpoint: str, dtype: torch.dtype, device: torch.device, cls=None, loaded: Loaded | None = None):
     """The ground truth the bounds are measured against (tolerances.py): the whole model with exactly the case
-    dtype's weights, computed in float64 by the eager experts loop."""
+    dtype's weights, computed in float64 by the eager experts loop (a copy of `loaded` where that is the same
+    load, cast)."""
     from tolerances import REFERENCE_DTYPE
 
-    return load_eager(checkpoint, dtype, device, cls).to(REFERENCE_DTYPE)
+    return load_eager(checkpoint, dtype, device, cls, loaded).to(REFERENCE_DTYPE)
 
 
 def load_sharded(

@@ -378,10 +378,15 @@ class CaseLoop:
         # as the whole batch's mean in real arithmetic), so that every layout's whole runs are the same (WholeRuns).
         self.shares = [rank_cases.share_rows(other, self.world_size) for other in range(self.world_size)]
         self.rows = rank_cases.batch_rows(self.layout, self.rank, self.world_size)
+        self.loaded: tf_adapter.Loaded | None = None  # the first whole model as loaded, for the later ones
 
     def load_whole(self):
-        return tf_adapter.load_whole(self.checkpoint, self.dtype, self.device, self.case.experts_implementation,
-                                     self.model_class)
+        """The whole model: loaded the first time, a copy of that as loaded after (tf_adapter.Loaded)."""
+        model = tf_adapter.whole_as_loaded(self.loaded, self.checkpoint, self.dtype, self.device,
+                                           self.case.experts_implementation, self.model_class)
+        if self.loaded is None:
+            self.loaded = tf_adapter.Loaded(copy.deepcopy(model), self.dtype, self.case.experts_implementation)
+        return model
 
     def load_sharded(self):
         case = self.case
@@ -394,7 +399,7 @@ class CaseLoop:
                                        mixed_precision=case.mixed_precision)
 
     def load_reference(self):
-        return tf_adapter.load_reference(self.checkpoint, self.dtype, self.device, self.model_class)
+        return tf_adapter.load_reference(self.checkpoint, self.dtype, self.device, self.model_class, self.loaded)
 
     def start(self, model, reference: bool = False, other_order: bool = False, sharded: bool = False) -> Run:
         """`model`'s loop: AdamW as the case asks (the plain loop for the float64 `reference`), the warm-up, the

@@ -135,4 +135,4 @@ def _prune(connection: sqlite3.Connection) -> int:
 
 def _delete_nights(connection: sqlite3.Connection, rows: list[int]) -> None:
     for table in ("results", "rank_peaks", "losses"):
-        connection.executemany(f"DELETE FROM {table} WHERE night = ?", [(row,) for row in rows])  # noqa: S608
+        connection.executemany(f"DELETE FROM {table} WHERE night = ?", [(row,) for row in rows])

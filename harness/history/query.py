@@ -64,7 +64,7 @@ def ranked_tests(connection: sqlite3.Connection, nights: Sequence[NightRow], lim
                      f" / nullif(min(CASE WHEN night NOT IN ({last_marks}) AND outcome = '{PASSED}'"
                      f" THEN {metric.name} END), 0) / ?")
         parameters += [*last, *last, metric.ratio]
-    sql = (f"SELECT test, max({', '.join(f'coalesce({rise}, 0)' for rise in rises)}) AS rise FROM results"  # noqa: S608
+    sql = (f"SELECT test, max({', '.join(f'coalesce({rise}, 0)' for rise in rises)}) AS rise FROM results"
            f" WHERE night IN ({marks}) GROUP BY test"
            f" HAVING sum(night IN ({last_marks}) AND outcome = '{PASSED}') = ?"
            f" ORDER BY rise DESC")
@@ -90,10 +90,10 @@ def series(connection: sqlite3.Connection, nights: Sequence[NightRow], tests: Se
     for chunk in _chunks(list(tests), 500):  # SQLite's bound-parameter limit
         marks = ", ".join("?" * len(chunk))
         names.update((row, (str(cell), str(test))) for row, cell, test in connection.execute(
-            f"SELECT id, cell, test FROM tests WHERE id IN ({marks})", chunk))  # noqa: S608
+            f"SELECT id, cell, test FROM tests WHERE id IN ({marks})", chunk))
         night_marks = ", ".join("?" * len(nights))
         for night, test, outcome, *values in connection.execute(
-                f"SELECT night, test, outcome, {', '.join(SERIES_COLUMNS)} FROM results"  # noqa: S608
+                f"SELECT night, test, outcome, {', '.join(SERIES_COLUMNS)} FROM results"
                 f" WHERE test IN ({marks}) AND night IN ({night_marks})", [*chunk, *index]):
             per_test[test][index[night]] = Night(
                 outcome=str(outcome), values={name: _usable(value) for name, value in zip(SERIES_COLUMNS, values,

@@ -21,11 +21,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root, for `harness`
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))  # history_helpers
 
-from history_helpers import Case, write_cell  # noqa: E402
+from history_helpers import Case, write_cell
 
-from harness.history import append_night, build_trend, open_history  # noqa: E402
-from harness.report.trend_page import render_page  # noqa: E402
-from harness.results import load_results  # noqa: E402
+from harness.history import append_night, build_trend, open_history
+from harness.report.trend_page import render_page
+from harness.results import load_results
 
 CREEP = (0, 0)  # (cell, case)
 

@@ -139,6 +139,23 @@ def build_parser() -> argparse.ArgumentParser:
     triage.add_argument("--github-matrix", metavar="FILE",
                         help="write the bisect plan as the {'include': [...]} object strategy.matrix takes")
 
+    history = commands.add_parser("history", help="the nightly's history database (SQLite): append a night")
+    history_commands = _Subcommands(history.add_subparsers(dest="history_command", required=True,
+                                                           metavar="HISTORY_COMMAND"), debug)
+    append = history_commands.add_parser("append", help="append results folders to the history as one night "
+                                                        "(again for the same night: its rows are replaced)")
+    append.add_argument("--db", required=True, metavar="FILE", help="the history database (created if missing)")
+    append.add_argument("--night", required=True, metavar="ID", help="the night's id, e.g. the workflow run id")
+    append.add_argument("--date", metavar="ISO", help="when the night ran, ISO 8601 (default now, UTC)")
+    append.add_argument("results", nargs="+", metavar="RESULTS_DIR", help="cell folders, or folders holding them")
+
+    trend = commands.add_parser("trend", help="render the history's trends as HTML (a plot per test, regressions "
+                                "first) and the regressions as JSON")
+    trend.add_argument("--db", required=True, metavar="FILE", help="the history database")
+    trend.add_argument("--html", required=True, metavar="OUT.html")
+    trend.add_argument("--nights", type=int, default=30, metavar="N", help="nights to plot (default 30)")
+    trend.add_argument("--json", metavar="OUT.json", help="also write the regressions as JSON (for the nightly issue)")
+
     gh = commands.add_parser("gh", help="GitHub glue: authorize '/ok to test', post the comment and issue")
     gh_commands = _Subcommands(gh.add_subparsers(dest="gh_command", required=True, metavar="GH_COMMAND"), debug)
     # Every gh command talks to one repository: GITHUB_REPOSITORY unless --repo says otherwise.
@@ -239,6 +256,14 @@ def dispatch(args: argparse.Namespace) -> int:
         from harness.report import triage_view
 
         return triage_view.command(args)
+    if args.command == "history":
+        from harness.history import command as history_command
+
+        return history_command.command(args)
+    if args.command == "trend":
+        from harness.report import trend_page
+
+        return trend_page.command(args)
     if args.command == "gh":
         from harness.github import command as github
 

@@ -286,3 +286,21 @@ def test_schema_check_rejects_a_malformed_workflow(tmp_path):
     malformed.write_text("on: push\njobs:\n  a:\n    runs-on: ubuntu-latest\n    timeout-minutes: soon\n"
                          "    steps:\n      - run: true\n        uses: actions/checkout@v4\n")
     assert check_schema(malformed).returncode != 0
+
+
+def test_the_nightly_carries_its_history_as_the_last_nightlys_artifact():
+    """The database comes from the last nightly that kept one (an artifact: an actions/cache hit is never saved
+    again), tonight is appended under the run id (a re-run replaces it), and the result goes on as an artifact."""
+    steps = jobs(all_workflows()["nightly.yml"])["regression"]["steps"]
+    find = next(step for step in steps if step.get("id") == "previous-history")
+    assert "--artifact-prefix nightly-history" in find["run"]
+    download = next(step for step in steps if step.get("with", {}).get("name") == "nightly-history"
+                    and "download-artifact@" in step["uses"])
+    assert download["with"]["run-id"] == "${{ steps.previous-history.outputs.run_id }}"
+    run = next(step for step in steps if "harness history append" in str(step.get("run", "")))
+    assert '--night "$RUN_ID"' in run["run"] and run["env"]["RUN_ID"] == "${{ github.run_id }}"
+    assert "harness trend --db history/history.db" in run["run"]
+    upload = next(step for step in steps if step.get("with", {}).get("name") == "nightly-history"
+                  and "upload-artifact@" in step["uses"])
+    assert upload["with"]["path"] == "history/history.db"
+    assert not any("actions/cache" in str(step.get("uses")) for step in steps)

@@ -693,7 +693,8 @@ def test_a_session_gives_each_test_fresh_ranks_and_a_crash_or_hang_fails_only_it
     result.stdout.fnmatch_lines(["rank pool: on (ranks forked from a zygote)",
                                  "E *RankFailedError: rank 1 exited with code 3 without a result",
                                  "E *RankTimeoutError: ranks [[]0, 1[]] still running after 2s; killed.*",
-                                 "rank pool: 6 calls, 7 pools started (4 ended with their test, 6 started ahead of theirs), 2 replaced after*"])
+                                 "rank pool: 6 calls, 7 pools started (4 ended with their test, 6 started ahead of "
+                                 "theirs), 2 replaced after*"])
     assert "in hang_on_rank_one" in result.stdout.str()  # the hung rank's stack is in the report
     ranks_of = [pids[test] for test in ("first", "second", "after the crash", "after the hang")]
     assert len({pid for ranks in ranks_of for pid in ranks}) == 8  # no two tests shared a rank

@@ -162,5 +162,9 @@ def test_nightly_runs_the_nightly_matrix_and_keeps_an_html_report(upstream, fake
         "regression": "success",
     }, explain(run)
     assert (run.artifacts / "nightly-report" / "nightly.html").read_text().startswith("<!DOCTYPE html>")
+    # tonight went into the history the next night downloads, and its trend page and regressions were kept
+    assert (run.artifacts / "nightly-history" / "history.db").read_bytes().startswith(b"SQLite format 3\0")
+    assert (run.artifacts / "nightly-trend" / "trend.html").read_text().lstrip().startswith("<!DOCTYPE html>")
+    assert json.loads((run.artifacts / "nightly-trend" / "trend.json").read_text())["regressions"] == []
     assert fake.requests("GET", r"/actions/workflows/nightly\.yml/runs")
     assert fake.issues == {}  # a green first night opens no regression issue

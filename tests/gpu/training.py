@@ -268,9 +268,8 @@ class WholeRuns:
     def put(self, key: tuple, steps: list[tuple[StepResult, ...]]) -> None:
         if self.folder is None:
             return
-        entry = {"key": repr(key), "steps": [[{"loss": result.loss, "grad_norm": result.grad_norm,
-                                                "grads": result.grads, "params": result.params}
-                                               for result in step] for step in steps]}
+        # vars, not dataclasses.asdict: asdict would deep-copy every tensor before torch.save writes them
+        entry = {"key": repr(key), "steps": [[dict(vars(result)) for result in step] for step in steps]}
         buffer = io.BytesIO()
         torch.save(entry, buffer)
         path = self.folder / handover.entry_name(key)

@@ -19,6 +19,11 @@ in its slowest rank, and `call_s`, the call's wall time in pytest. The figures:
   sending calls, collecting results); the rest of wall(on) is pytest and the tests without ranks.
 - startup_s        = wall of the same command with --collect-only: interpreter, plugins, imports and
   collection, which every mode pays before its first test.
+
+`--shards N` runs each mode as N pytest processes at once, each with every N-th test (shard_plugin.py), for a
+machine with more cores than one suite uses (the device's 16): a mode's wall is from the first start to the
+last exit, its outcomes and calls are the shards' sums. Both modes are sharded alike, so the ratio still
+compares one spawn per call with the pool on the same tests under the same load.
 """
 
 from __future__ import annotations
@@ -72,43 +77,67 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("json", type=Path, help="where to write the figures (rewritten after each mode)")
     parser.add_argument("--modes", default="off,on", help=f"comma-separated, of {', '.join(MODES)} (default off,on)")
+    parser.add_argument("--shards", type=int, default=1, help="pytest processes at once per mode, each with every "
+                        "N-th test (default 1)")
     args = parser.parse_args(ours)
     args.pytest_args = pytest_args
     args.modes = [mode.strip() for mode in args.modes.split(",") if mode.strip()]
     unknown = [mode for mode in args.modes if mode not in MODES]
     if unknown or not args.modes:
         parser.error(f"--modes takes {', '.join(MODES)}; got {args.modes}")
+    if args.shards < 1:
+        parser.error(f"--shards takes a whole number >= 1; got {args.shards}")
     return args
 
 
-def suite(mode: str, pytest_args: list[str], timing: Path) -> tuple[subprocess.CompletedProcess, float]:
-    """Run the suite once; its output and wall time."""
-    environ = suite_environ(timing, HARNESS_RANKS_POOL=MODES[mode])
+def suite(mode: str, pytest_args: list[str], timing: Path, shards: int = 1) -> tuple[list[str], int, float]:
+    """Run the suite once (as `shards` processes at once); the output's lines of each shard, the worst exit code
+    and the wall time from the first start to the last exit. Shard k's calls go to `timing` with suffix .k."""
     command = [sys.executable, *SUITE_COMMAND, *pytest_args]
-    print(f"[{mode}] {' '.join(command[1:])}", file=sys.stderr, flush=True)
+    if shards > 1:
+        command += ["-p", "shard_plugin"]
+    print(f"[{mode}] {' '.join(command[1:])}" + (f" (x{shards} shards)" if shards > 1 else ""), file=sys.stderr,
+          flush=True)
     started = time.perf_counter()
-    completed = subprocess.run(command, cwd=REPO, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
-    return completed, time.perf_counter() - started
+    processes = []
+    for shard in range(shards):
+        environ = suite_environ(timing.with_suffix(f".{shard}") if shards > 1 else timing,
+                                HARNESS_RANKS_POOL=MODES[mode])
+        if shards > 1:
+            environ["HARNESS_BENCH_SHARD"] = f"{shard}/{shards}"
+            environ["PYTHONPATH"] = os.pathsep.join([environ["PYTHONPATH"], str(Path(__file__).resolve().parent)])
+        processes.append(subprocess.Popen(command, cwd=REPO, env=environ, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True))
+    outputs = [process.communicate()[0] for process in processes]
+    wall_s = time.perf_counter() - started
+    codes = [process.returncode for process in processes]
+    worst = next((code for code in codes if code not in (0, 1)), max(codes))
+    return outputs, worst, wall_s
 
 
-def run_suite(mode: str, pytest_args: list[str], scratch: Path) -> dict[str, Any]:
+def run_suite(mode: str, pytest_args: list[str], scratch: Path, shards: int = 1) -> dict[str, Any]:
     timing = scratch / f"timing-{mode}.jsonl"
-    completed, wall_s = suite(mode, pytest_args, timing)
-    lines = completed.stdout.strip().splitlines()
-    summary = lines[-1] if lines else ""
-    figures = {"mode": mode, "exit_code": completed.returncode, "wall_s": wall_s, "summary": summary,
-               "outcomes": {kind.rstrip("s") if kind in ("errors", "warnings") else kind: int(count)
-                            for count, kind in OUTCOME.findall(summary)},
-               "pool_line": next((line for line in lines if line.startswith("rank pool: ") and "calls" in line), None)}
-    calls = read_timing(timing)
+    outputs, exit_code, wall_s = suite(mode, pytest_args, timing, shards)
+    summaries = [lines[-1] if (lines := output.strip().splitlines()) else "" for output in outputs]
+    outcomes: dict[str, int] = {}
+    for summary in summaries:
+        for count, kind in OUTCOME.findall(summary):
+            key = kind.rstrip("s") if kind in ("errors", "warnings") else kind
+            outcomes[key] = outcomes.get(key, 0) + int(count)
+    pool_lines = [line for output in outputs for line in output.splitlines()
+                  if line.startswith("rank pool: ") and "calls" in line]
+    figures = {"mode": mode, "exit_code": exit_code, "wall_s": wall_s, "shards": shards,
+               "summary": " | ".join(summaries), "outcomes": outcomes,
+               "pool_line": " | ".join(pool_lines) or None}
+    calls = [call for path in ([timing] if shards == 1 else [timing.with_suffix(f".{k}") for k in range(shards)])
+             for call in read_timing(path)]
     if calls:
         figures.update(calls=len(calls), work_s=sum(call["work_s"] or 0.0 for call in calls),
                        calls_s=sum(call["call_s"] for call in calls),
                        pool_start_s=sum(call["pool_start_s"] for call in calls),
                        pools_started=pools_started(calls))
-    if completed.returncode not in (0, 1):  # 1: tests failed; anything else: the run itself broke
-        print(completed.stdout[-4000:], file=sys.stderr)
+    if exit_code not in (0, 1):  # 1: tests failed; anything else: the run itself broke
+        print("\n".join(output[-4000:] for output in outputs), file=sys.stderr)
     return figures
 
 
@@ -161,9 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     runs: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-pool-") as scratch:
-        _, startup_s = suite("on", [*args.pytest_args, "--collect-only"], Path(scratch) / "unused")
+        *_, startup_s = suite("on", [*args.pytest_args, "--collect-only"], Path(scratch) / "unused")
         for mode in args.modes:
-            runs[mode] = run_suite(mode, args.pytest_args, Path(scratch))
+            runs[mode] = run_suite(mode, args.pytest_args, Path(scratch), args.shards)
             # Written after every mode, so a run cut short by a time limit keeps the modes it finished.
             figures = {**ratios(runs), "startup_s": startup_s}
             write_report(args, runs, figures)
@@ -180,7 +209,8 @@ def same_outcomes(runs: dict[str, dict[str, Any]]) -> bool:
 
 
 def write_report(args: argparse.Namespace, runs: dict[str, dict[str, Any]], figures: dict[str, Any]) -> None:
-    report = {"schema": 1, "command": [Path(sys.executable).name, *SUITE_COMMAND, *args.pytest_args],
+    report = {"schema": 1, "shards": args.shards,
+              "command": [Path(sys.executable).name, *SUITE_COMMAND, *args.pytest_args],
               "host": describe_host(), "runs": runs, **figures, "goals": GOALS,
               "same_outcomes": same_outcomes(runs), "modes_asked": args.modes}
     args.json.parent.mkdir(parents=True, exist_ok=True)

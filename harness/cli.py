@@ -86,8 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="main's last nightly results: each red is new, already red there, flaky, a known "
                              "upstream bug or infrastructure (nightly triage's rules)")
     report.add_argument("--links", metavar="FILE",
-                        help="`harness gh run-links` output: each cell's job and artifact (the run's own link "
-                             "comes from GITHUB_SERVER_URL, GITHUB_REPOSITORY and GITHUB_RUN_ID)")
+                        help="`harness gh run-links` output: each cell's job, artifact and wait (the run's own "
+                             "link comes from GITHUB_SERVER_URL, GITHUB_REPOSITORY and GITHUB_RUN_ID)")
 
     init = commands.add_parser("init", help="write a starter matrices/ and the workflow callers into this repository")
     init.add_argument("--uses", required=True, metavar="OWNER/NAME@REF",
@@ -196,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     previous_run.add_argument("--artifact-prefix", default="results-", metavar="PREFIX")
 
     run_links = gh_commands.add_parser("run-links", parents=[on_repo],
-                                       help="write this run's cell jobs and artifacts as links for `report --links`")
+                                       help="write this run's cell jobs, their times and artifacts for "
+                                            "`report --links`")
     run_links.add_argument("-o", "--output", required=True, metavar="FILE")
     run_links.add_argument("--artifact-prefix", default="results-", metavar="PREFIX")
 
@@ -206,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     nightly.add_argument("--baseline", metavar="DIR", help="the previous night's cell folders, if any")
     nightly.add_argument("--report", metavar="FILE", help="rendered report for the issue body")
     nightly.add_argument("--matrix", default="nightly", help="matrix name shown in the issue")
+    nightly.add_argument("--links", metavar="FILE",
+                         help="`harness gh run-links` output: the night's waits for the issue's head line")
     nightly.add_argument("--sha", help="commit tested (default $GITHUB_SHA)")
     nightly.add_argument("--label", default="nightly-regression", help="label of the one regression issue")
     nightly.add_argument("--triage", metavar="FILE",

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from harness.errors import ConfigError, GitHubError, NotAuthorizedError
 from harness.github.actions_io import dig, read_json
 from harness.github.api import ApiError, GitHub
+from harness.results import utc_moment
 
 TRUSTED_PERMISSIONS = frozenset({"admin", "maintain", "write"})
 OK_TO_TEST = re.compile(r"/ok to test +([0-9a-f]{7,40})", re.IGNORECASE)  # 7-11: refused, saying why
@@ -155,13 +156,13 @@ def short_sha_doubt(gh: GitHub, event: CommentEvent, prefix: str, head: str) -> 
         return f"it matches {len(matching)} commits of the pull request"
     if matching[0] != head:
         return "the commit it matches is not the head"
-    commented = _timestamp(event.created_at)
+    commented = utc_moment(event.created_at)
     if commented is None:
         return "the event gives no time for the comment"
     for entry in events:
         if not isinstance(entry, dict) or entry.get("event") not in HEAD_MOVES:
             continue
-        moved = _timestamp(str(entry.get("created_at") or ""))
+        moved = utc_moment(entry.get("created_at"))
         if moved is None:
             return f"a {entry.get('event')} event has no time"
         if moved >= commented:
@@ -170,14 +171,6 @@ def short_sha_doubt(gh: GitHub, event: CommentEvent, prefix: str, head: str) -> 
             return (f"the branch was force-pushed at {moved.isoformat()}, less than "
                     f"{QUIET_BEFORE_COMMENT.total_seconds() / 3600:.0f} hour before the comment")
     return None
-
-
-def _timestamp(text: str) -> datetime.datetime | None:
-    try:
-        moment = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment if moment.tzinfo else None
 
 
 def _first_line(text: str) -> str:

@@ -1,5 +1,6 @@
-"""`harness gh run-links`: each cell's job and results artifact in this workflow run, read through the API before
-the report job downloads any artifact (the step that renders holds no token)."""
+"""`harness gh run-links`: each cell's job and results artifact in this workflow run, and when each job was queued,
+started and completed (its wait and the report's cost), read through the API before the report job downloads any
+artifact (the step that renders holds no token)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 
 from harness.errors import ConfigError
 from harness.github.api import GitHub
+from harness.report.links import JOB_TIMES
+from harness.results import utc_moment
 
 
 def run_links_command(gh: GitHub, args: Any) -> int:
@@ -20,16 +23,26 @@ def run_links_command(gh: GitHub, args: Any) -> int:
         raise ConfigError(f"GITHUB_RUN_ID {run_id!r} is not a run id; run-links runs inside the workflow run")
     server = (os.environ.get("GITHUB_SERVER_URL") or "https://github.com").rstrip("/")
     run = f"{server}/{gh.repo}/actions/runs/{run_id}"
-    jobs = {}
+    jobs, timings = {}, {}
     for job in gh.paginate(gh.repo_path(f"actions/runs/{run_id}/jobs"), key="jobs", filter="latest"):
         url, name = job.get("html_url"), str(job.get("name") or "")
         if isinstance(url, str) and url.startswith(f"{run}/"):
-            jobs[name.rsplit(" / ", 1)[-1]] = url
+            key = name.rsplit(" / ", 1)[-1]
+            jobs[key] = url
+            timings[key] = job_times(job)
     artifacts = {}
     for artifact in gh.paginate(gh.repo_path(f"actions/runs/{run_id}/artifacts"), key="artifacts"):
         name = str(artifact.get("name") or "")
         if name.startswith(args.artifact_prefix) and not artifact.get("expired") and str(artifact.get("id")).isdigit():
             artifacts[name[len(args.artifact_prefix):]] = f"{run}/artifacts/{artifact['id']}"
-    Path(args.output).write_text(json.dumps({"jobs": jobs, "artifacts": artifacts}, indent=2) + "\n")
+    links = {"jobs": jobs, "artifacts": artifacts, "timings": timings}
+    Path(args.output).write_text(json.dumps(links, indent=2) + "\n")
     print(f"{len(jobs)} jobs and {len(artifacts)} {args.artifact_prefix}* artifacts of run {run_id}")
     return 0
+
+
+def job_times(job: dict) -> dict[str, str]:
+    """The job's times that are ISO 8601 with an offset, rewritten in UTC; any other value (the API's null for a job
+    not started yet, or anything malformed) is left out, not passed on."""
+    moments = {key: utc_moment(job.get(key)) for key in JOB_TIMES}
+    return {key: moment.isoformat() for key, moment in moments.items() if moment is not None}

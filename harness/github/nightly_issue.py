@@ -81,6 +81,8 @@ def triage_regressions(path: str | Path) -> tuple:
 
 
 def nightly_issue_command(gh: GitHub, args: Any) -> int:
+    from harness.report.cost import run_cost
+    from harness.report.links import links_from
     from harness.report.render import render_nightly
     from harness.results import CellStatus, load_results, nightly_regressions
 
@@ -116,8 +118,9 @@ def nightly_issue_command(gh: GitHub, args: Any) -> int:
     report = read_text(args.report, "report") if args.report else ""
     # Each red's class and bisect line, as `harness triage` rendered it.
     triage = read_text(args.triage, "triage").strip() if args.triage else ""
+    cost = run_cost(current.cells, links_from(os.environ, getattr(args, "links", None)))
     body = fit_body(render_nightly("issue", marker=NIGHTLY_MARKER, sha=sha, run_url=run_url, regressions=regressions,
-                                   matrix=args.matrix, against=against, report=report, triage=triage))
+                                   matrix=args.matrix, against=against, report=report, triage=triage, cost=cost))
     if issue is None:
         if not regressions:
             print("failures persist from the night before, and no regression issue is open")

@@ -125,6 +125,28 @@ def duration(seconds: Number | None) -> str:
     return f"{seconds:.1f}s" if seconds < 10 else f"{secs}s"
 
 
+def span(seconds: float | None) -> str:
+    """A wait or a wall time in prose, in the unit a person reads it in: `42 s`, `6 min`, `1.5 h`."""
+    if seconds is None:
+        return "unknown"
+    if seconds < 59.5:
+        return f"{round(seconds)} s"
+    if seconds < 3570:
+        return f"{round(seconds / 60)} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def gpu_hours(hours: float | None) -> str:
+    """`1.3`; `0.04` below a tenth, `<0.01` below that (a short cell still cost something), `0` for none."""
+    if hours is None:
+        return "unknown"
+    if hours == 0:
+        return "0"
+    if hours < 0.01:
+        return "<0.01"
+    return f"{hours:.2f}" if hours < 0.1 else f"{hours:.1f}"
+
+
 def scientific(value: Number | None) -> str:
     if isinstance(value, Labelled):
         return one_line(value.label, 24)

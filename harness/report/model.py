@@ -1,9 +1,10 @@
 """The report's view model: what every rendering of a `ResultSet` shows, gathered once.
 
 Pure functions over the results model: `build_report` groups failures across cells and collects skip
-reasons, flaky tests, metrics (worst first), known upstream bugs, coverage, reproduce commands and the
-baseline diff. `harness.report.render` turns a `Report` into text through reports/; `harness.report.plots` lays out
-its plots. Both import this module and neither imports the other.
+reasons, flaky tests, metrics (worst first), known upstream bugs, coverage, reproduce commands, the
+baseline diff and what the run cost (`harness.report.cost`). `harness.report.render` turns a `Report` into
+text through reports/; `harness.report.plots` lays out its plots. Both import this module and neither imports
+the other.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from harness.contract import KNOWN_BUG_PREFIX
+from harness.report.cost import RunCost, run_cost
 from harness.report.links import RunLinks
 from harness.report.listing import Listed, listed
 from harness.report.red_classes import ClassifiedRed, RedClass, RedKey, classify_reds
@@ -216,6 +218,7 @@ class Report:
     comparison: Comparison | None
     notes: tuple[Note, ...]
     digest: Digest
+    cost: RunCost  # GPU-hours, wall time and wait per cell and in all
     links: RunLinks | None = None  # where the run, each cell's job and artifact are (GitHub Actions only)
     red_classes: Mapping[RedKey, ClassifiedRed] | None = None  # against the baseline nightly, when one was given
     red_baseline_sha: str | None = None  # the commit of the nightly the classes were judged against
@@ -293,6 +296,7 @@ def build_report(
         notes=tuple(Note(cell_id=cell.id, text=str(problem))
                     for cell in cells for problem in cell.problems if str(problem) != cell.reason),
         digest=digest(result_set, sha=sha, matrix=matrix_name),
+        cost=run_cost(cells, links),
         links=links,
         red_classes=classify_reds(result_set, red_baseline) if red_baseline is not None else None,
         red_baseline_sha=red_baseline.git_sha if red_baseline is not None else None,

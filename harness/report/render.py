@@ -18,6 +18,7 @@ from pathlib import Path
 from harness import contract
 from harness.contract import COMMENT_LIMIT, COMMENT_MARKER
 from harness.errors import ConfigError
+from harness.report.cost import RunCost
 from harness.report.filters import (
     compact_memory,
     duration,
@@ -186,15 +187,16 @@ def _render(template: str, report: Report, limits: Limits, **extra: object) -> s
 
 
 def render_nightly(kind: str, *, marker: str, sha: str, run_url: str | None, regressions: Iterable[Regression] = (),
-                   matrix: str = "", against: str = "", report: str = "", triage: str = "") -> str:
+                   matrix: str = "", against: str = "", report: str = "", triage: str = "",
+                   cost: RunCost | None = None) -> str:
     """The nightly issue's body (kind "issue") or a comment on it ("again", "green"), escaped like every
     other rendering of results; the regressions listed at most NIGHTLY_LISTED_PER_CELL per cell and NIGHTLY_LISTED
-    in all, the rest counted."""
+    in all, the rest counted. `cost`: the night's, on the issue's head line."""
     shown = listed(tuple(regressions), lambda regression: (regression.cell_id,), per_cell=NIGHTLY_LISTED_PER_CELL,
                    total=NIGHTLY_LISTED)
     return _environment().get_template("nightly-issue.md.j2").render(
         kind=kind, marker=marker, sha=sha, run_url=run_url, regressions=shown.shown, more=shown.left_out,
-        matrix=matrix, against=against, report=report, triage=triage)
+        matrix=matrix, against=against, report=report, triage=triage, cost=cost)
 
 
 # ---------------------------------------------------------------------------------------------

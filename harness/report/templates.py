@@ -16,6 +16,7 @@ from harness.report.filters import (
     duration,
     fence_for,
     gib,
+    gpu_hours,
     html_text,
     markdown_text,
     memory_per_gpu,
@@ -27,6 +28,7 @@ from harness.report.filters import (
     scientific,
     short_sha,
     significant,
+    span,
 )
 from harness.report.terminal import paint, wrap
 
@@ -50,7 +52,7 @@ def environment() -> jinja2.Environment:
     environment.filters.update(
         md=markdown_text, code=code_span, html_text=html_text, fence=fence_for, block=clean_block,
         one_line=one_line, terminal=one_line, memory=memory_per_gpu, compact_memory=compact_memory, gib=gib,
-        duration=duration,
+        duration=duration, span=span, gpu_hours=gpu_hours,
         sci=scientific, sig=significant, percent=percent, mib=mib_or_gib, plural=plural, short_sha=short_sha,
         pad=pad, paint=paint, wrap=wrap, breakable=breakable,
     )

@@ -51,7 +51,7 @@ from harness.results.model import (
 )
 from harness.results.reader import find_cell_folders, load_results, paused_gc, read_cell
 from harness.results.training import TrainingCurve
-from harness.results.values import Labelled, Number, finite, number
+from harness.results.values import Labelled, Number, finite, number, seconds_between, utc_moment
 
 __all__ = [
     "CONTRACT_FILES",
@@ -97,5 +97,7 @@ __all__ = [
     "paused_gc",
     "read_cell",
     "read_junit_tests",
+    "seconds_between",
     "test_key",
+    "utc_moment",
 ]

@@ -325,6 +325,10 @@ class CellResult:
     memory: tuple[GpuMemory, ...] = ()
     memory_note: str | None = None  # why there are no GPU numbers
     duration_s: Number | None = None
+    # env.json's start -> end in seconds, as recorded (negative where end came first; None: either one missing or
+    # not a time with its offset, as for a cell that never ended). What a report shows of it is its own choice.
+    wall_s: float | None = None
+    recorded_gpus: int = 0  # entries of env.json's gpus: the GPUs it used (none: a cpu cell, an engine's, an old one)
     versions: tuple[tuple[str, str | None], ...] = ()
     exit_code: int | None = None
     git_sha: str | None = None  # the commit that ran

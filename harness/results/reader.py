@@ -43,7 +43,7 @@ from harness.results.model import (
     nothing_distributed_ran,
 )
 from harness.results.records import PYTEST_ARGS_CHARS, PYTEST_ARGS_MAX, Fields, cell_info, read_memory, reproduce
-from harness.results.values import clean_text
+from harness.results.values import clean_text, seconds_between
 
 
 @contextmanager
@@ -174,6 +174,8 @@ def _read_cell(folder: Path) -> CellResult:
         memory=memory,
         memory_note=memory_note,
         duration_s=duration_s if duration_s is not None else junit.time_s,
+        wall_s=seconds_between(env_fields.moment("start"), env_fields.moment("end")),
+        recorded_gpus=sum(isinstance(gpu, dict) for gpu in env_fields.items("gpus")),
         versions=tuple(sorted(env_fields.string_map("versions").items())),
         exit_code=exit_code,
         git_sha=env_fields.text("git_sha"),

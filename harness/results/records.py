@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import datetime
 import shlex
 from collections.abc import Mapping
 
 from harness.contract import MEMORY_JSON
 from harness.results.files import ID_CHARS
 from harness.results.model import CellInfo, GpuMemory, Problem
-from harness.results.values import Number, capped, clean_text, number
+from harness.results.values import Number, capped, clean_text, number, utc_moment
 
 MAX_GPUS = 64  # per cell; a runner has at most 8, MIG slices included a few dozen
 
@@ -108,6 +109,15 @@ class Fields:
 
     def number(self, key: str) -> Number | None:
         return number(self._get(key, (int, float), "a number"))
+
+    def moment(self, key: str) -> datetime.datetime | None:
+        """An ISO 8601 time with its offset, in UTC (values.utc_moment); anything else is a Problem and reads as
+        None."""
+        value = self._get(key, (str,), "a string")
+        moment = utc_moment(value)
+        if value is not None and moment is None:
+            self._wrong(key, value, "an ISO 8601 time with its UTC offset")
+        return moment
 
     def boolean(self, key: str) -> bool | None:
         return self._get(key, (bool,), "true or false")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import math
 from dataclasses import dataclass
@@ -93,3 +94,29 @@ def clean_text(value: str | None, limit: int = TEXT_CHARS) -> str | None:
     except UnicodeEncodeError:
         value = value.encode("utf-8", "replace").decode("utf-8")
     return value
+
+
+# The longest ISO 8601 time worth parsing ("2026-01-14T02:00:00.123456+00:00" is 32): anything longer is not one.
+MOMENT_CHARS = 40
+
+
+def utc_moment(raw: object) -> datetime.datetime | None:
+    """An ISO 8601 time that names its offset ("Z" or "+00:00"), in UTC; None for anything else (not a string, too
+    long, no offset, not a time): a time without an offset could be any zone, so it is not trusted."""
+    if not isinstance(raw, str) or len(raw) > MOMENT_CHARS:
+        return None
+    try:
+        moment = datetime.datetime.fromisoformat(raw.strip())
+    except ValueError:
+        return None
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        return None
+    try:
+        return moment.astimezone(datetime.timezone.utc)
+    except OverflowError:  # year 1 or 9999 shifted past the calendar's end
+        return None
+
+
+def seconds_between(start: datetime.datetime | None, end: datetime.datetime | None) -> float | None:
+    """end - start in seconds (negative where end came first); None where either is unknown."""
+    return None if start is None or end is None else (end - start).total_seconds()

@@ -571,6 +571,7 @@ def test_run_links_name_each_cells_job_and_results_artifact(fake, env, monkeypat
     assert json.loads(out.read_text()) == {
         "jobs": {"Plan": f"{run}/job/1", "cpu-2rank-torch2.13.0-tf5.24.0": f"{run}/job/2"},
         "artifacts": {"cpu-2rank-torch2.13.0-tf5.24.0": f"{run}/artifacts/9"},
+        "timings": {"Plan": {}, "cpu-2rank-torch2.13.0-tf5.24.0": {}},  # these jobs carry no times
     }
     assert "2 jobs and 1 results-* artifacts of run 77" in capsys.readouterr().out
 
@@ -749,8 +750,9 @@ def test_a_regression_opens_one_labelled_issue(fake, nightly_env, tmp_path, caps
     assert issue["title"] == "Nightly regression: nightly"
     assert issue["labels"] == [{"name": "nightly-regression"}]
     assert issue["body"].startswith("<!-- harness-nightly -->\nNightly `nightly` on `6dcb09b5b578` "
-                                    f"([run](https://github.com/{REPO}/actions/runs/4242)), "
-                                    "compared with the night before:")
+                                    f"([run](https://github.com/{REPO}/actions/runs/4242)): "
+                                    # 2 GPUs (env.json lists none: the cell's own count) x 20 min; no job timings
+                                    "1 cell, 0.7 GPU-hours; compared with the night before:")
     assert f"- `{CELL}` `{T}` failed\n" in issue["body"]
     assert "| cell | result |" in issue["body"]
     assert capsys.readouterr().out.strip() == f"opened issue #{issue['number']}"

@@ -16,7 +16,7 @@ from report_helpers import cell, make_test, not_run_test, ran_test
 from harness.cli import main
 from harness.contract import COMMENT_LIMIT, COMMENT_MARKER
 from harness.report import render as report
-from harness.report.filters import code_span, fence_for, html_text, markdown_text, one_line
+from harness.report.filters import code_span, fence_for, html_text, markdown_text, one_line, plural
 from harness.report.model import build_report
 from harness.report.render import render
 from harness.results import (
@@ -193,7 +193,10 @@ def test_code_span_in_a_table_escapes_pipes():
 def test_verdict_line_comes_right_after_the_marker(cells, verdict):
     lines = render(ResultSet(cells), "pr-comment", sha="0123456789abcdef", matrix_name="pr").splitlines()
     assert lines[0] == COMMENT_MARKER
-    assert lines[1] == f"{verdict} · `0123456789ab` · matrix `pr`"
+    # then what the run cost: these cells recorded no start or end, and no job gave its times
+    counted = plural(len(cells), "cell")
+    assert lines[1] == (f"{verdict} · `0123456789ab` · matrix `pr` · {counted}, GPU-hours unknown, wait unknown "
+                        f"({counted} without timings)")
 
 
 @pytest.mark.parametrize("fmt", ["pr-comment", "terminal", "html"])
@@ -430,7 +433,7 @@ def test_report_command_writes_each_format(tmp_path, capsys):
     out = tmp_path / "deep" / "comment.md"
     assert main(["report", run, "--format", "pr-comment", "--sha", "feedbeef", "--matrix", "pr",
                  "-o", str(out)]) == 0
-    assert out.read_text().splitlines()[1].endswith("· `feedbeef` · matrix `pr`")
+    assert out.read_text().splitlines()[1].endswith("· `feedbeef` · matrix `pr` · 5 cells, 1.4 GPU-hours, wait unknown")
     page = tmp_path / "r.html"
     assert main(["report", run, "--baseline", str(out), "--format", "html", "-o", str(page)]) == 0
     assert "Changes since" in page.read_text()

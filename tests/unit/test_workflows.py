@@ -216,6 +216,23 @@ def test_nightly_runs_the_nightly_matrix_without_reruns():
     assert "--format html" in scripts and "harness gh nightly-issue" in scripts
 
 
+def test_the_nightly_reads_its_jobs_waits_before_any_artifact_and_renders_them_without_a_token():
+    """Cost and wait per night: `harness gh run-links` runs with the token before tonight's results are downloaded
+    (as gpu-tests.yml's report job does), and the render step that reads them holds no token."""
+    regression = jobs(all_workflows()["nightly.yml"])["regression"]
+    assert regression["permissions"]["actions"] == "read"
+    steps = regression["steps"]
+    [links] = [index for index, step in enumerate(steps) if "harness gh run-links" in str(step.get("run"))]
+    assert set(steps[links]["env"]) == {"GITHUB_TOKEN"}
+    downloads = [index for index, step in enumerate(steps) if "download-artifact@" in str(step.get("uses"))]
+    assert downloads and links < min(downloads)
+    [render] = [step for step in steps if "--format summary" in str(step.get("run"))]
+    assert "token" not in json.dumps(render).lower()
+    assert render["run"].count('"${links[@]}"') == 2
+    [issue] = [step for step in steps if "harness gh nightly-issue" in str(step.get("run"))]
+    assert '"${links[@]}"' in issue["run"]
+
+
 def test_actionlint_config_declares_every_self_hosted_label():
     runners = yaml.safe_load((ROOT / "matrices" / "runners.yaml").read_text())
     custom = {label for runner in runners.values() for label in runner["labels"]

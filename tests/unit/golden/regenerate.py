@@ -23,6 +23,7 @@ expected/          per stage: the model the reader builds (model-*.json), the di
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import re
@@ -39,6 +40,7 @@ SAMPLES = HERE / "samples"
 EXPECTED = HERE / "expected"
 PYTHON = sys.executable  # the interpreter running this script, with pytest and pytest-rerunfailures
 SHA = "4f1c2a9e7d3b8a6c5e0f1d2c3b4a59687766aabb"
+START = datetime.datetime(2026, 1, 14, 2, 0, tzinfo=datetime.timezone.utc)  # every cell's; it ends duration_s later
 BASELINE_SHA = "0a9b8c7d6e5f40312233445566778899aabbccdd"
 
 # (expected file, results under samples/, baseline under samples/ or None, format)
@@ -368,8 +370,8 @@ def env_record(sample: Sample, exit_code: int, junit: Path, sha: str) -> dict:
         "host": f"{cell['gpu']}-runner-01",
         "runner": f"{cell['gpu']}-runner-01-job",
         "git_sha": sha,
-        "start": "2026-01-14T02:00:00+00:00",
-        "end": "2026-01-14T02:30:00+00:00",
+        "start": START.isoformat(timespec="seconds"),
+        "end": (START + datetime.timedelta(seconds=sample.duration_s)).isoformat(timespec="seconds"),
         "duration_s": sample.duration_s,
         "reproduce": f"harness run --matrix {sample.matrix} --cell '{sample.cell_id}'",
         "pytest_args": [],

@@ -49,10 +49,12 @@ class Prepared:
     raised: BaseException | None = None  # an interruption or a harness failure: recorded, then raised again
 
 
-def prepare_run(plan: Plan, results_option: str) -> None:
-    """Before any cell: the results folder takes files, and what an earlier run of these cells left is gone."""
+def prepare_run(plan: Plan, results_option: str, *, clear_others: bool = True) -> None:
+    """Before any cell: the results folder takes files, and what an earlier run of these cells left is gone.
+    `clear_others` False: a cell of a pack, whose neighbours write their folders beside its own."""
     preflight.prepare_results(plan.results_root, results_option)
-    preflight.clear_earlier_run(plan.results_root, [cell.id for cell in plan.cells], list(plan.pytest_args))
+    if clear_others:
+        preflight.clear_earlier_run(plan.results_root, [cell.id for cell in plan.cells], list(plan.pytest_args))
 
 
 def prepare_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytest_args: list[str] | tuple[str, ...],

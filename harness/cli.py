@@ -203,6 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     run_links = gh_commands.add_parser("run-links", parents=[on_repo],
                                        help="write this run's cell jobs and artifacts as links for `report --links`")
     run_links.add_argument("-o", "--output", required=True, metavar="FILE")
+    run_links.add_argument("--matrix", metavar="NAME_OR_PATH",
+                           help="the run's matrix: a packed cell's job and artifact are its pack's (runners.yaml pack)")
     run_links.add_argument("--artifact-prefix", default="results-", metavar="PREFIX")
 
     nightly = gh_commands.add_parser("nightly-issue", parents=[on_repo],

@@ -10,11 +10,15 @@ from typing import Any
 
 from harness.errors import ConfigError
 from harness.github.api import GitHub
+from harness.plan.matrix import load_matrix
+from harness.plan.packing import members, plan_jobs
+from harness.plan.runners import load_runners
 
 
 def run_links_command(gh: GitHub, args: Any) -> int:
     """A cell job's name ends with its cell id (`gpu-tests / <id>` when called); its artifact is PREFIX<id>. Only
-    URLs of this run are kept."""
+    URLs of this run are kept. With --matrix, each packed cell gets its pack's job and artifact: which pack a cell
+    is in is packed again from the matrix (the plan's data), not read from a job's name."""
     run_id = os.environ.get("GITHUB_RUN_ID", "")
     if not run_id.isdigit():
         raise ConfigError(f"GITHUB_RUN_ID {run_id!r} is not a run id; run-links runs inside the workflow run")
@@ -30,6 +34,17 @@ def run_links_command(gh: GitHub, args: Any) -> int:
         name = str(artifact.get("name") or "")
         if name.startswith(args.artifact_prefix) and not artifact.get("expired") and str(artifact.get("id")).isdigit():
             artifacts[name[len(args.artifact_prefix):]] = f"{run}/artifacts/{artifact['id']}"
+    if args.matrix:  # a packed cell ran in its pack's job, and its folder is in the pack's artifact
+        for cell_id, pack_id in packed_cells(args.matrix).items():
+            for found in (jobs, artifacts):
+                if pack_id in found:
+                    found[cell_id] = found[pack_id]
     Path(args.output).write_text(json.dumps({"jobs": jobs, "artifacts": artifacts}, indent=2) + "\n")
     print(f"{len(jobs)} jobs and {len(artifacts)} {args.artifact_prefix}* artifacts of run {run_id}")
     return 0
+
+
+def packed_cells(matrix_argument: str) -> dict[str, str]:
+    """Each packed cell's id -> its pack's id (the job's name and artifact's suffix), from the matrix."""
+    matrix = load_matrix(matrix_argument)
+    return members(plan_jobs(matrix.cells, load_runners(matrix.root, beside=matrix.path.parent)))

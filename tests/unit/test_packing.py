@@ -15,6 +15,8 @@ from fake_nvml import FakeGpu, FakeNvml, module_for_children
 from run_helpers import TORCH, TRANSFORMERS, write_packed_matrix
 
 import harness.run.packed
+from harness import contract
+from harness.cell import gpulock
 from harness.cli import main
 from harness.errors import ConfigError
 from harness.plan.cells import Cell, Runner
@@ -207,6 +209,7 @@ def test_a_pack_on_eight_fake_gpus_gives_each_cell_its_own_gpus_by_uuid(tmp_path
     shim = module_for_children(tmp_path / "nvml", uuids)  # the cells' own harness runs see the same 8 GPUs
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(shim), os.environ.get("PYTHONPATH")])))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv(gpulock.LOCK_DIR_ENV, str(tmp_path / "locks"))  # fake UUIDs: no other run's locks
     suite = write_suite(tmp_path, 3, monkeypatch)
     h200 = {"labels": ["gpu-h200"], "gpus": 8, "nvml_name": "NVIDIA H200", "pack": True}
     matrix = write_packed_matrix(tmp_path / "m", [suite], {"h200": h200}, gpus=[1, 2, 4])
@@ -222,3 +225,34 @@ def test_a_pack_on_eight_fake_gpus_gives_each_cell_its_own_gpus_by_uuid(tmp_path
         assert env["status"] == "passed"
         seen += own
     assert sorted(seen) == sorted(uuids[:7])  # disjoint: 4 + 2 + 1 of the 8
+
+
+def test_gpu_locks_are_all_or_nothing_and_dropped_on_release(tmp_path, monkeypatch):
+    monkeypatch.setenv(gpulock.LOCK_DIR_ENV, str(tmp_path / "locks"))
+    first = gpulock.try_lock(["GPU-a", "GPU-b"])
+    assert isinstance(first, gpulock.GpuLocks)
+    refused = gpulock.try_lock(["GPU-c", "GPU-b"])
+    assert refused == f"GPU GPU-b is held by another harness run on this host (lock {tmp_path}/locks/GPU-b.lock)"
+    other = gpulock.try_lock(["GPU-c"])  # the refused call kept no lock of GPU-c
+    assert isinstance(other, gpulock.GpuLocks)
+    first.release()
+    assert isinstance(gpulock.try_lock(["GPU-b"]), gpulock.GpuLocks)
+
+
+def test_a_cell_whose_gpu_another_harness_run_holds_is_errored_busy(tmp_path, monkeypatch):
+    uuids = ["GPU-00000000-fake", "GPU-00000001-fake"]
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([FakeGpu(uuid=uuid) for uuid in uuids]))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv(gpulock.LOCK_DIR_ENV, str(tmp_path / "locks"))
+    suite = write_suite(tmp_path, 1, monkeypatch)
+    h200 = {"labels": ["gpu-h200"], "gpus": 2, "nvml_name": "NVIDIA H200"}
+    matrix = write_packed_matrix(tmp_path / "m", [suite], {"h200": h200}, gpus=[2])
+    held = gpulock.try_lock([uuids[1]])  # as another harness run on this host would
+    assert isinstance(held, gpulock.GpuLocks)
+    results = tmp_path / "results"
+    assert main(["run", "--matrix", matrix, "--results", str(results), "--env-dir", str(tmp_path / "envs")]) == 1
+    env = read_json(results / f"h200-2gpu-torch{TORCH}-tf{TRANSFORMERS}" / "env.json")
+    assert env["error_kind"] == contract.ERROR_BUSY_GPUS
+    assert f"GPU {uuids[1]} is held by another harness run" in env["error"]
+    assert not list((tmp_path / "meet").iterdir())  # its pytest never started
+    held.release()

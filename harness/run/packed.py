@@ -68,7 +68,9 @@ def _packs(cell: Cell, plan: Plan) -> bool:
 
 
 def _packs_on_gpus(cell: Cell, plan: Plan) -> bool:
-    return not cell.is_cpu and _packs(cell, plan) and cell.gpus <= len(plan.host.gpus)
+    # MIG slices of one GPU have no NVLink between them (nor with other GPUs): not for EP cells, so not packed.
+    on_mig = any(gpu.uuid.startswith("MIG-") for gpu in plan.host.gpus)
+    return not cell.is_cpu and not on_mig and _packs(cell, plan) and cell.gpus <= len(plan.host.gpus)
 
 
 def _packs_on_cores(cell: Cell, plan: Plan, cores: int) -> bool:

@@ -17,11 +17,14 @@ from run_helpers import TORCH, TRANSFORMERS, write_packed_matrix
 import harness.run.packed
 from harness import contract
 from harness.cell import gpulock
+from harness.cell.gpus import GpuIdentity
 from harness.cli import main
 from harness.errors import ConfigError
 from harness.plan.cells import Cell, Runner
+from harness.plan.matrix import load_matrix
 from harness.plan.packing import Pack, first_fit_decreasing, job_cells, members, plan_jobs
-from harness.plan.runners import read_runners
+from harness.plan.runners import load_runners, read_runners
+from harness.run.plan import Host, Plan
 
 
 def cell(gpus: int, gpu: str = "h200", transformers: str = "5.9.0", timeout_minutes: float = 30) -> Cell:
@@ -256,3 +259,36 @@ def test_a_cell_whose_gpu_another_harness_run_holds_is_errored_busy(tmp_path, mo
     assert f"GPU {uuids[1]} is held by another harness run" in env["error"]
     assert not list((tmp_path / "meet").iterdir())  # its pytest never started
     held.release()
+
+
+def local_plan(tmp_path: Path, host_uuids: list[str], runners: dict[str, dict], gpus: list[int]) -> Plan:
+    matrix = load_matrix(write_packed_matrix(tmp_path / "m", ["tests/gpu"], runners, gpus=gpus))
+    host = Host(gpus=tuple(GpuIdentity(index=i, uuid=uuid, name="NVIDIA H200") for i, uuid in enumerate(host_uuids)),
+                gpu_type="h200", driver=None)
+    return Plan(matrix=matrix, cells=matrix.cells, host=host, refused={}, results_root=tmp_path / "results",
+                env_dir=tmp_path / "envs", pytest_args=(),
+                runners=load_runners(matrix.root, beside=matrix.path.parent))
+
+
+def round_shapes(rounds: list[tuple[Cell, ...]]) -> list[list[str]]:
+    return [[f"{cell.gpu}:{cell.gpus}" for cell in each] for each in rounds]
+
+
+def test_this_machine_packs_gpu_cells_into_its_gpus_and_cpu_cells_into_its_cores(tmp_path):
+    runners = {"h200": {"labels": ["x"], "gpus": 8, "nvml_name": "NVIDIA H200", "pack": True},
+               "cpu": {"labels": ["y"], "gpus": 0, "ranks": 8, "pack": True},
+               "ada": {"labels": ["z"], "gpus": 8}}
+    plan = local_plan(tmp_path, [f"GPU-{i}" for i in range(4)], runners, gpus=[2, 4])
+    # 4 GPUs here: the h200 4 and 2 cannot share them; 3 cores: nor the cpu 4 and 2; ada never packs. Each round
+    # stands where its first cell stood in the matrix.
+    assert round_shapes(harness.run.packed.rounds(plan, cores=3)) == [
+        ["h200:2"], ["h200:4"], ["cpu:2"], ["cpu:4"], ["ada:2"], ["ada:4"]]
+    assert round_shapes(harness.run.packed.rounds(plan, cores=6)) == [
+        ["h200:2"], ["h200:4"], ["cpu:4", "cpu:2"], ["ada:2"], ["ada:4"]]
+    wide = local_plan(tmp_path, [f"GPU-{i}" for i in range(8)], runners, gpus=[2, 4])
+    assert round_shapes(harness.run.packed.rounds(wide, cores=1))[0] == ["h200:4", "h200:2"]
+    environs = harness.run.packed.shares(harness.run.packed.rounds(wide, cores=1)[0], wide.host, cores=12)
+    assert [each["CUDA_VISIBLE_DEVICES"] for each in environs] == ["GPU-0,GPU-1,GPU-2,GPU-3", "GPU-4,GPU-5"]
+    assert [each["OMP_NUM_THREADS"] for each in environs] == ["2", "2"]  # 12 cores over 6 ranks
+    mig = local_plan(tmp_path, [f"MIG-{i}" for i in range(8)], runners, gpus=[2, 4])
+    assert round_shapes(harness.run.packed.rounds(mig, cores=1))[:2] == [["h200:2"], ["h200:4"]]  # no NVLink

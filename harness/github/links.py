@@ -10,9 +10,6 @@ from typing import Any
 
 from harness.errors import ConfigError
 from harness.github.api import GitHub
-from harness.plan.matrix import load_matrix
-from harness.plan.packing import members, plan_jobs
-from harness.plan.runners import load_runners
 
 
 def run_links_command(gh: GitHub, args: Any) -> int:
@@ -46,5 +43,10 @@ def run_links_command(gh: GitHub, args: Any) -> int:
 
 def packed_cells(matrix_argument: str) -> dict[str, str]:
     """Each packed cell's id -> its pack's id (the job's name and artifact's suffix), from the matrix."""
+    # Late: `harness gh` runs from a checkout with nothing installed, and a matrix needs yaml (only with --matrix).
+    from harness.plan.matrix import load_matrix
+    from harness.plan.packing import members, plan_jobs
+    from harness.plan.runners import load_runners
+
     matrix = load_matrix(matrix_argument)
     return members(plan_jobs(matrix.cells, load_runners(matrix.root, beside=matrix.path.parent)))

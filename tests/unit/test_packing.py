@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -156,7 +159,7 @@ PACKED_SUITE = """
             os.kill(os.getpid(), signal.SIGKILL)
         if cell.startswith("hang"):
             child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
-            Path(os.environ["CHILD_PID_FILE"]).write_text(str(child.pid))
+            (Path(os.environ["CHILD_PID_DIR"]) / cell).write_text(str(child.pid))
             time.sleep(300)
         deadline = time.monotonic() + 120
         while len(list(meet.iterdir())) < int(os.environ["PACK_MEET_COUNT"]):
@@ -172,7 +175,8 @@ def write_suite(tmp_path: Path, meet_count: int, monkeypatch) -> str:
     (tmp_path / "meet").mkdir()
     monkeypatch.setenv("PACK_MEET_DIR", str(tmp_path / "meet"))
     monkeypatch.setenv("PACK_MEET_COUNT", str(meet_count))
-    monkeypatch.setenv("CHILD_PID_FILE", str(tmp_path / "child.pid"))
+    (tmp_path / "children").mkdir()
+    monkeypatch.setenv("CHILD_PID_DIR", str(tmp_path / "children"))
     return str(suite)
 
 
@@ -198,7 +202,7 @@ def test_a_packed_pack_of_four_cpu_cells_runs_at_once_and_a_crash_and_a_hang_end
     assert env["crash"]["status"] == "errored" and env["crash"]["error"] == "pytest crashed: killed by signal SIGKILL"
     assert env["hang"]["status"] == "errored" and env["hang"]["error"].startswith("timed out after 0.5 min")
     with pytest.raises(ProcessLookupError):  # the hung cell's own child died with it
-        os.kill(int((tmp_path / "child.pid").read_text()), 0)
+        os.kill(int((tmp_path / "children" / folders["hang"].name).read_text()), 0)
     out = capsys.readouterr().out
     assert f"[{folders['meet'].name}] " in out and "== packing 4 cells on this machine at once" in out
     given = [read_json(tmp_path / "meet" / folder.name) for folder in folders.values()]
@@ -292,3 +296,26 @@ def test_this_machine_packs_gpu_cells_into_its_gpus_and_cpu_cells_into_its_cores
     assert [each["OMP_NUM_THREADS"] for each in environs] == ["2", "2"]  # 12 cores over 6 ranks
     mig = local_plan(tmp_path, [f"MIG-{i}" for i in range(8)], runners, gpus=[2, 4])
     assert round_shapes(harness.run.packed.rounds(mig, cores=1))[:2] == [["h200:2"], ["h200:4"]]  # no NVLink
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a pack of two 1-rank cells needs 2 cores here")
+def test_an_interrupted_packed_run_records_each_cell_and_leaves_no_process(tmp_path, monkeypatch):
+    suite = write_suite(tmp_path, 2, monkeypatch)
+    runners = {name: {"labels": ["x"], "gpus": 0, "ranks": 1, "pack": True} for name in ("hang", "hangs")}
+    matrix = write_packed_matrix(tmp_path / "m", [suite], runners, gpus=[1], timeout_minutes=5)
+    run = subprocess.Popen([sys.executable, "-m", "harness", "run", "--matrix", matrix, "--results",
+                            str(tmp_path / "results"), "--env-dir", str(tmp_path / "envs")],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while len(list((tmp_path / "children").iterdir())) < 2:  # both cells hang, at once
+        assert time.monotonic() < deadline and run.poll() is None, "the pack's cells did not both start"
+        time.sleep(0.05)
+    run.send_signal(signal.SIGTERM)
+    output = run.communicate(timeout=180)[0].decode(errors="replace")
+    assert run.returncode == 128 + signal.SIGTERM, output
+    for name in runners:
+        folder = tmp_path / "results" / f"{name}-1rank-torch{TORCH}-tf{TRANSFORMERS}"
+        env = read_json(folder / "env.json")
+        assert (env["status"], env["error_kind"]) == ("errored", contract.ERROR_INTERRUPTED), output
+        with pytest.raises(ProcessLookupError):  # nothing of the cell outlives the run
+            os.kill(int((tmp_path / "children" / folder.name).read_text()), 0)

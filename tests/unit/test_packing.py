@@ -114,13 +114,15 @@ def test_github_format_gives_one_job_per_pack_and_unpacked_cells_unchanged(tmp_p
     assert {"id", "runs_on", "gpus", "torch", "transformers", "timeout_minutes", "matrix"} <= set(include[2])
 
 
-def test_run_job_runs_the_cells_of_one_pack(tmp_path, capsys):
+def test_run_job_runs_the_cells_of_one_pack(tmp_path, capsys, monkeypatch):
     matrix = write_packed_matrix(tmp_path / "m", ["tests/gpu"], {"pa": {"labels": ["x"], "gpus": 0, "ranks": 4,
                                                                          "pack": True}}, gpus=[1, 2, 3])
+    monkeypatch.setattr(harness.run.packed, "available_cores", lambda: 4)
     assert main(["run", "--matrix", matrix, "--job", "pa-pack1", "--dry-run"]) == 0
     shown = capsys.readouterr().out  # 4 ranks a host: the 3 first, the 2 does not fit beside it, the 1 does
-    listed = [f"pa-{ranks}rank-torch{TORCH}-tf{TRANSFORMERS}\n" in shown for ranks in (3, 2, 1)]
-    assert listed == [True, False, True]
+    ids = {ranks: f"pa-{ranks}rank-torch{TORCH}-tf{TRANSFORMERS}" for ranks in (3, 2, 1)}
+    assert [f"{ids[ranks]}\n" in shown for ranks in (3, 2, 1)] == [True, False, True]
+    assert f"at once on this machine (runners.yaml pack): {ids[3]}, {ids[1]}\n" in shown
     assert main(["run", "--matrix", matrix, "--job", "pa-pack7", "--dry-run"]) == 2
     assert "no job 'pa-pack7'" in capsys.readouterr().err
 

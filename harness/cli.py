@@ -44,6 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--matrix", metavar="NAME_OR_PATH",
                      help="matrix to run (default: the embedded default for this machine)")
     run.add_argument("--cell", action="append", metavar="GLOB", help="keep only matching cells; repeatable")
+    run.add_argument("--job", metavar="ID",
+                     help="only the cells of this job of `harness matrix --format github` (a pack's id, or a cell's)")
+    run.add_argument("--in-pack", action="store_true",
+                     help="(what harness run starts for each cell of a pack) one of several cells running at once: "
+                          "the results folder's other cells are its neighbours', left alone")
     run.add_argument("--results", default="results", metavar="DIR",
                      help="where cell folders go; relative to the project root (default results)")
     run.add_argument("--env-dir", metavar="DIR",
@@ -199,6 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        help="write this run's cell jobs, their times and artifacts for "
                                             "`report --links`")
     run_links.add_argument("-o", "--output", required=True, metavar="FILE")
+    run_links.add_argument("--matrix", metavar="NAME_OR_PATH",
+                           help="the run's matrix: a packed cell's job and artifact are its pack's (runners.yaml pack)")
     run_links.add_argument("--artifact-prefix", default="results-", metavar="PREFIX")
 
     nightly = gh_commands.add_parser("nightly-issue", parents=[on_repo],

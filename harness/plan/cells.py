@@ -37,6 +37,8 @@ class Runner:
     engine: str = "local"  # what a cell's hosts are started by: local (this host), slurm, jobset
     hosts: int = 1  # the most hosts one cell may span
     submit: SubmitOptions | None = None  # what the engine needs (partition, account, image, ...)
+    # One host runs several of its cells at once, each on GPUs (or CPU ranks) of its own: harness.plan.packing.
+    pack: bool = False
 
     @property
     def is_cpu(self) -> bool:

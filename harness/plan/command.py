@@ -5,12 +5,13 @@ package index lacks (`--check`) first."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from harness.errors import ConfigError
 from harness.plan import isolation, pins
-from harness.plan.cells import Cell
+from harness.plan.cells import Cell, Runner
 from harness.plan.matrix import MatrixSource, load_matrix, named_matrices, select
+from harness.plan.packing import plan_jobs
 from harness.plan.runners import load_runners
 from harness.project import project_root
 
@@ -28,22 +29,23 @@ def command(args, check_settings: Callable[[list[Cell]], None]) -> int:
     if not cells:
         raise ConfigError(f"{matrix.path}: no cell matches --cell {' '.join(args.cell)}")
     check_settings(cells)
+    runners = load_runners(matrix.root, beside=matrix.path.parent)
     if args.pull_request:
-        isolation.refuse_persistent_runners(cells, load_runners(matrix.root, beside=matrix.path.parent),
-                                            str(matrix.path))
+        isolation.refuse_persistent_runners(cells, runners, str(matrix.path))
     if args.check:  # asks the package index: only when told to
         pins.check_pins(cells, str(matrix.path))
-    print(format_cells(cells, args.format))
+    print(format_cells(cells, args.format, runners))
     return 0
 
 
-def format_cells(cells: list[Cell], fmt: str) -> str:
+def format_cells(cells: list[Cell], fmt: str, runners: Mapping[str, Runner]) -> str:
+    """ids and json list every cell; github lists every job, a pack of cells (runners.yaml `pack: true`) as one."""
     if fmt == "ids":
         return "\n".join(cell.id for cell in cells)
     if fmt == "json":
         return json.dumps([cell.to_json() for cell in cells], indent=2)
     if fmt == "github":
-        return json.dumps({"include": [cell.to_github() for cell in cells]}, separators=(",", ":"))
+        return json.dumps({"include": [job.to_github() for job in plan_jobs(cells, runners)]}, separators=(",", ":"))
     raise ConfigError(f"unknown format {fmt!r}")
 
 

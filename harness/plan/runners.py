@@ -13,7 +13,7 @@ from harness.plan.cells import ENGINES, Runner, parse_submit
 from harness.plan.files import matrix_dirs, non_negative_int, positive_int, read_yaml, reject_unknown_keys, same_folder
 from harness.project import project_root
 
-RUNNER_KEYS = {"labels", "gpus", "nvml_name", "ranks", "ephemeral", "engine", "hosts", "submit"}
+RUNNER_KEYS = {"labels", "gpus", "nvml_name", "ranks", "ephemeral", "engine", "hosts", "submit", "pack"}
 
 
 def load_runners(root: Path | None = None, beside: Path | None = None) -> dict[str, Runner]:
@@ -53,7 +53,21 @@ def read_runners(path: Path) -> dict[str, Runner]:
         if engine not in ENGINES:
             raise ConfigError(f"{where}.engine: {engine!r}: expected one of {', '.join(ENGINES)}")
         hosts = positive_int(entry.get("hosts", 1), f"{where}.hosts")
+        pack = read_pack(entry.get("pack", False), engine=engine, hosts=hosts, where=f"{where}.pack")
         runners[name] = Runner(name=name, labels=tuple(labels), gpus=gpus, nvml_name=entry.get("nvml_name"),
                                ranks=ranks, ephemeral=ephemeral, engine=engine, hosts=hosts,
-                               submit=parse_submit(entry.get("submit"), f"{where}.submit"))
+                               submit=parse_submit(entry.get("submit"), f"{where}.submit"), pack=pack)
     return runners
+
+
+def read_pack(value: object, *, engine: str, hosts: int, where: str) -> bool:
+    """`pack:`: whether one runner's host runs several cells at once, each on its own GPUs (or cores). Only a
+    runner whose cells run on its own single host can: an engine's cells get hosts of their own."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if value and engine != "local":
+        raise ConfigError(f"{where}: only a runner with engine: local packs cells on its host; engine {engine} "
+                          "gives each cell hosts of its own")
+    if value and hosts > 1:
+        raise ConfigError(f"{where}: a runner whose cells span {hosts} hosts cannot pack them on one host")
+    return value

@@ -1,6 +1,7 @@
 """`harness run`: run the suite for each selected cell and leave its results folder.
 
-The command plans once (plan.py), prepares the results folder, then walks each cell down the stages:
+The command plans once (plan.py), prepares the results folder, then walks each cell down the stages (the cells of a
+pack, runners.yaml `pack: true`, at once: each a harness run of its own, packed.py):
 prepare (its folder, env.json begun, its environment) -> execute (its engine runs pytest) -> record (env.json,
 memory.json); then renders the cells in the terminal (render.py). A cell always leaves
 ``results/<cell-id>/`` with ``env.json`` saying how it ended, whatever went wrong (environment, busy GPU,
@@ -17,7 +18,7 @@ from harness.cell import preflight
 from harness.contract import STATUS_NOT_RUN, STATUS_PASSED
 from harness.engines import Interrupted, interruptible
 from harness.plan.cells import Cell
-from harness.run import execute, plan, prepare, record, render
+from harness.run import execute, packed, plan, prepare, record, render
 from harness.run.plan import Host
 from harness.run.record import CellOutcome
 
@@ -31,19 +32,25 @@ def command(args) -> int:
     if args.dry_run:
         render.print_plan(planned)
         return 0
-    prepare.prepare_run(planned, f"--results {args.results}")
+    prepare.prepare_run(planned, f"--results {args.results}", clear_others=not args.in_pack)
+    outcomes: list[CellOutcome] = []
     try:
         with interruptible(), prepare.harness_import_path() as import_path:
-            outcomes = [run_cell(cell, host=planned.host, results_root=planned.results_root, env_dir=planned.env_dir,
-                                 pytest_args=list(planned.pytest_args), log=render.progress,
-                                 project=planned.matrix.root, matrix_reference=planned.matrix.reference,
-                                 import_path=import_path,
-                                 prepare_environment=preflight.checking_pins(preflight.prepare_environment))
-                        for cell in planned.cells]
+            for cells in packed.rounds(planned):
+                if len(cells) > 1:  # runners.yaml pack: each a harness run of its own, at once
+                    outcomes += packed.run_pack(cells, planned, matrix_argument=args.matrix or planned.matrix.reference,
+                                                force=args.force, log=render.progress)
+                    continue
+                outcomes.append(run_cell(cells[0], host=planned.host, results_root=planned.results_root,
+                                         env_dir=planned.env_dir, pytest_args=list(planned.pytest_args),
+                                         log=render.progress, project=planned.matrix.root,
+                                         matrix_reference=planned.matrix.reference, import_path=import_path,
+                                         prepare_environment=preflight.checking_pins(preflight.prepare_environment)))
     except Interrupted as interrupted:
         print(f"harness: {interrupted}; the cell's folder says so", file=sys.stderr, flush=True)
         return 128 + interrupted.signum
-    render.print_outcomes(outcomes, planned.results_root)
+    if not args.in_pack:  # the run that started the pack shows every cell's row
+        render.print_outcomes(outcomes, planned.results_root)
     return exit_status([outcome.status for outcome in outcomes])
 
 

@@ -51,6 +51,9 @@ def execute(prepared: Prepared) -> Executed:
                 report = monitor.stop()
     except BaseException as error:  # an interruption, a harness failure: recorded by the record stage, then raised
         raised = error
+    finally:
+        if prepared.gpu_locks is not None:  # the GPUs are free for another harness run on this host
+            prepared.gpu_locks.release()
     if ran is not None and ran.memory is not None:
         report = ran.memory
     record = dataclasses.replace(prepared.record, job_id=job["job_id"], hosts=list(job["hosts"]),

@@ -19,8 +19,9 @@ from harness.cell import memory, preflight
 from harness.engines import check_settings, engine
 from harness.envs.build import env_root, probe_versions
 from harness.errors import ConfigError, HostMismatchError
-from harness.plan.cells import Cell, Matrix
+from harness.plan.cells import Cell, Matrix, Runner
 from harness.plan.matrix import DEFAULT_MATRIX, load_matrix, select
+from harness.plan.packing import job_cells, plan_jobs
 from harness.plan.runners import load_runners
 from harness.project import find_project_root, resolve, shipped_matrices_dir
 from harness.ranks import cgroup
@@ -43,18 +44,22 @@ class Plan:
     """What `harness run` will do: each cell in `cells` walks down prepare, execute and record in turn."""
 
     matrix: Matrix
-    cells: tuple[Cell, ...]  # selected by --cell, with --reruns applied
+    cells: tuple[Cell, ...]  # selected by --job and --cell, with --reruns applied
     host: Host  # this machine
     refused: Mapping[str, str]  # cell id -> why this machine cannot host it (empty with --force)
     results_root: Path  # --results, from the project root: every cell's folder goes in it
     env_dir: Path  # where the cells' environments are cached
     pytest_args: tuple[str, ...]  # the run's own, after `--`
+    runners: Mapping[str, Runner] = dataclasses.field(default_factory=dict)  # which types pack (run.packed)
 
 
 def plan(args) -> Plan:
     host = detect_host()
     matrix = load_matrix(args.matrix) if args.matrix else default_matrix(host)
-    cells = select(matrix.cells, args.cell)
+    runners = load_runners(matrix.root, beside=matrix.path.parent)
+    # --job: the cells of one job of `harness matrix --format github` (a pack's), packed again from the matrix.
+    cells = job_cells(plan_jobs(matrix.cells, runners), args.job, str(matrix.path)) if args.job else matrix.cells
+    cells = select(cells, args.cell)
     if not cells:
         raise ConfigError(f"{matrix.path}: no cell matches --cell {' '.join(args.cell or [])}")
     check_settings(cells)
@@ -72,7 +77,7 @@ def plan(args) -> Plan:
     preflight.check_project(matrix.project, [(suite_origin(matrix, named=bool(args.matrix)), cell.suite)
                                              for cell in cells])
     return Plan(matrix=matrix, cells=tuple(cells), host=host, refused=refused, results_root=results_root,
-                env_dir=root, pytest_args=tuple(args.pytest_args))
+                env_dir=root, pytest_args=tuple(args.pytest_args), runners=runners)
 
 
 def results_folder(value: str, root: Path) -> Path:

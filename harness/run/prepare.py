@@ -4,7 +4,8 @@
 there. `prepare_cell` takes one cell of the plan: it empties and makes the cell's folder, begins its env.json
 (the cell, this machine, the commit, the start: an `EnvRecord` that says errored until the record stage says
 otherwise), builds or finds the cell's environment (install.log) and refuses GPUs other processes hold. It
-hands on `Prepared`: the record so far and, when the cell can run, the engine's `Launch`; when it cannot, the
+hands on `Prepared`: the record so far and, when the cell can run, the engine's `Launch` and its GPUs' locks
+(harness.cell.gpulock: no other harness run on this host uses them meanwhile); when it cannot, the
 record says why; when harness was interrupted or failed here, `raised` carries it on to be recorded.
 """
 
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import harness
 from harness import __version__, contract
-from harness.cell import memory, preflight
+from harness.cell import gpulock, memory, preflight
 from harness.contract import INSTALL_LOG, EnvRecord
 from harness.engines import Launch, engine
 from harness.envs import cache as env_cache
@@ -47,12 +48,15 @@ class Prepared:
     record: EnvRecord  # env.json so far: the environment's versions once it is ready, `error` where it cannot run
     launch: Launch | None  # what its engine is handed; None: the cell does not run (record.error, or raised)
     raised: BaseException | None = None  # an interruption or a harness failure: recorded, then raised again
+    gpu_locks: gpulock.GpuLocks | None = None  # its GPUs' locks, held until the execute stage ends
 
 
-def prepare_run(plan: Plan, results_option: str) -> None:
-    """Before any cell: the results folder takes files, and what an earlier run of these cells left is gone."""
+def prepare_run(plan: Plan, results_option: str, *, clear_others: bool = True) -> None:
+    """Before any cell: the results folder takes files, and what an earlier run of these cells left is gone.
+    `clear_others` False: a cell of a pack, whose neighbours write their folders beside its own."""
     preflight.prepare_results(plan.results_root, results_option)
-    preflight.clear_earlier_run(plan.results_root, [cell.id for cell in plan.cells], list(plan.pytest_args))
+    if clear_others:
+        preflight.clear_earlier_run(plan.results_root, [cell.id for cell in plan.cells], list(plan.pytest_args))
 
 
 def prepare_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytest_args: list[str] | tuple[str, ...],
@@ -78,14 +82,19 @@ def prepare_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, p
         versions = {**record.versions, **{k: environment.versions.get(k) for k in
                                           ("python", "torch", "transformers", "accelerate", "cuda")}}
         prepared = dataclasses.replace(prepared, record=dataclasses.replace(record, versions=versions))
+        locks = gpulock.try_lock(gpu.uuid for gpu in gpus) if gpus else None
+        if isinstance(locks, str):  # another harness run on this host holds one of them
+            return _cannot_run(prepared, locks, contract.ERROR_BUSY_GPUS)
         busy = memory.preflight(list(gpus), BUSY_THRESHOLD_MIB) if gpus else []
         if busy:
+            if locks is not None:
+                locks.release()
             return _cannot_run(prepared, "; ".join(busy), contract.ERROR_BUSY_GPUS)
         # A built environment lacks harness itself: its ranks plugin comes through import_path.
         launch = Launch(cell=cell, folder=folder, python=environment.python, pytest_args=tuple(pytest_args),
                         project=project, import_path=import_path if environment.origin != "current" else None,
                         gpus=gpus, log=log)
-        return dataclasses.replace(prepared, launch=launch)
+        return dataclasses.replace(prepared, launch=launch, gpu_locks=locks)
     except EnvironmentBuildError as error:
         return _cannot_run(prepared, f"environment: {error}", contract.ERROR_ENVIRONMENT)
     except BaseException as error:  # an interruption, a harness failure: recorded by the record stage, then raised

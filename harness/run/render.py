@@ -18,6 +18,7 @@ from harness.cell import preflight
 from harness.engines.base import pytest_command
 from harness.envs import cache as env_cache
 from harness.envs.build import EnvironmentBuildError, plan_environment
+from harness.run import packed
 from harness.run.plan import Plan, summarize_refusals
 from harness.run.record import CellOutcome
 
@@ -53,6 +54,9 @@ def print_plan(plan: Plan) -> None:
         print(f"  environment: {environment.get(origin, origin)}")
         print(f"  results:     {results_root / cell.id}")
         print(f"  command:     {shlex.join(pytest_command(cell, python, results_root / cell.id, plan.pytest_args))}")
+    for pack in packed.rounds(plan):
+        if len(pack) > 1:
+            print(f"at once on this machine (runners.yaml pack): {', '.join(cell.id for cell in pack)}")
     if refused:
         print(f"this machine cannot host {len(refused)} of {len(cells)} cells: {summarize_refusals(refused)}; "
               "harness run would stop with exit 3 (pick others with --cell, or pass --force)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 
 MIB = 1024 * 1024
@@ -201,3 +202,15 @@ class FakeNvml:
         if failure is None:
             return
         raise NVMLError(failure) if isinstance(failure, int) else failure
+
+
+def module_for_children(folder: Path, gpus: list[str], name: str = "NVIDIA H200") -> Path:
+    """A `pynvml.py` in `folder` that is a FakeNvml of GPUs with these UUIDs, for the processes a test starts (a
+    harness run of its own): put `folder` first on their PYTHONPATH. Returns `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "pynvml.py").write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+        "from fake_nvml import FakeGpu, FakeNvml\n"
+        f"sys.modules[__name__] = FakeNvml([FakeGpu(uuid=uuid, name={name!r}) for uuid in {gpus!r}])\n")
+    return folder

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import textwrap
 from pathlib import Path
 
@@ -101,3 +102,17 @@ def cell_folder(results: Path, torch: str = TORCH, ranks: int = 2) -> Path:
 def run(tmp_path: Path, matrix: str, *extra: str) -> int:
     return main(["run", "--matrix", matrix, "--results", str(tmp_path / "results"),
                  "--env-dir", str(tmp_path / "envs"), *extra])
+
+
+def write_packed_matrix(folder: Path, suite: list[str], runners: dict[str, dict], *, gpus: list[int],
+                        timeout_minutes: float = 5, test_timeout_seconds: int = 120) -> str:
+    """A matrix crossing `runners` (written to the runners.yaml beside it, e.g. with pack: true) with `gpus`, at
+    the installed torch and transformers, running `suite` (paths from the project root)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "runners.yaml").write_text("".join(f"{name}: {json.dumps(entry)}\n" for name, entry in runners.items()))
+    path = folder / "packed.yaml"
+    path.write_text(json.dumps({"axes": {"gpu": list(runners), "gpus": gpus, "torch": [TORCH],
+                                         "transformers": [TRANSFORMERS]},
+                                "suite": suite, "timeout_minutes": timeout_minutes,
+                                "test_timeout_seconds": test_timeout_seconds}))
+    return str(path)

@@ -145,7 +145,8 @@ def test_gpu_cells_run_the_approved_sha_and_always_upload():
     assert checkout["with"]["ref"] == "${{ inputs.sha }}"
     assert "git rev-parse HEAD" in verify["run"] and verify["env"]["SHA"] == "${{ inputs.sha }}"
     run = next(step for step in cell["steps"] if "harness\" run" in str(step.get("run", "")))
-    assert '--cell "$CELL"' in run["run"] and run["env"]["CELL"] == "${{ matrix.id }}"
+    # A job is a cell or a pack of cells (runners.yaml pack): harness finds its cells by the job's id.
+    assert '--job "$JOB"' in run["run"] and run["env"]["JOB"] == "${{ matrix.id }}"
     upload = next(step for step in cell["steps"] if "upload-artifact@" in str(step.get("uses")))
     assert upload["if"] == "${{ !cancelled() }}"
     assert upload["with"]["name"] == "results-${{ matrix.id }}"

@@ -79,22 +79,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--modes", default="off,on", help=f"comma-separated, of {', '.join(MODES)} (default off,on)")
     parser.add_argument("--shards", type=int, default=1, help="pytest processes at once per mode, each with every "
                         "N-th test (default 1)")
+    parser.add_argument("--sample", type=int, default=1, help="keep every M-th test of the selection (default 1: all)")
     args = parser.parse_args(ours)
     args.pytest_args = pytest_args
     args.modes = [mode.strip() for mode in args.modes.split(",") if mode.strip()]
     unknown = [mode for mode in args.modes if mode not in MODES]
     if unknown or not args.modes:
         parser.error(f"--modes takes {', '.join(MODES)}; got {args.modes}")
-    if args.shards < 1:
-        parser.error(f"--shards takes a whole number >= 1; got {args.shards}")
+    if args.shards < 1 or args.sample < 1:
+        parser.error(f"--shards and --sample take whole numbers >= 1; got {args.shards}, {args.sample}")
     return args
 
 
-def suite(mode: str, pytest_args: list[str], timing: Path, shards: int = 1) -> tuple[list[str], int, float]:
+def suite(mode: str, pytest_args: list[str], timing: Path, shards: int = 1,
+          sample: int = 1) -> tuple[list[str], int, float]:
     """Run the suite once (as `shards` processes at once); the output's lines of each shard, the worst exit code
     and the wall time from the first start to the last exit. Shard k's calls go to `timing` with suffix .k."""
     command = [sys.executable, *SUITE_COMMAND, *pytest_args]
-    if shards > 1:
+    if shards > 1 or sample > 1:
         command += ["-p", "shard_plugin"]
     print(f"[{mode}] {' '.join(command[1:])}" + (f" (x{shards} shards)" if shards > 1 else ""), file=sys.stderr,
           flush=True)
@@ -103,8 +105,8 @@ def suite(mode: str, pytest_args: list[str], timing: Path, shards: int = 1) -> t
     for shard in range(shards):
         environ = suite_environ(timing.with_suffix(f".{shard}") if shards > 1 else timing,
                                 HARNESS_RANKS_POOL=MODES[mode])
-        if shards > 1:
-            environ["HARNESS_BENCH_SHARD"] = f"{shard}/{shards}"
+        if shards > 1 or sample > 1:
+            environ.update(HARNESS_BENCH_SHARD=f"{shard}/{shards}", HARNESS_BENCH_SAMPLE=str(sample))
             environ["PYTHONPATH"] = os.pathsep.join([environ["PYTHONPATH"], str(Path(__file__).resolve().parent)])
         processes.append(subprocess.Popen(command, cwd=REPO, env=environ, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True))
@@ -115,9 +117,9 @@ def suite(mode: str, pytest_args: list[str], timing: Path, shards: int = 1) -> t
     return outputs, worst, wall_s
 
 
-def run_suite(mode: str, pytest_args: list[str], scratch: Path, shards: int = 1) -> dict[str, Any]:
+def run_suite(mode: str, pytest_args: list[str], scratch: Path, shards: int = 1, sample: int = 1) -> dict[str, Any]:
     timing = scratch / f"timing-{mode}.jsonl"
-    outputs, exit_code, wall_s = suite(mode, pytest_args, timing, shards)
+    outputs, exit_code, wall_s = suite(mode, pytest_args, timing, shards, sample)
     summaries = [lines[-1] if (lines := output.strip().splitlines()) else "" for output in outputs]
     outcomes: dict[str, int] = {}
     for summary in summaries:
@@ -192,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-pool-") as scratch:
         *_, startup_s = suite("on", [*args.pytest_args, "--collect-only"], Path(scratch) / "unused")
         for mode in args.modes:
-            runs[mode] = run_suite(mode, args.pytest_args, Path(scratch), args.shards)
+            runs[mode] = run_suite(mode, args.pytest_args, Path(scratch), args.shards, args.sample)
             # Written after every mode, so a run cut short by a time limit keeps the modes it finished.
             figures = {**ratios(runs), "startup_s": startup_s}
             write_report(args, runs, figures)
@@ -209,7 +211,7 @@ def same_outcomes(runs: dict[str, dict[str, Any]]) -> bool:
 
 
 def write_report(args: argparse.Namespace, runs: dict[str, dict[str, Any]], figures: dict[str, Any]) -> None:
-    report = {"schema": 1, "shards": args.shards,
+    report = {"schema": 1, "shards": args.shards, "sample": args.sample,
               "command": [Path(sys.executable).name, *SUITE_COMMAND, *args.pytest_args],
               "host": describe_host(), "runs": runs, **figures, "goals": GOALS,
               "same_outcomes": same_outcomes(runs), "modes_asked": args.modes}

@@ -39,8 +39,11 @@ def harness_run(matrix: str, results: Path, envs: Path, selection: str, *cell: s
     completed = subprocess.run(command, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"},
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seconds = time.perf_counter() - started
-    if completed.returncode not in (0, 1, 6):  # 1: a red cell, 6: nothing distributed ran; both still measured
-        sys.exit(f"harness run exited {completed.returncode}:\n{completed.stdout[-4000:]}")
+    # 1: a red cell (or a traceback: the folders tell), 6: nothing distributed ran; both still measured
+    missing = [cell_id for cell_id in cell if not (results / cell_id / "env.json").is_file()] if cell else []
+    if completed.returncode not in (0, 1, 6) or missing:
+        sys.exit(f"harness run exited {completed.returncode}" + (f", no env.json for {missing}" if missing else "")
+                 + f":\n{completed.stdout[-4000:]}")
     return seconds
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
-from harness.history.query import NightRow, TestSeries, last_nights, ranked_tests, series, tests_in
+from harness.history.query import NightRow, PackedRows, TestSeries, last_nights, ranked_tests, series, tests_in
 from harness.history.rule import BASELINE_NIGHTS, CONFIRM_NIGHTS, METRIC_BY_NAME, Creep
 
 # A plot per test of a 200,000-test night is a page nobody reads and no browser opens: the page plots the
@@ -47,8 +47,9 @@ class Trend:
 def build_trend(connection: sqlite3.Connection, nights: int) -> Trend:
     # The rule always sees its own window, whatever the page shows.
     window = last_nights(connection, max(nights, CONFIRM_NIGHTS + BASELINE_NIGHTS))
-    ranked = ranked_tests(connection, window, PLOTTED_TESTS)
-    found = series(connection, window, [test for test, _ in ranked])
+    rows = PackedRows(connection)
+    ranked = ranked_tests(rows, window, PLOTTED_TESTS)
+    found = series(rows, window, [test for test, _ in ranked])
     regressions = tuple(Regression(cell=one.cell, test=one.test, creep=creep) for one in found for creep in one.creeps)
     flagged = [one for one in found if one.creeps]
     plotted = (flagged + [one for one in found if not one.creeps])[:max(PLOTTED_TESTS, len(flagged))]

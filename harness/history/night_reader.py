@@ -15,7 +15,7 @@ from pathlib import Path
 from xml.parsers import expat
 
 from harness.contract import ENV_JSON, JUNIT_BYTES, JUNIT_XML, RUNNING_TEST
-from harness.history.rows import NightCell, NightTest, night_test, wanted_property
+from harness.history.rows import NightCell, night_test, wanted_property
 from harness.results import Outcome, paused_gc
 from harness.results.files import read_json, read_regular, read_running_test
 from harness.results.junit import (
@@ -55,9 +55,8 @@ def read_cell_tests(folder: Path) -> NightCell:
         outcome = attempts_outcome(attempts)[0]
         tests[test_id] = night_test(test_id, outcome.value, attempts_time(attempts), properties.get(attempts[-1], {}))
     running = read_running_test(folder / RUNNING_TEST)
-    if running is not None:  # the test pytest was running when it stopped: errored, never a pass
-        tests[running] = NightTest(test=running, outcome=Outcome.ERRORED.value, time_s=None, peak_mib=None,
-                                   error_over_bound=None)
+    if running is not None:  # the test pytest was running when it stopped: errored, never a pass (as the report)
+        tests[running] = night_test(running, Outcome.ERRORED.value, 0.0, {})
     return NightCell(cell=cell, tests=tuple(tests.values()))
 
 
@@ -72,23 +71,24 @@ def _testcases(data: bytes) -> tuple[list[ET.Element], dict[ET.Element, dict[str
     parser = guarded_parser()
 
     def start(tag: str, attributes: dict[str, str]) -> None:
-        if not path and tag not in _ROOT_TAGS:
-            raise RefusedMarkup(f"not JUnit XML: the root is <{tag:.40}>")
-        if tag == "testcase":
+        # By frequency: a case's properties, then its other children, then the cases themselves.
+        if tag == "property":
+            if open_cases and path[-1] == "properties" and path[-2] == "testcase":
+                name = attributes.get("name") or ""
+                if wanted_property(name):
+                    properties.setdefault(open_cases[-1], {})[name] = clean_text(attributes.get("value") or "")
+        elif tag == "testcase":
             entry = ET.Element(tag, attributes)
             entries.append(entry)
             open_cases.append(entry)
-        elif open_cases and path[-1] == "testcase" and tag in _RESULT_TAGS:
+        elif tag in _RESULT_TAGS and open_cases and path[-1] == "testcase":
             open_cases[-1].append(ET.Element(tag, attributes))
-        elif tag == "property" and open_cases and path[-2:] == ["testcase", "properties"]:
-            name = attributes.get("name") or ""
-            if wanted_property(name):
-                properties.setdefault(open_cases[-1], {})[name] = clean_text(attributes.get("value") or "")
+        elif not path and tag not in _ROOT_TAGS:
+            raise RefusedMarkup(f"not JUnit XML: the root is <{tag:.40}>")
         path.append(tag)
 
     def end(tag: str) -> None:
-        path.pop()
-        if tag == "testcase":
+        if path.pop() == "testcase":
             open_cases.pop()
 
     parser.StartElementHandler = start

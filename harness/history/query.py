@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from harness.history.packing import Unpackable, float_array, unpack_counts, unpack_floats, unpack_lists
-from harness.history.rule import BASELINE_NIGHTS, CONFIRM_NIGHTS, METRICS, Creep, Night, creeps
 from harness.history.rows import LIST_VALUES_PER_TEST, NightCell, NightTest, outcome_code, outcome_name
+from harness.history.rule import BASELINE_NIGHTS, CONFIRM_NIGHTS, METRICS, Creep, Night, creeps
 from harness.results import finite, number
 
 SERIES_COLUMNS = ("time_s", "peak_mib", "error_over_bound")
@@ -134,10 +134,10 @@ def _unpacked_tests(connection: sqlite3.Connection, count: int, names: bytes, ou
     return tuple(NightTest(test=texts.get(name, ""), outcome=outcome_name(code), time_s=time_s[place],
                            peak_mib=peak_mib[place], error_over_bound=error[place],
                            rank_peaks=tuple((int(rank), peak) for rank, peak in zip(peaks[place][::2],
-                                                                                     peaks[place][1::2])
+                                                                                     peaks[place][1::2], strict=False)
                                             if rank is not None and peak is not None),
                            losses=losses[place])
-                 for place, (name, code) in enumerate(zip(name_ids, unpack_counts(outcomes, count))))
+                 for place, (name, code) in enumerate(zip(name_ids, unpack_counts(outcomes, count), strict=True)))
 
 
 def ranked_tests(rows: PackedRows, nights: Sequence[NightRow], limit: int) -> list[tuple[TestKey, float]]:
@@ -165,7 +165,7 @@ def ranked_tests(rows: PackedRows, nights: Sequence[NightRow], limit: int) -> li
             scale = 1.0 / metric.ratio
             rises = list(map(max, rises, [low / base * scale if 0.0 < base < math.inf and low > -math.inf
                                           else (0.0 if low > -math.inf else -math.inf)
-                                          for low, base in zip(lows, bases)]))
+                                          for low, base in zip(lows, bases, strict=True)]))
         flagged += [(rise, (cell, names[place])) for place, rise in enumerate(rises) if rise > 1.0]
         nearest += heapq.nlargest(limit, ((rise, (cell, names[place])) for place, rise in enumerate(rises)
                                           if -math.inf < rise <= 1.0))

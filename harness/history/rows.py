@@ -7,6 +7,8 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import NamedTuple
 
 from harness.contract import (
     GRAD_BOUND,
@@ -33,11 +35,8 @@ ERROR_PAIRS = ((GRAD_ERROR, GRAD_BOUND), (LOGITS_DIFFERENCE, LOGITS_ATOL), (PARA
 COLUMNS = ("names", "outcomes", "time_s", "peak_mib", "error_over_bound", "rank_peaks", "losses")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NightTest:
-    """One test on one night; None is not recorded (or not finite)."""
-
-    __test__ = False  # not a pytest test class
+class NightTest(NamedTuple):
+    """One test on one night; None is not recorded (or not finite). A named tuple: a night makes 200,000."""
 
     test: str  # pytest's node id
     outcome: str  # one of OUTCOMES
@@ -56,17 +55,28 @@ class NightCell:
 
 def night_test(test: str, outcome: str, time_s: Number | None, properties: Mapping[str, str]) -> NightTest:
     """What the history keeps of a test, from its junit properties (read as the results model reads them)."""
-    peaks = sorted(rank_peaks(properties))
-    recorded = [number(value) for key, value in properties.items() if key.startswith(PEAK_ALLOCATED_PREFIX)]
-    usable = [peak for peak in recorded if isinstance(peak, float)]
-    odd = len(usable) + recorded.count(None) < len(recorded)  # inf, nan, out of range: the largest is not a number
+    peaks, largest, odd = [], None, False
+    for key, text in properties.items():
+        if key.startswith(PEAK_ALLOCATED_PREFIX):
+            value = number(text)
+            if isinstance(value, float):
+                largest = value if largest is None or value > largest else largest
+                rank = _rank(key)
+                if rank is not None:
+                    peaks.append((rank, value))
+            elif value is not None:  # inf, nan, out of range: as in the results model, the largest is not a number
+                odd = True
+    return NightTest(test=test, outcome=outcome, time_s=finite(time_s), peak_mib=None if odd else largest,
+                     error_over_bound=error_over_bound(properties), rank_peaks=tuple(sorted(peaks)),
+                     losses=training_losses(properties) if TRAIN_STEPS in properties else ())
+
+
+def training_losses(properties: Mapping[str, str]) -> tuple[float | None, ...]:
     curve = training_curve(properties)
     losses = tuple(finite(loss) for loss in curve.losses) if curve is not None else ()
     while losses and losses[-1] is None:  # a claimed step count with no losses recorded costs nothing
         losses = losses[:-1]
-    return NightTest(test=test, outcome=outcome, time_s=finite(time_s),
-                     peak_mib=max(usable) if usable and not odd else None,
-                     error_over_bound=error_over_bound(properties), rank_peaks=tuple(peaks), losses=losses)
+    return losses
 
 
 def wanted_property(name: str) -> bool:
@@ -74,20 +84,15 @@ def wanted_property(name: str) -> bool:
     return name in _WANTED or name.startswith(_WANTED_PREFIXES)
 
 
-def rank_peaks(properties: Mapping[str, str]) -> Iterable[tuple[int, float]]:
-    for key, value in properties.items():
-        if key.startswith(PEAK_ALLOCATED_PREFIX):
-            rank = whole_number(key[len(PEAK_ALLOCATED_PREFIX):].removeprefix("rank"), 0)
-            peak = finite(number(value))
-            if rank is not None and rank < MAX_RANKS and peak is not None:
-                yield rank, peak
-
-
 def error_over_bound(properties: Mapping[str, str]) -> float | None:
     """The largest of the case's recorded errors over their bounds (gradients, logits, updated parameters)."""
-    ratios = [_ratio(number(properties.get(error)), number(properties.get(bound))) for error, bound in ERROR_PAIRS]
-    usable = [ratio for ratio in ratios if ratio is not None]
-    return max(usable) if usable else None
+    largest = None
+    for error, bound in ERROR_PAIRS:
+        if error in properties:
+            ratio = _ratio(number(properties[error]), number(properties.get(bound)))
+            if ratio is not None and (largest is None or ratio > largest):
+                largest = ratio
+    return largest
 
 
 def outcome_code(outcome: str) -> int:
@@ -138,6 +143,13 @@ LIST_VALUES_PER_TEST = max(MAX_STEPS, 2 * MAX_RANKS)
 
 _WANTED = frozenset(name for pair in ERROR_PAIRS for name in pair)
 _WANTED_PREFIXES = (PEAK_ALLOCATED_PREFIX, TRAIN_STEPS, LOSS_STEP.split("{", 1)[0])
+
+
+@lru_cache(maxsize=MAX_RANKS)
+def _rank(key: str) -> int | None:
+    # The keys repeat on every test (peak_allocated_mib.rank0, ...): each is read once.
+    rank = whole_number(key[len(PEAK_ALLOCATED_PREFIX):].removeprefix("rank"), 0)
+    return rank if rank is not None and rank < MAX_RANKS else None
 
 
 def _ratio(error: Number | None, bound: Number | None) -> float | None:

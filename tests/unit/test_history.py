@@ -21,6 +21,7 @@ from history_helpers import (
 from harness.cli import main
 from harness.history import CONFIRM_NIGHTS, Night, creeps, migrations, open_history, schema_version
 from harness.history.query import stored_night
+from harness.report.filters import code_span, significant
 
 
 def append(db: Path, night: str, folder: Path, date: str) -> int:
@@ -262,3 +263,70 @@ def test_failing_nights_are_not_a_baseline_and_not_a_creep():
     reds = [Night(outcome="failed", values={"peak_mib": 9000.0})] * 14
     assert creeps([*reds, *passing(1200, 1200)]) == ()
     assert creeps([*passing(*[1000.0] * 14, 1200), Night(outcome="failed", values={"peak_mib": 1200.0})]) == ()
+
+
+# ---------------------------------------------------------------------------------------------
+# The nightly issue's Creeping section (`harness gh nightly-issue --trend-json`)
+
+
+def nightly_issue(tmp_path: Path, results: Path, trend_json: Path) -> int:
+    return main(["gh", "nightly-issue", "--results", str(results), "--sha", "6dcb09b5b578",
+                 "--trend-json", str(trend_json)])
+
+
+def last_night_folder(tmp_path: Path, creep_from: int | None) -> Path:
+    return write_night(tmp_path / "tonight", generated_night(29, 30, creep_from=creep_from))
+
+
+def test_the_nightly_issue_lists_the_planted_creep_though_every_test_passed(fake, env, tmp_path, capsys):
+    db = history_of(tmp_path, creep_from=27)
+    assert trend(tmp_path, db)[0] == 0
+    assert nightly_issue(tmp_path, last_night_folder(tmp_path, 27), tmp_path / "trend.json") == 0
+    [issue] = fake.issues.values()
+    assert "opened issue" in capsys.readouterr().out
+    section = issue["body"].split("### Creeping (still passing)\n", 1)[1]
+    [line] = [line for line in section.splitlines() if line.startswith("- ")]
+    creep = json.loads((tmp_path / "trend.json").read_text())["regressions"][0]
+    assert line.startswith(f"- `{CREEP_CELL}` `{CREEP_TEST}`: peak memory ")
+    assert f"over the last 2 nights, baseline {significant(creep['baseline'])} MiB" in line
+    assert f"(×{creep['ratio']:.2f}; threshold ×1.10" in line and "over it 3 nights running" in line
+
+
+def test_a_one_night_spike_opens_no_issue(fake, env, tmp_path, capsys):
+    db = history_of(tmp_path)  # the spike test's time triples on the last night only
+    assert trend(tmp_path, db)[0] == 0
+    assert nightly_issue(tmp_path, last_night_folder(tmp_path, None), tmp_path / "trend.json") == 0
+    assert fake.issues == {} and "all green" in capsys.readouterr().out
+
+
+def test_hostile_names_in_the_trend_json_stay_inside_their_code_spans(fake, env, tmp_path):
+    cell, test = "cell-<img src=x onerror=alert(1)>", "t.py::test_x[``\n### forged heading](javascript:alert(1))]"
+    trend_json = tmp_path / "trend.json"
+    trend_json.write_text(json.dumps({"regressions": [{
+        "cell": cell, "test": test, "metric": "time_s", "unit": "s", "baseline": 10.0, "last_values": [13.0, 14.0],
+        "ratio": 1.3, "threshold_ratio": 1.25, "threshold": 12.5, "nights_over": 2}]}))
+    assert nightly_issue(tmp_path, last_night_folder(tmp_path, None), trend_json) == 0
+    [issue] = fake.issues.values()
+    [line] = [line for line in issue["body"].splitlines() if "forged heading" in line]
+    # One line, each name in a code span longer than any backtick run in it: no heading, link or markup forged.
+    assert line == (f"- {code_span(cell)} {code_span(test)}: time 13, 14 s over the last 2 nights, baseline 10 s "
+                    "(×1.30; threshold ×1.25, 12.5 s); over it 2 nights running")
+    assert code_span(test).startswith("```t.py::test_x[`` ### forged heading")
+    assert not any(line.startswith("### forged") for line in issue["body"].splitlines())
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    ("not json", "not the JSON"),
+    ('{"regressions": [{"cell": "c", "test": "t", "metric": "rm -rf"}]}', "regressions[0].metric"),
+    ('{"regressions": [{"cell": "c", "test": "t", "metric": "time_s", "last_values": [1, 2, 3]}]}',
+     "regressions[0].last_values"),
+    ('{"regressions": [{"cell": "c", "test": "t", "metric": "time_s", "baseline": 1, "threshold": 2,'
+     ' "last_values": [1e999], "nights_over": 2}]}',
+     "regressions[0].last_values"),
+])
+def test_a_trend_json_that_is_not_one_is_one_line_and_exit_2(fake, env, tmp_path, capsys, content, says):
+    trend_json = tmp_path / "trend.json"
+    trend_json.write_text(content)
+    assert nightly_issue(tmp_path, last_night_folder(tmp_path, None), trend_json) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert str(trend_json) in line and says in line and fake.issues == {}

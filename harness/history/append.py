@@ -87,4 +87,6 @@ def _prune(connection: sqlite3.Connection) -> int:
         "SELECT id FROM nights ORDER BY night_date DESC, id DESC LIMIT -1 OFFSET ?", (KEEP_NIGHTS,))]
     connection.executemany("DELETE FROM packed WHERE night = ?", old)
     connection.executemany("DELETE FROM nights WHERE id = ?", old)
+    if old:  # name lists no night uses any more
+        connection.execute("DELETE FROM name_lists WHERE id NOT IN (SELECT name_list FROM packed)")
     return connection.execute("SELECT count(*) FROM nights").fetchone()[0]

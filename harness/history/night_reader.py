@@ -28,7 +28,7 @@ from harness.results.junit import (
 )
 from harness.results.reader import cell_folders
 from harness.results.records import Fields, cell_info
-from harness.results.values import clean_text
+from harness.results.values import TEXT_CHARS, clean_text
 
 _RESULT_TAGS = frozenset(("failure", "error", "skipped"))
 _ROOT_TAGS = ("testsuites", "testsuite")
@@ -66,6 +66,7 @@ def _testcases(data: bytes) -> tuple[list[ET.Element], dict[ET.Element, dict[str
         return [], {}
     entries: list[ET.Element] = []
     properties: dict[ET.Element, dict[str, str]] = {}
+    case_properties: list[dict[str, str]] = []  # those of each open <testcase>
     path: list[str] = []  # the open elements' tags
     open_cases: list[ET.Element] = []
     parser = guarded_parser()
@@ -76,11 +77,14 @@ def _testcases(data: bytes) -> tuple[list[ET.Element], dict[ET.Element, dict[str
             if open_cases and path[-1] == "properties" and path[-2] == "testcase":
                 name = attributes.get("name") or ""
                 if wanted_property(name):
-                    properties.setdefault(open_cases[-1], {})[name] = clean_text(attributes.get("value") or "")
+                    value = attributes.get("value") or ""
+                    # As junit's reader does; expat's text is valid UTF-8 already, so only the cap can apply.
+                    case_properties[-1][name] = value if len(value) <= TEXT_CHARS else clean_text(value)
         elif tag == "testcase":
             entry = ET.Element(tag, attributes)
             entries.append(entry)
             open_cases.append(entry)
+            case_properties.append(properties.setdefault(entry, {}))
         elif tag in _RESULT_TAGS and open_cases and path[-1] == "testcase":
             open_cases[-1].append(ET.Element(tag, attributes))
         elif not path and tag not in _ROOT_TAGS:
@@ -90,6 +94,7 @@ def _testcases(data: bytes) -> tuple[list[ET.Element], dict[ET.Element, dict[str
     def end(tag: str) -> None:
         if path.pop() == "testcase":
             open_cases.pop()
+            case_properties.pop()
 
     parser.StartElementHandler = start
     parser.EndElementHandler = end

@@ -60,6 +60,7 @@ class PackedRows:
         self.connection = connection
         self._columns: dict[tuple[int, int, str], list | array | None] = {}
         self._positions: dict[bytes, dict[int, int]] = {}
+        self._names: dict[bytes, list[int] | None] = {}  # a name list is shared by many rows
 
     def cells(self, night: int) -> list[tuple[int, int]]:
         """(cell id, tests) of each row of `night`."""
@@ -86,8 +87,9 @@ class PackedRows:
         return self._positions[blob[0]]
 
     def _blob(self, night: int, cell: int, name: str) -> tuple[bytes, int] | None:
-        # Column names are the code's own (rows.COLUMNS); values are bound.
-        found = self.connection.execute(f"SELECT {name}, tests FROM packed WHERE night = ? AND cell = ?",
+        # Column names are the code's own (rows.COLUMNS, or the row's name list); values are bound.
+        column = "(SELECT names FROM name_lists WHERE id = name_list)" if name == "names" else name
+        found = self.connection.execute(f"SELECT {column}, tests FROM packed WHERE night = ? AND cell = ?",
                                         (night, cell)).fetchone()
         if found is None or not isinstance(found[0], bytes) or not isinstance(found[1], int) or found[1] < 0:
             return None
@@ -97,12 +99,18 @@ class PackedRows:
         blob = self._blob(night, cell, name)
         if blob is None:
             return None
-        try:
-            if name in ("names", "outcomes"):
-                return unpack_counts(*blob)
-            return float_array(*blob)
-        except Unpackable:
-            return None
+        if name == "names":
+            if blob[0] not in self._names:
+                self._names[blob[0]] = _unpacked(unpack_counts, blob)
+            return self._names[blob[0]]
+        return _unpacked(unpack_counts if name == "outcomes" else float_array, blob)
+
+
+def _unpacked(unpack, blob: tuple[bytes, int]) -> list[int] | array | None:
+    try:
+        return unpack(*blob)
+    except Unpackable:
+        return None
 
 
 def tests_in(connection: sqlite3.Connection, night: NightRow) -> int:
@@ -115,9 +123,9 @@ def stored_night(connection: sqlite3.Connection, night: str) -> tuple[NightCell,
     """Everything the history keeps of night `night`, by cell (a row that does not unpack is left out)."""
     found = []
     for cell, count, *blobs in connection.execute(
-            "SELECT c.cell, p.tests, p.names, p.outcomes, p.time_s, p.peak_mib, p.error_over_bound, p.rank_peaks,"
-            " p.losses FROM packed p JOIN nights n ON n.id = p.night JOIN cells c ON c.id = p.cell"
-            " WHERE n.night = ? ORDER BY c.cell", (night,)):
+            "SELECT c.cell, p.tests, l.names, p.outcomes, p.time_s, p.peak_mib, p.error_over_bound, p.rank_peaks,"
+            " p.ranks, p.losses FROM packed p JOIN nights n ON n.id = p.night JOIN cells c ON c.id = p.cell"
+            " JOIN name_lists l ON l.id = p.name_list WHERE n.night = ? ORDER BY c.cell", (night,)):
         try:
             found.append(NightCell(cell=str(cell), tests=_unpacked_tests(connection, count, *blobs)))
         except (Unpackable, TypeError):
@@ -130,12 +138,14 @@ def _unpacked_tests(connection: sqlite3.Connection, count: int, names: bytes, ou
     name_ids = unpack_counts(names, count)
     texts = _texts(connection, "names", "test", set(name_ids))
     time_s, peak_mib, error = (unpack_floats(blob, count) for blob in blobs[:3])
-    peaks, losses = (unpack_lists(blob, count, count * LIST_VALUES_PER_TEST) for blob in blobs[3:])
+    peaks_blob, ranks_blob, losses_blob = blobs[3:]
+    peaks, losses = (unpack_lists(blob, count, count * LIST_VALUES_PER_TEST) for blob in (peaks_blob, losses_blob))
+    flat_ranks = iter(unpack_counts(ranks_blob, sum(map(len, peaks))))
+    ranks = [tuple(next(flat_ranks) for _ in test_peaks) for test_peaks in peaks]
     return tuple(NightTest(test=texts.get(name, ""), outcome=outcome_name(code), time_s=time_s[place],
                            peak_mib=peak_mib[place], error_over_bound=error[place],
-                           rank_peaks=tuple((int(rank), peak) for rank, peak in zip(peaks[place][::2],
-                                                                                     peaks[place][1::2], strict=False)
-                                            if rank is not None and peak is not None),
+                           rank_peaks=tuple((rank, peak) for rank, peak in zip(ranks[place], peaks[place],
+                                                                               strict=True) if peak is not None),
                            losses=losses[place])
                  for place, (name, code) in enumerate(zip(name_ids, unpack_counts(outcomes, count), strict=True)))
 

@@ -32,7 +32,7 @@ UNKNOWN_OUTCOME = "unknown"
 MAX_RANKS = 4096
 # The property names the history reads: everything else in a test's properties is skipped while parsing.
 ERROR_PAIRS = ((GRAD_ERROR, GRAD_BOUND), (LOGITS_DIFFERENCE, LOGITS_ATOL), (PARAM_ERROR, PARAM_BOUND))
-COLUMNS = ("names", "outcomes", "time_s", "peak_mib", "error_over_bound", "rank_peaks", "losses")
+COLUMNS = ("outcomes", "time_s", "peak_mib", "error_over_bound", "rank_peaks", "ranks", "losses")
 
 
 class NightTest(NamedTuple):
@@ -107,15 +107,18 @@ def insert_cell(connection: sqlite3.Connection, night_row: int, cell: str, tests
                 name_ids: Mapping[str, int]) -> None:
     """One packed row: the cell's tests on the night, in the order given."""
     cell_row = intern(connection, "cells", "cell", [cell])[cell]
+    names = pack_counts(name_ids[test.test] for test in tests)
+    connection.execute("INSERT OR IGNORE INTO name_lists (names) VALUES (?)", (names,))
     connection.execute(
-        f"INSERT OR REPLACE INTO packed (night, cell, tests, {', '.join(COLUMNS)}) VALUES (?, ?, ?{', ?' * 7})",
-        (night_row, cell_row, len(tests),
-         pack_counts(name_ids[test.test] for test in tests),
+        f"INSERT OR REPLACE INTO packed (night, cell, tests, name_list, {', '.join(COLUMNS)})"
+        f" VALUES (?, ?, ?, (SELECT id FROM name_lists WHERE names = ?){', ?' * len(COLUMNS)})",
+        (night_row, cell_row, len(tests), names,
          pack_counts(outcome_code(test.outcome) for test in tests),
          pack_floats(test.time_s for test in tests),
          pack_floats(test.peak_mib for test in tests),
          pack_floats(test.error_over_bound for test in tests),
-         pack_lists([[value for pair in test.rank_peaks for value in pair] for test in tests]),
+         pack_lists([[peak for _, peak in test.rank_peaks] for test in tests]),
+         pack_counts(rank for test in tests for rank, _ in test.rank_peaks),
          pack_lists([test.losses for test in tests])))
 
 
@@ -138,8 +141,8 @@ def intern(connection: sqlite3.Connection, table: str, column: str, values: Iter
     return known
 
 
-# Most steps kept, and the rank pairs: what one packed row's lists may hold per test, read back.
-LIST_VALUES_PER_TEST = max(MAX_STEPS, 2 * MAX_RANKS)
+# Most steps or ranks kept: what one packed row's lists may hold per test, read back.
+LIST_VALUES_PER_TEST = max(MAX_STEPS, MAX_RANKS)
 
 _WANTED = frozenset(name for pair in ERROR_PAIRS for name in pair)
 _WANTED_PREFIXES = (PEAK_ALLOCATED_PREFIX, TRAIN_STEPS, LOSS_STEP.split("{", 1)[0])

@@ -17,12 +17,20 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from harness.history.packing import Unpackable, float_array, unpack_counts, unpack_floats, unpack_lists
+from harness.history.packing import (
+    Unpackable,
+    float_array,
+    pack_counts,
+    unpack_counts,
+    unpack_floats,
+    unpack_lists,
+)
 from harness.history.rows import LIST_VALUES_PER_TEST, NightCell, NightTest, outcome_code, outcome_name
 from harness.history.rule import BASELINE_NIGHTS, CONFIRM_NIGHTS, METRICS, Creep, Night, creeps
 from harness.results import finite, number
 
 SERIES_COLUMNS = ("time_s", "peak_mib", "error_over_bound")
+_READ = ("names", "outcomes", *SERIES_COLUMNS)  # what the ranking and the series read of a packed row
 _PASSED = outcome_code("passed")
 _UNUSABLE = math.inf  # what packing writes for not recorded
 
@@ -58,9 +66,11 @@ class PackedRows:
 
     def __init__(self, connection: sqlite3.Connection) -> None:
         self.connection = connection
+        self._rows: dict[tuple[int, int], dict[str, tuple[bytes, int]] | None] = {}
         self._columns: dict[tuple[int, int, str], list | array | None] = {}
         self._positions: dict[bytes, dict[int, int]] = {}
         self._names: dict[bytes, list[int] | None] = {}  # a name list is shared by many rows
+        self._all_passed: dict[int, bytes] = {}
 
     def cells(self, night: int) -> list[tuple[int, int]]:
         """(cell id, tests) of each row of `night`."""
@@ -78,7 +88,7 @@ class PackedRows:
 
     def positions(self, night: int, cell: int) -> dict[int, int] | None:
         """name id -> place in the row's columns."""
-        blob = self._blob(night, cell, "names")
+        blob = (self._row(night, cell) or {}).get("names")
         if blob is None:
             return None
         if blob[0] not in self._positions:
@@ -86,24 +96,32 @@ class PackedRows:
             self._positions[blob[0]] = {} if names is None else {name: place for place, name in enumerate(names)}
         return self._positions[blob[0]]
 
-    def _blob(self, night: int, cell: int, name: str) -> tuple[bytes, int] | None:
-        # Column names are the code's own (rows.COLUMNS, or the row's name list); values are bound.
-        column = "(SELECT names FROM name_lists WHERE id = name_list)" if name == "names" else name
-        found = self.connection.execute(f"SELECT {column}, tests FROM packed WHERE night = ? AND cell = ?",
-                                        (night, cell)).fetchone()
-        if found is None or not isinstance(found[0], bytes) or not isinstance(found[1], int) or found[1] < 0:
-            return None
-        return found[0], found[1]
+    def _row(self, night: int, cell: int) -> dict[str, tuple[bytes, int]] | None:
+        """The row's blobs the trend reads, fetched once; each with the row's test count."""
+        if (night, cell) not in self._rows:
+            found = self.connection.execute(
+                f"SELECT tests, (SELECT names FROM name_lists WHERE id = name_list), {', '.join(_READ[1:])}"
+                " FROM packed WHERE night = ? AND cell = ?", (night, cell)).fetchone()
+            usable = found is not None and isinstance(found[0], int) and found[0] >= 0
+            self._rows[(night, cell)] = {name: (blob, found[0]) for name, blob in zip(_READ, found[1:], strict=True)
+                                         if isinstance(blob, bytes)} if usable else None
+        return self._rows[(night, cell)]
 
     def _unpack(self, night: int, cell: int, name: str) -> list[int] | array | None:
-        blob = self._blob(night, cell, name)
+        blob = (self._row(night, cell) or {}).get(name)
         if blob is None:
             return None
         if name == "names":
             if blob[0] not in self._names:
                 self._names[blob[0]] = _unpacked(unpack_counts, blob)
             return self._names[blob[0]]
-        return _unpacked(unpack_counts if name == "outcomes" else float_array, blob)
+        if name == "outcomes":
+            count = blob[1]
+            if count not in self._all_passed:
+                self._all_passed[count] = pack_counts([_PASSED] * count)
+            # Most nights every test passed: the same bytes, so nothing to inflate.
+            return [_PASSED] * count if blob[0] == self._all_passed[count] else _unpacked(unpack_counts, blob)
+        return _unpacked(float_array, blob)
 
 
 def _unpacked(unpack, blob: tuple[bytes, int]) -> list[int] | array | None:
@@ -176,9 +194,11 @@ def ranked_tests(rows: PackedRows, nights: Sequence[NightRow], limit: int) -> li
             rises = list(map(max, rises, [low / base * scale if 0.0 < base < math.inf and low > -math.inf
                                           else (0.0 if low > -math.inf else -math.inf)
                                           for low, base in zip(lows, bases, strict=True)]))
+        # The cell's `limit` highest rises at most can be among the nearest: cut there before making pairs.
+        cut = sorted(rises)[-limit] if len(rises) > limit else -math.inf
         flagged += [(rise, (cell, names[place])) for place, rise in enumerate(rises) if rise > 1.0]
-        nearest += heapq.nlargest(limit, ((rise, (cell, names[place])) for place, rise in enumerate(rises)
-                                          if -math.inf < rise <= 1.0))
+        nearest += [(rise, (cell, names[place])) for place, rise in enumerate(rises)
+                    if rise >= cut and -math.inf < rise <= 1.0]
     ranked = sorted(flagged, reverse=True) + heapq.nlargest(max(limit - len(flagged), 0), nearest)
     return [(key, rise) for rise, key in ranked]
 

@@ -13,6 +13,7 @@ found.
 from __future__ import annotations
 
 import argparse
+import gc
 import random
 import sys
 import tempfile
@@ -107,6 +108,9 @@ def main() -> int:
         append_night(connection, f"run-{args.nights - 1}", f"2026-02-{args.nights:02d}T02:00:00+00:00", results)
         again_s = time.perf_counter() - start
         connection.close()
+        # The nightly renders in its own process (`harness trend`): not with the night just read still in memory.
+        del results
+        gc.collect()
 
         start, cpu = time.perf_counter(), time.process_time()
         connection = open_history(db, create=False)

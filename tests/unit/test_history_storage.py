@@ -25,8 +25,8 @@ from harness.history.packing import (
     unpack_lists,
 )
 from harness.history.query import stored_night
-from harness.history.rows import NightTest, night_test
-from harness.results import load_results
+from harness.history.rows import OUTCOMES, NightTest, night_test, outcome_code, outcome_name
+from harness.results import Outcome, load_results
 
 # ---------------------------------------------------------------------------------------------
 # Packed columns
@@ -57,6 +57,14 @@ def test_a_blob_that_is_not_what_its_row_says_is_refused(blob):
 def test_a_list_blob_claiming_more_values_than_allowed_is_refused():
     with pytest.raises(Unpackable, match="more than 10"):
         unpack_lists(pack_lists([(1.0,) * 11]), 1, 10)
+
+
+def test_every_outcome_has_a_stored_code_and_an_unknown_code_reads_as_unknown():
+    # The codes are positions in OUTCOMES, stored in every packed row: a new Outcome is appended there, never
+    # inserted, or the history's older nights would read as other outcomes.
+    assert {outcome.value for outcome in Outcome} <= set(OUTCOMES)
+    assert [outcome_name(outcome_code(name)) for name in OUTCOMES] == list(OUTCOMES)
+    assert outcome_name(len(OUTCOMES)) == outcome_name(2**32 - 1) == "unknown"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -240,6 +240,16 @@ def test_the_creep_found_again_when_the_page_shows_fewer_nights(tmp_path):
     assert code == 0 and len(data["nights"]) == 3 and len(data["regressions"]) == 1
 
 
+def test_the_page_plots_up_to_its_cap_and_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr("harness.history.trend.PLOTTED_TESTS", 5)
+    monkeypatch.setattr("harness.report.trend_page.PLOTTED_TESTS", 5)
+    db = history_of(tmp_path, creep_from=27)  # 2 cells x 10 tests
+    code, html, data = trend(tmp_path, db)
+    assert code == 0 and len(data["regressions"]) == 1
+    assert html.count('<section class="test') == 5 and html.index(CREEP_TEST) < html.index('<section class="test')
+    assert "5 of 20 tests (the page plots every regression and at most 5 tests in all)" in html
+
+
 def passing(*values: float, metric: str = "peak_mib") -> list[Night]:
     return [Night(outcome="passed", values={metric: value}) for value in values]
 

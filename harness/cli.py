@@ -220,6 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     nightly.add_argument("--label", default="nightly-regression", help="label of the one regression issue")
     nightly.add_argument("--triage", metavar="FILE",
                          help="`harness triage` output: each new red's class and bisect line, added to the issue")
+    nightly.add_argument("--trend-json", metavar="FILE",
+                         help="`harness trend --json` output: its regressions (still passing, memory or time over "
+                              "their baseline) listed under Creeping")
     nightly.add_argument("--triage-json", metavar="FILE",
                          help="`harness triage -o` output: the issue lists its new reds instead of comparing again")
     nightly.add_argument("--memory-percent", type=float, default=10.0, metavar="PCT",

@@ -80,6 +80,23 @@ def triage_regressions(path: str | Path) -> tuple:
     return tuple(found)
 
 
+TREND_JSON_BYTES = 16 * 1024 * 1024
+
+
+def creeping_tests(path: str | Path) -> tuple:
+    """The history's regressions, from `harness trend --json FILE`: tests still passing whose memory or time rose
+    over their baseline. Read as input: a bad file is one line naming it, exit 2."""
+    from harness.history.trend import regressions_from_json
+
+    text = read_text(path, "trend")
+    if len(text) > TREND_JSON_BYTES:
+        raise ConfigError(f"trend {path}: larger than {TREND_JSON_BYTES // (1024 * 1024)} MiB")
+    try:
+        return regressions_from_json(json.loads(text))
+    except (ValueError, RecursionError) as error:
+        raise ConfigError(f"trend {path}: not the JSON `harness trend --json` writes: {error}") from None
+
+
 def nightly_issue_command(gh: GitHub, args: Any) -> int:
     from harness.report.cost import run_cost
     from harness.report.links import links_from
@@ -94,7 +111,9 @@ def nightly_issue_command(gh: GitHub, args: Any) -> int:
         # The same reds (results.compare.new_reds, the one rule), each with triage's class and its bisect's word.
         regressions = (*triage_regressions(args.triage_json),
                        *(regression for regression in regressions if regression.kind == "memory"))
-    green = all(cell.status is CellStatus.PASSED for cell in current.cells)
+    creeping = creeping_tests(args.trend_json) if getattr(args, "trend_json", None) else ()
+    # A creep is news while every test passes: the issue stays open (or opens) to list it.
+    green = all(cell.status is CellStatus.PASSED for cell in current.cells) and not creeping
     issue = find_open_issue(gh, args.label, args.author)
     sha = (args.sha or os.environ.get("GITHUB_SHA") or "unknown")[:12]
     run_id = os.environ.get("GITHUB_RUN_ID", "")
@@ -120,9 +139,10 @@ def nightly_issue_command(gh: GitHub, args: Any) -> int:
     triage = read_text(args.triage, "triage").strip() if args.triage else ""
     cost = run_cost(current.cells, links_from(os.environ, getattr(args, "links", None)))
     body = fit_body(render_nightly("issue", marker=NIGHTLY_MARKER, sha=sha, run_url=run_url, regressions=regressions,
-                                   matrix=args.matrix, against=against, report=report, triage=triage, cost=cost))
+                                   matrix=args.matrix, against=against, report=report, triage=triage, cost=cost,
+                                   creeping=creeping))
     if issue is None:
-        if not regressions:
+        if not regressions and not creeping:
             print("failures persist from the night before, and no regression issue is open")
             return 0
         created = gh.request("POST", gh.repo_path("issues"), body={

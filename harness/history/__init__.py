@@ -1,9 +1,11 @@
 """History: each night's results, per test, in one SQLite file carried from night to night, and the trends read
 from it (`harness history append`, `harness trend`). Runs in the nightly's regression job, or by hand.
 
-By stage: `store` (open a database, refuse what is not one, apply `migrations/*.sql`), `append` (a night's
-`ResultSet` into rows), `rule` (the creep rule, pure), `query` (rows back, checked again: the file is an
-artifact) and `trend` (what the trend page and the nightly issue show, as data). Rendering is harness.report's.
+By stage: `store` (open a database, refuse what is not one, apply `migrations/*.sql`, and `repack`'s data step
+for version 3), `night_reader` (results folders -> what the history keeps of each test, in one streaming pass),
+`append` (a night into rows), `rows` and `packing` (one row per night and cell, its columns compressed arrays),
+`rule` (the creep rule, pure), `query` (rows back, checked again: the file is an artifact) and `trend` (what the
+trend page and the nightly issue show, as data, and the issue's reading of it back). Rendering is harness.report's.
 """
 
 from harness.history.append import KEEP_NIGHTS, Appended, append_night, night_date

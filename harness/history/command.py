@@ -5,17 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from harness.history.append import append_night, check_night_id, night_date
+from harness.history.night_reader import read_night
 from harness.history.store import open_history
-from harness.results import load_results
 
 
 def command(args: Any) -> int:
     night = check_night_id(args.night)
     date = night_date(args.date)
-    results = load_results(args.results)  # before the database is touched: bad folders leave it as it was
+    cells = read_night(args.results)  # before the database is touched: bad folders leave it as it was
     connection = open_history(args.db, create=True)
     try:
-        appended = append_night(connection, night, date, results)
+        appended = append_night(connection, night, date, cells)
     finally:
         connection.close()
     print(f"history {args.db}: night {appended.night}: {appended.tests} tests; {appended.nights_kept} nights kept")

@@ -1,7 +1,9 @@
 """The history database: open it, refuse what is not one, and bring its schema up to the code's version.
 
 The schema is the SQL files in `migrations/` (NNNN_name.sql), applied in order, each in the transaction that
-also sets `PRAGMA user_version` to its number: a database is either at a version or at the one before it.
+also sets `PRAGMA user_version` to its number: a database is either at a version or at the one before it. A
+migration that moves data (3: rows repacked per cell) has its step in `repack.DATA_STEPS`, run in that
+transaction after its SQL; a database that held rows is vacuumed after it (the old tables' pages are freed).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 
 from harness.errors import ConfigError
+from harness.history.repack import DATA_STEPS
 
 _MIGRATION_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 # Every SQLite file starts with these 16 bytes; an empty file is a database not yet written.
@@ -91,8 +94,12 @@ def _migrate(connection: sqlite3.Connection, path: Path) -> None:
         raise ConfigError(f"history database {path} has schema version {version}, which no harness writes")
     if version == 0 and _has_tables(connection):
         raise ConfigError(f"history database {path} holds tables but no schema version: not a harness history")
+    moved = False
     for migration in known[version:]:
         _apply(connection, migration)
+        moved = moved or (version > 0 and migration.version in DATA_STEPS)
+    if moved:
+        connection.execute("VACUUM")
 
 
 def _apply(connection: sqlite3.Connection, migration: Migration) -> None:
@@ -101,6 +108,8 @@ def _apply(connection: sqlite3.Connection, migration: Migration) -> None:
     try:
         for statement in _statements(migration.sql):
             connection.execute(statement)
+        if migration.version in DATA_STEPS:
+            DATA_STEPS[migration.version](connection)
         connection.execute(f"PRAGMA user_version = {migration.version:d}")
     except BaseException:
         connection.execute("ROLLBACK")

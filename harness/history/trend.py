@@ -6,8 +6,10 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
-from harness.history.query import NightRow, TestSeries, last_nights, ranked_tests, series, tests_in
+from harness.history.query import NightRow, PackedRows, TestSeries, last_nights, ranked_tests, series, tests_in
 from harness.history.rule import BASELINE_NIGHTS, CONFIRM_NIGHTS, METRIC_BY_NAME, Creep
+from harness.results import finite, number
+from harness.results.values import clean_text
 
 # A plot per test of a 200,000-test night is a page nobody reads and no browser opens: the page plots the
 # regressions and then the tests that rose most, up to this many; the database keeps the rest.
@@ -26,6 +28,54 @@ class Regression:
                 "baseline": self.creep.baseline, "last_values": list(self.creep.last_values),
                 "ratio": self.creep.ratio, "threshold_ratio": metric.ratio, "threshold": self.creep.threshold,
                 "nights_over": self.creep.nights_over}
+
+
+# What the nightly issue reads back of `harness trend --json`: as many regressions as it may list, each name capped.
+LARGEST_REGRESSIONS = 10_000
+NAME_CHARS = 1_000
+
+
+def regressions_from_json(document: object) -> tuple[Regression, ...]:
+    """The regressions of `Trend.as_json()`, read back as input (the file is an artifact): a ValueError names the
+    first thing that is not as written."""
+    listed = document.get("regressions") if isinstance(document, dict) else None
+    if not isinstance(listed, list):
+        raise ValueError("no list of regressions")
+    if len(listed) > LARGEST_REGRESSIONS:
+        raise ValueError(f"{len(listed)} regressions, more than {LARGEST_REGRESSIONS}")
+    return tuple(_regression(item, place) for place, item in enumerate(listed))
+
+
+def _regression(item: object, place: int) -> Regression:
+    where = f"regressions[{place}]"
+    if not isinstance(item, dict):
+        raise ValueError(f"{where} is not an object")
+    texts = {key: item.get(key) for key in ("cell", "test")}
+    for key, text in texts.items():
+        if not isinstance(text, str) or not 0 < len(text) <= NAME_CHARS:
+            raise ValueError(f"{where}.{key} is not a name of 1 to {NAME_CHARS} characters")
+    metric = METRIC_BY_NAME.get(item.get("metric")) if isinstance(item.get("metric"), str) else None
+    if metric is None:
+        raise ValueError(f"{where}.metric is not one of {', '.join(METRIC_BY_NAME)}")
+    last = item.get("last_values")
+    if not isinstance(last, list) or not 0 < len(last) <= CONFIRM_NIGHTS:
+        raise ValueError(f"{where}.last_values is not a list of 1 to {CONFIRM_NIGHTS} numbers")
+    nights_over = item.get("nights_over")
+    if not isinstance(nights_over, int) or isinstance(nights_over, bool) or not 0 < nights_over <= 10_000:
+        raise ValueError(f"{where}.nights_over is not a count of nights")
+    ratio = item.get("ratio")
+    creep = Creep(metric=metric.name, baseline=_value(item.get("baseline"), f"{where}.baseline"),
+                  last_values=tuple(_value(value, f"{where}.last_values") for value in last),
+                  ratio=None if ratio is None else _value(ratio, f"{where}.ratio"),
+                  threshold=_value(item.get("threshold"), f"{where}.threshold"), nights_over=nights_over)
+    return Regression(cell=clean_text(texts["cell"]) or "", test=clean_text(texts["test"]) or "", creep=creep)
+
+
+def _value(raw: object, where: str) -> float:
+    value = finite(number(raw)) if isinstance(raw, (int, float)) and not isinstance(raw, bool) else None
+    if value is None or value < 0.0:
+        raise ValueError(f"{where} is not a number the trend writes")
+    return value
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,8 +97,9 @@ class Trend:
 def build_trend(connection: sqlite3.Connection, nights: int) -> Trend:
     # The rule always sees its own window, whatever the page shows.
     window = last_nights(connection, max(nights, CONFIRM_NIGHTS + BASELINE_NIGHTS))
-    ranked = ranked_tests(connection, window, PLOTTED_TESTS)
-    found = series(connection, window, [test for test, _ in ranked])
+    rows = PackedRows(connection)
+    ranked = ranked_tests(rows, window, PLOTTED_TESTS)
+    found = series(rows, window, [test for test, _ in ranked])
     regressions = tuple(Regression(cell=one.cell, test=one.test, creep=creep) for one in found for creep in one.creeps)
     flagged = [one for one in found if one.creeps]
     plotted = (flagged + [one for one in found if not one.creeps])[:max(PLOTTED_TESTS, len(flagged))]

@@ -18,6 +18,8 @@ from pathlib import Path
 from harness import contract
 from harness.contract import COMMENT_LIMIT, COMMENT_MARKER
 from harness.errors import ConfigError
+from harness.history.rule import METRIC_BY_NAME
+from harness.history.trend import Regression as HistoryRegression
 from harness.report.cost import RunCost
 from harness.report.filters import (
     compact_memory,
@@ -90,6 +92,8 @@ TERMINAL_LIMITS = Limits(cells=10**9, failures=50, failures_per_cell=10, excerpt
 # triage.json.
 NIGHTLY_LISTED = 300
 NIGHTLY_LISTED_PER_CELL = 30
+# The creeping tests the issue lists (the trend page has them all, with plots).
+NIGHTLY_CREEPING_LISTED = 50
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,15 +192,20 @@ def _render(template: str, report: Report, limits: Limits, **extra: object) -> s
 
 def render_nightly(kind: str, *, marker: str, sha: str, run_url: str | None, regressions: Iterable[Regression] = (),
                    matrix: str = "", against: str = "", report: str = "", triage: str = "",
-                   cost: RunCost | None = None) -> str:
+                   cost: RunCost | None = None, creeping: Iterable[HistoryRegression] = ()) -> str:
     """The nightly issue's body (kind "issue") or a comment on it ("again", "green"), escaped like every
     other rendering of results; the regressions listed at most NIGHTLY_LISTED_PER_CELL per cell and NIGHTLY_LISTED
-    in all, the rest counted. `cost`: the night's, on the issue's head line."""
+    in all, the rest counted. `cost`: the night's, on the issue's head line. `creeping`: the history's regressions
+    (tests still passing whose memory or time rose over their baseline), listed in their own section of the body,
+    as many per cell and NIGHTLY_CREEPING_LISTED in all."""
     shown = listed(tuple(regressions), lambda regression: (regression.cell_id,), per_cell=NIGHTLY_LISTED_PER_CELL,
                    total=NIGHTLY_LISTED)
+    creeps = listed(tuple(creeping), lambda regression: (regression.cell,), per_cell=NIGHTLY_LISTED_PER_CELL,
+                    total=NIGHTLY_CREEPING_LISTED)
     return _environment().get_template("nightly-issue.md.j2").render(
         kind=kind, marker=marker, sha=sha, run_url=run_url, regressions=shown.shown, more=shown.left_out,
-        matrix=matrix, against=against, report=report, triage=triage, cost=cost)
+        matrix=matrix, against=against, report=report, triage=triage, cost=cost, creeping=creeps.shown,
+        creeping_more=creeps.left_out, metrics=METRIC_BY_NAME)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import ConfigError
-from harness.history import METRICS, build_trend, open_history
+from harness.history import METRICS, PLOTTED_TESTS, build_trend, open_history
 from harness.history.rule import BASELINE_NIGHTS, CONFIRM_NIGHTS
 from harness.report.templates import render_template
 from harness.report.trend_plots import trend_plots
@@ -35,7 +35,7 @@ def command(args: Any) -> int:
 def render_page(trend) -> str:
     night_names = tuple(night.night for night in trend.nights)
     rows = [(series, trend_plots(series, night_names)) for series in trend.plotted]
-    return render_template("trend.html.j2", trend=trend, rows=rows, metrics=METRICS,
+    return render_template("trend.html.j2", trend=trend, rows=rows, metrics=METRICS, plotted_cap=PLOTTED_TESTS,
                            baseline_nights=BASELINE_NIGHTS, confirm_nights=CONFIRM_NIGHTS)
 
 

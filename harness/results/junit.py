@@ -33,24 +33,31 @@ class Junit:
         self.notes = notes  # what was wrong but cost no test
 
 
-class _RefusedMarkup(ValueError):
+class RefusedMarkup(ValueError):
     pass
 
 
 # expat is chosen here, not by whatever else is installed (junitparser silently switches to lxml).
-def parse_xml(data: bytes) -> ET.Element:
-    """A tree from expat with no DTD (so no entity of any kind) and no recursion, whatever is installed."""
-    builder = ET.TreeBuilder()
+def guarded_parser() -> expat.XMLParserType:
+    """An expat parser that refuses any DTD (so no entity of any kind); the caller sets its element handlers.
+    Parsing raises `expat.ExpatError`, or `RefusedMarkup` for a declaration."""
     parser = expat.ParserCreate()
     parser.buffer_text = True
 
     def refuse(*_: object) -> None:
-        raise _RefusedMarkup("a DOCTYPE or entity declaration (results never declare one)")
+        raise RefusedMarkup("a DOCTYPE or entity declaration (results never declare one)")
 
     parser.StartDoctypeDeclHandler = refuse
     parser.EntityDeclHandler = refuse
     parser.ExternalEntityRefHandler = refuse
     parser.SetParamEntityParsing(expat.XML_PARAM_ENTITY_PARSING_NEVER)
+    return parser
+
+
+def parse_xml(data: bytes) -> ET.Element:
+    """A tree from expat with no DTD (so no entity of any kind) and no recursion, whatever is installed."""
+    builder = ET.TreeBuilder()
+    parser = guarded_parser()
     parser.StartElementHandler = builder.start
     parser.EndElementHandler = builder.end
     parser.CharacterDataHandler = builder.data
@@ -81,7 +88,7 @@ def read_junit(path: Path) -> Junit:
         root = parse_xml(data)
     except expat.ExpatError as error:
         return Junit(problem=Problem(JUNIT_XML, f"malformed or truncated XML: {error}"))
-    except _RefusedMarkup as error:
+    except RefusedMarkup as error:
         return Junit(problem=Problem(JUNIT_XML, f"refused: {error}"))
     if root.tag not in ("testsuites", "testsuite"):
         return Junit(problem=Problem(JUNIT_XML, f"not JUnit XML: the root is <{clean_text(root.tag, 40)}>"))
@@ -92,7 +99,7 @@ def read_junit(path: Path) -> Junit:
     times = [finite(number(suite.get("time"))) for suite in suites]
     entries = list(root.iter("testcase"))  # iterative: nested suites of any depth cost no recursion
     # A <testcase> with no name is the test pytest was running when it was interrupted: not a test result.
-    named = [entry for entry in entries if entry.get("name") or entry.get("classname") or entry.get("file")]
+    named = [entry for entry in entries if is_named(entry)]
     bad_times = [
         entry.get("time")
         for entry in (*suites, *entries)
@@ -110,6 +117,10 @@ def read_junit(path: Path) -> Junit:
     )
 
 
+def is_named(entry: ET.Element) -> bool:
+    return bool(entry.get("name") or entry.get("classname") or entry.get("file"))
+
+
 def _properties(element: ET.Element) -> dict[str, str]:
     found = {}
     for holder in element.findall("properties"):
@@ -121,17 +132,25 @@ def _properties(element: ET.Element) -> dict[str, str]:
 def _group_attempts(entries: list[ET.Element]) -> tuple[TestResult, ...]:
     """pytest-rerunfailures leaves one empty <testcase> per rerun attempt before the final one, and a
     call failure followed by a teardown error gives two entries with results; group them per test."""
+    return tuple(_test_result(test_id, attempts) for test_id, attempts in grouped_attempts(entries).items())
+
+
+def grouped_attempts(entries: list[ET.Element]) -> dict[str, list[ET.Element]]:
+    """The <testcase> entries per test id, in the file's order."""
     grouped: dict[str, list[ET.Element]] = {}
     for entry in entries:
-        grouped.setdefault(_test_id(entry), []).append(entry)
-    return tuple(_test_result(test_id, attempts) for test_id, attempts in grouped.items())
+        grouped.setdefault(test_id_of(entry), []).append(entry)
+    return grouped
 
 
 def _results_of(entry: ET.Element) -> list[ET.Element]:
     return [child for child in entry if child.tag in _RESULT_TAGS]
 
 
-def _test_result(test_id: str, entries: list[ET.Element]) -> TestResult:
+def attempts_outcome(entries: list[ET.Element]) -> tuple[Outcome, str | None, str | None, int]:
+    """One test's outcome, message and excerpt over its entries (reruns included), and its number of attempts."""
+    if len(entries) == 1 and not len(entries[0]) and not entries[0].text:  # the common pass: one bare entry
+        return Outcome.PASSED, None, None, 1
     results = [_results_of(entry) for entry in entries]
     final_from = len(entries) - 1
     while final_from > 0 and results[final_from - 1]:
@@ -141,7 +160,19 @@ def _test_result(test_id: str, entries: list[ET.Element]) -> TestResult:
     outcome, message, excerpt = _outcome(final)
     if outcome is Outcome.PASSED and attempts > 1:
         outcome = Outcome.FLAKY
+    return outcome, message, excerpt, attempts
+
+
+def attempts_time(entries: list[ET.Element]) -> float:
+    """The test's time: its attempts' times summed (one not a number counts 0)."""
+    if len(entries) == 1:  # the common test, run once
+        return finite(number(entries[0].get("time"))) or 0.0
     times = [finite(number(entry.get("time"))) for entry in entries]
+    return number(sum(time for time in times if time is not None)) or 0.0
+
+
+def _test_result(test_id: str, entries: list[ET.Element]) -> TestResult:
+    outcome, message, excerpt, attempts = attempts_outcome(entries)
     properties = _properties(entries[-1])
     return TestResult(
         test_id=test_id,
@@ -150,7 +181,7 @@ def _test_result(test_id: str, entries: list[ET.Element]) -> TestResult:
         message=message,
         excerpt=excerpt,
         attempts=attempts,
-        duration_s=number(sum(time for time in times if time is not None)) or 0.0,
+        duration_s=attempts_time(entries),
         properties=tuple(properties.items()),
     )
 
@@ -167,7 +198,7 @@ def _outcome(results: list[ET.Element]) -> tuple[Outcome, str | None, str | None
     return Outcome.PASSED, None, None
 
 
-def _test_id(entry: ET.Element) -> str:
+def test_id_of(entry: ET.Element) -> str:
     """pytest's node id back from xunit1's classname (dotted module + class) and file."""
     classname, name, file = entry.get("classname") or "", entry.get("name") or "", entry.get("file")
     if file:

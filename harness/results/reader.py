@@ -71,6 +71,12 @@ def load_results(paths: Iterable[str | Path]) -> ResultSet:
 
 
 def _load_results(paths: Iterable[str | Path]) -> ResultSet:
+    cells = sorted((read_cell(folder) for folder in cell_folders(paths)), key=lambda cell: natural_key(cell.id))
+    return ResultSet(tuple(_flag_duplicate_ids(cells)))
+
+
+def cell_folders(paths: Iterable[str | Path]) -> list[Path]:
+    """The cell folders under `paths`, each once; a path that is no folder, or holds no cell, is a ConfigError."""
     folders: dict[Path, None] = {}
     for path in map(Path, paths):
         if not path.is_dir():
@@ -82,8 +88,7 @@ def _load_results(paths: Iterable[str | Path]) -> ResultSet:
         if not found:
             raise ConfigError(f"no cell folders under {path} (none holds {', '.join(CONTRACT_FILES)})")
         folders.update(dict.fromkeys(folder.absolute() for folder in found))
-    cells = sorted((read_cell(folder) for folder in folders), key=lambda cell: natural_key(cell.id))
-    return ResultSet(tuple(_flag_duplicate_ids(cells)))
+    return list(folders)
 
 
 def _flag_duplicate_ids(cells: list[CellResult]) -> list[CellResult]:

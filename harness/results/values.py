@@ -36,6 +36,13 @@ def number(raw: object) -> Number | None:
     None where nothing (or no number) was recorded."""
     if raw is None or isinstance(raw, bool):
         return None
+    if type(raw) is str:  # the common case, a property's text: a finite number in range needs no more checks
+        try:
+            value = float(raw)
+        except ValueError:
+            return None
+        if value == 0.0 or SMALLEST <= abs(value) <= LARGEST:  # false for nan and inf
+            return value
     if isinstance(raw, (int, float)):
         text = None
     else:

@@ -20,6 +20,8 @@ from history_helpers import (
 
 from harness.cli import main
 from harness.history import CONFIRM_NIGHTS, Night, creeps, migrations, open_history, schema_version
+from harness.history.query import stored_night
+from harness.report.filters import code_span, significant
 
 
 def append(db: Path, night: str, folder: Path, date: str) -> int:
@@ -51,6 +53,15 @@ def rows(db: Path, table: str) -> int:
         return connection.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
 
 
+def stored(db: Path, night: str) -> dict[tuple[str, str], object]:
+    """What the history kept of each test of `night`, by (cell, test)."""
+    connection = open_history(db, create=False)
+    try:
+        return {(cell.cell, test.test): test for cell in stored_night(connection, night) for test in cell.tests}
+    finally:
+        connection.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # Schema and migrations
 
@@ -60,8 +71,9 @@ def test_a_new_database_gets_every_migration(tmp_path):
     version = connection.execute("PRAGMA user_version").fetchone()[0]
     tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     connection.close()
-    assert version == schema_version() == len(migrations()) >= 2
-    assert {"nights", "tests", "results", "rank_peaks", "losses"} <= tables
+    assert version == schema_version() == len(migrations()) >= 3
+    assert {"nights", "cells", "names", "packed"} <= tables
+    assert not {"tests", "results", "rank_peaks", "losses"} & tables  # version 2's, repacked by migration 3
 
 
 def test_a_version_1_database_is_migrated_and_keeps_its_nights(tmp_path):
@@ -78,8 +90,8 @@ def test_a_version_1_database_is_migrated_and_keeps_its_nights(tmp_path):
         assert connection.execute("PRAGMA user_version").fetchone()[0] == schema_version()
         assert [night for (night,) in connection.execute("SELECT night FROM nights ORDER BY id")] == [
             "old-night", "new-night"]
-        assert connection.execute("SELECT step, loss FROM losses ORDER BY step").fetchall() == [
-            (1, 2.0), (2, 1.5), (3, 1.2)]
+    [test] = stored(db, "new-night").values()
+    assert test.losses == pytest.approx((2.0, 1.5, 1.2), rel=1e-7)
 
 
 def test_a_database_newer_than_the_code_is_refused(tmp_path, capsys):
@@ -128,14 +140,12 @@ def test_appending_the_same_night_again_replaces_it(tmp_path):
     first = write_night(tmp_path / "first", {"cpu-2rank": [Case(peaks_mib=(100.0, 200.0), losses=(2.0, 1.0))]})
     again = write_night(tmp_path / "again", {"cpu-2rank": [Case(peaks_mib=(300.0, 400.0), losses=(2.0, 1.0))]})
     assert append(db, "run-7", first, "2026-01-01") == 0
-    counts = {table: rows(db, table) for table in ("nights", "tests", "results", "rank_peaks", "losses")}
+    counts = {table: rows(db, table) for table in ("nights", "cells", "names", "packed")}
     assert append(db, "run-7", again, "2026-01-01") == 0
-    assert {table: rows(db, table) for table in counts} == counts == {
-        "nights": 1, "tests": 1, "results": 1, "rank_peaks": 2, "losses": 2}
-    with sqlite3.connect(db) as connection:
-        assert connection.execute("SELECT peak_mib FROM results").fetchone() == (400.0,)
-        assert connection.execute("SELECT rank, peak_mib FROM rank_peaks ORDER BY rank").fetchall() == [
-            (0, 300.0), (1, 400.0)]
+    assert {table: rows(db, table) for table in counts} == counts == {"nights": 1, "cells": 1, "names": 1,
+                                                                      "packed": 1}
+    [test] = stored(db, "run-7").values()
+    assert (test.peak_mib, test.rank_peaks, test.losses) == (400.0, ((0, 300.0), (1, 400.0)), (2.0, 1.0))
 
 
 def test_what_a_night_stores_per_test(tmp_path):
@@ -144,11 +154,10 @@ def test_what_a_night_stores_per_test(tmp_path):
         Case(test_id="tests/gpu/t.py::test_a", time_s=4.5, peaks_mib=(10.0, 30.0), error=2e-5, bound=1e-4),
         Case(test_id="tests/gpu/t.py::test_b", outcome="failed", error=3e-3, bound=1e-3)]})
     assert append(db, "n1", folder, "2026-01-01") == 0
-    with sqlite3.connect(db) as connection:
-        stored = connection.execute("SELECT t.test, r.outcome, r.time_s, r.peak_mib, r.error_over_bound FROM results r"
-                                    " JOIN tests t ON t.id = r.test ORDER BY t.test").fetchall()
-    assert stored[0] == ("tests/gpu/t.py::test_a", "passed", 4.5, 30.0, pytest.approx(0.2))
-    assert stored[1][:2] == ("tests/gpu/t.py::test_b", "failed") and stored[1][4] == pytest.approx(3.0)
+    kept = [(test.test, test.outcome, test.time_s, test.peak_mib, test.error_over_bound)
+            for _, test in sorted(stored(db, "n1").items())]
+    assert kept[0] == ("tests/gpu/t.py::test_a", "passed", 4.5, 30.0, pytest.approx(0.2))
+    assert kept[1][:2] == ("tests/gpu/t.py::test_b", "failed") and kept[1][4] == pytest.approx(3.0)
 
 
 def test_hostile_values_are_stored_as_not_recorded_and_names_are_escaped(tmp_path):
@@ -161,14 +170,15 @@ def test_hostile_values_are_stored_as_not_recorded_and_names_are_escaped(tmp_pat
              error="1e300", bound="1e-300")]}
     for night in range(3):
         assert append(db, f"n{night}", write_night(tmp_path / f"n{night}", cells), f"2026-01-0{night + 1}") == 0
-    with sqlite3.connect(db) as connection:
-        values = connection.execute("SELECT time_s, peak_mib, error_over_bound FROM results").fetchall()
-        peaks = connection.execute("SELECT DISTINCT peak_mib FROM rank_peaks ORDER BY peak_mib").fetchall()
-        losses = connection.execute("SELECT DISTINCT step, loss FROM losses").fetchall()
+    kept = stored(db, "n2").values()
+    values = sorted(((test.time_s, test.peak_mib, test.error_over_bound) for test in kept),
+                    key=lambda kept_values: kept_values[1] is not None)
+    peaks = sorted(peak for test in kept for _, peak in test.rank_peaks)
     # junit's reader reads a time it cannot use as 0; inf, nan, an overflowing ratio and 1e308 (out of the model's
-    # range) as not recorded; 1e23 MiB is absurd but finite, and is kept as recorded.
-    assert set(values) == {(0.0, None, None), (0.0, 1e23, None)}
-    assert peaks == [(-5.0,), (1e23,)] and losses == [(3, 1.0)]  # what is finite and in range is kept as recorded
+    # range) as not recorded; 1e23 MiB is absurd but finite, and is kept (to float32's 7 digits).
+    assert values == [(0.0, None, None), (0.0, pytest.approx(1e23, rel=1e-7), None)]
+    assert peaks == [-5.0, pytest.approx(1e23, rel=1e-7)]  # what is finite and in range is kept as recorded
+    assert sorted(test.losses for test in kept) == [(), (None, None, 1.0)]  # step 3 kept at its place
     code, html, data = trend(tmp_path, db)
     assert code == 0 and data["regressions"] == []
     assert "<script>" not in html and "<img" not in html and "&lt;script&gt;" in html
@@ -177,10 +187,10 @@ def test_hostile_values_are_stored_as_not_recorded_and_names_are_escaped(tmp_pat
 def test_a_tampered_database_cannot_inject_markup_or_break_the_json(tmp_path):
     db = history_of(tmp_path, nights=16)
     with sqlite3.connect(db) as connection:
-        connection.execute("UPDATE tests SET test = '<script>alert(1)</script>' WHERE test = ?", (CREEP_TEST,))
-        connection.execute("UPDATE results SET time_s = 'text', peak_mib = 9e999 WHERE"
+        connection.execute("UPDATE names SET test = '<script>alert(1)</script>' WHERE test = ?", (CREEP_TEST,))
+        connection.execute("UPDATE packed SET time_s = 'text', peak_mib = x'789c0300' WHERE"
                            " night = (SELECT max(id) FROM nights)")
-        connection.execute("UPDATE results SET outcome = '<b>passed</b>' WHERE night = 1")
+        connection.execute("UPDATE packed SET outcomes = x'00ff', tests = -3 WHERE night = 1")
         connection.execute("UPDATE nights SET night = '<iframe>' WHERE id = 2")
     code, html, data = trend(tmp_path, db)
     assert code == 0
@@ -230,6 +240,16 @@ def test_the_creep_found_again_when_the_page_shows_fewer_nights(tmp_path):
     assert code == 0 and len(data["nights"]) == 3 and len(data["regressions"]) == 1
 
 
+def test_the_page_plots_up_to_its_cap_and_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr("harness.history.trend.PLOTTED_TESTS", 5)
+    monkeypatch.setattr("harness.report.trend_page.PLOTTED_TESTS", 5)
+    db = history_of(tmp_path, creep_from=27)  # 2 cells x 10 tests
+    code, html, data = trend(tmp_path, db)
+    assert code == 0 and len(data["regressions"]) == 1
+    assert html.count('<section class="test') == 5 and html.index(CREEP_TEST) < html.index('<section class="test')
+    assert "5 of 20 tests (the page plots every regression and at most 5 tests in all)" in html
+
+
 def passing(*values: float, metric: str = "peak_mib") -> list[Night]:
     return [Night(outcome="passed", values={metric: value}) for value in values]
 
@@ -253,3 +273,70 @@ def test_failing_nights_are_not_a_baseline_and_not_a_creep():
     reds = [Night(outcome="failed", values={"peak_mib": 9000.0})] * 14
     assert creeps([*reds, *passing(1200, 1200)]) == ()
     assert creeps([*passing(*[1000.0] * 14, 1200), Night(outcome="failed", values={"peak_mib": 1200.0})]) == ()
+
+
+# ---------------------------------------------------------------------------------------------
+# The nightly issue's Creeping section (`harness gh nightly-issue --trend-json`)
+
+
+def nightly_issue(tmp_path: Path, results: Path, trend_json: Path) -> int:
+    return main(["gh", "nightly-issue", "--results", str(results), "--sha", "6dcb09b5b578",
+                 "--trend-json", str(trend_json)])
+
+
+def last_night_folder(tmp_path: Path, creep_from: int | None) -> Path:
+    return write_night(tmp_path / "tonight", generated_night(29, 30, creep_from=creep_from))
+
+
+def test_the_nightly_issue_lists_the_planted_creep_though_every_test_passed(fake, env, tmp_path, capsys):
+    db = history_of(tmp_path, creep_from=27)
+    assert trend(tmp_path, db)[0] == 0
+    assert nightly_issue(tmp_path, last_night_folder(tmp_path, 27), tmp_path / "trend.json") == 0
+    [issue] = fake.issues.values()
+    assert "opened issue" in capsys.readouterr().out
+    section = issue["body"].split("### Creeping (still passing)\n", 1)[1]
+    [line] = [line for line in section.splitlines() if line.startswith("- ")]
+    creep = json.loads((tmp_path / "trend.json").read_text())["regressions"][0]
+    assert line.startswith(f"- `{CREEP_CELL}` `{CREEP_TEST}`: peak memory ")
+    assert f"over the last 2 nights, baseline {significant(creep['baseline'])} MiB" in line
+    assert f"(×{creep['ratio']:.2f}; threshold ×1.10" in line and "over it 3 nights running" in line
+
+
+def test_a_one_night_spike_opens_no_issue(fake, env, tmp_path, capsys):
+    db = history_of(tmp_path)  # the spike test's time triples on the last night only
+    assert trend(tmp_path, db)[0] == 0
+    assert nightly_issue(tmp_path, last_night_folder(tmp_path, None), tmp_path / "trend.json") == 0
+    assert fake.issues == {} and "all green" in capsys.readouterr().out
+
+
+def test_hostile_names_in_the_trend_json_stay_inside_their_code_spans(fake, env, tmp_path):
+    cell, test = "cell-<img src=x onerror=alert(1)>", "t.py::test_x[``\n### forged heading](javascript:alert(1))]"
+    trend_json = tmp_path / "trend.json"
+    trend_json.write_text(json.dumps({"regressions": [{
+        "cell": cell, "test": test, "metric": "time_s", "unit": "s", "baseline": 10.0, "last_values": [13.0, 14.0],
+        "ratio": 1.3, "threshold_ratio": 1.25, "threshold": 12.5, "nights_over": 2}]}))
+    assert nightly_issue(tmp_path, last_night_folder(tmp_path, None), trend_json) == 0
+    [issue] = fake.issues.values()
+    [line] = [line for line in issue["body"].splitlines() if "forged heading" in line]
+    # One line, each name in a code span longer than any backtick run in it: no heading, link or markup forged.
+    assert line == (f"- {code_span(cell)} {code_span(test)}: time 13, 14 s over the last 2 nights, baseline 10 s "
+                    "(×1.30; threshold ×1.25, 12.5 s); over it 2 nights running")
+    assert code_span(test).startswith("```t.py::test_x[`` ### forged heading")
+    assert not any(line.startswith("### forged") for line in issue["body"].splitlines())
+
+
+@pytest.mark.parametrize(("content", "says"), [
+    ("not json", "not the JSON"),
+    ('{"regressions": [{"cell": "c", "test": "t", "metric": "rm -rf"}]}', "regressions[0].metric"),
+    ('{"regressions": [{"cell": "c", "test": "t", "metric": "time_s", "last_values": [1, 2, 3]}]}',
+     "regressions[0].last_values"),
+    ('{"regressions": [{"cell": "c", "test": "t", "metric": "time_s", "baseline": 1, "threshold": 2,'
+     ' "last_values": [1e999], "nights_over": 2}]}',
+     "regressions[0].last_values"),
+])
+def test_a_trend_json_that_is_not_one_is_one_line_and_exit_2(fake, env, tmp_path, capsys, content, says):
+    trend_json = tmp_path / "trend.json"
+    trend_json.write_text(content)
+    assert nightly_issue(tmp_path, last_night_folder(tmp_path, None), trend_json) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert str(trend_json) in line and says in line and fake.issues == {}

@@ -90,6 +90,18 @@ def generated_night(night: int, nights: int, *, cells: int = 2, cases: int = 10,
     return out
 
 
+def stored(db: Path, night: str) -> dict:
+    """What the history kept of each test of `night` (harness.history.rows.NightTest), by (cell, test)."""
+    from harness.history import open_history
+    from harness.history.query import stored_night
+
+    connection = open_history(db, create=False)
+    try:
+        return {(cell.cell, test.test): test for cell in stored_night(connection, night) for test in cell.tests}
+    finally:
+        connection.close()
+
+
 def write_night(root: Path, cells: dict[str, list[Case]]) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     for cell_id, cases in cells.items():

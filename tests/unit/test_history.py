@@ -15,12 +15,12 @@ from history_helpers import (
     SPIKE_TEST,
     Case,
     generated_night,
+    stored,
     write_night,
 )
 
 from harness.cli import main
 from harness.history import CONFIRM_NIGHTS, Night, creeps, migrations, open_history, schema_version
-from harness.history.query import stored_night
 from harness.report.filters import code_span, significant
 
 
@@ -51,15 +51,6 @@ def trend(tmp_path: Path, db: Path, *extra: str) -> tuple[int, str, dict]:
 def rows(db: Path, table: str) -> int:
     with sqlite3.connect(db) as connection:
         return connection.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-
-
-def stored(db: Path, night: str) -> dict[tuple[str, str], object]:
-    """What the history kept of each test of `night`, by (cell, test)."""
-    connection = open_history(db, create=False)
-    try:
-        return {(cell.cell, test.test): test for cell in stored_night(connection, night) for test in cell.tests}
-    finally:
-        connection.close()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,9 +10,9 @@ import zlib
 from pathlib import Path
 
 import pytest
-from history_helpers import Case, write_night
+from history_helpers import Case, stored, write_night
 
-from harness.history import migrations, open_history, schema_version
+from harness.history import migrations, schema_version
 from harness.history.night_reader import read_night
 from harness.history.packing import (
     Unpackable,
@@ -24,7 +24,6 @@ from harness.history.packing import (
     unpack_floats,
     unpack_lists,
 )
-from harness.history.query import stored_night
 from harness.history.rows import OUTCOMES, NightTest, night_test, outcome_code, outcome_name
 from harness.results import Outcome, load_results
 
@@ -91,18 +90,10 @@ def version_2_database(path: Path) -> None:
     connection.close()
 
 
-def kept(db: Path, night: str) -> dict[tuple[str, str], NightTest]:
-    connection = open_history(db, create=False)
-    try:
-        return {(cell.cell, test.test): test for cell in stored_night(connection, night) for test in cell.tests}
-    finally:
-        connection.close()
-
-
 def test_a_version_2_database_with_rows_migrates_and_reads_the_same(tmp_path):
     db = tmp_path / "v2.db"
     version_2_database(db)
-    first = kept(db, "run-1")
+    first = stored(db, "run-1")
     assert first == {
         ("cell-a", "t.py::train"): NightTest(test="t.py::train", outcome="passed", time_s=4.5, peak_mib=1010.5,
                                              error_over_bound=0.25, rank_peaks=((0, 1000.0), (1, 1010.5)),
@@ -112,7 +103,7 @@ def test_a_version_2_database_with_rows_migrates_and_reads_the_same(tmp_path):
         ("cell-b", "t.py::grad"): NightTest(test="t.py::grad", outcome="passed", time_s=None, peak_mib=800.0,
                                             error_over_bound=None, rank_peaks=((2, 800.0),)),
     }
-    assert kept(db, "run-2")[("cell-a", "t.py::train")] == NightTest(
+    assert stored(db, "run-2")[("cell-a", "t.py::train")] == NightTest(
         test="t.py::train", outcome="flaky", time_s=9.25, peak_mib=1020.0, error_over_bound=None,
         rank_peaks=((0, 1020.0),), losses=(2.0,))
     with sqlite3.connect(db) as connection:
@@ -127,7 +118,7 @@ def test_a_tampered_version_2_row_migrates_as_not_recorded(tmp_path):
     with sqlite3.connect(db) as connection:
         connection.execute("UPDATE results SET time_s = 'text', peak_mib = x'00' WHERE test = 1 AND night = 1")
         connection.execute("UPDATE rank_peaks SET rank = 'x' WHERE test = 1 AND rank = 0 AND night = 1")
-    test = kept(db, "run-1")[("cell-a", "t.py::train")]
+    test = stored(db, "run-1")[("cell-a", "t.py::train")]
     assert (test.time_s, test.peak_mib, test.rank_peaks) == (None, None, ((1, 1010.5),))
 
 

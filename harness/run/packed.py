@@ -28,6 +28,7 @@ from typing import BinaryIO
 
 from harness import contract
 from harness.engines import Interrupted, engine
+from harness.engines.local import echo_terminal
 from harness.plan.cells import Cell
 from harness.plan.packing import first_fit_decreasing
 from harness.ranks.hosts import PORT_SLOT_ENV
@@ -135,17 +136,10 @@ def run_pack(pack: Sequence[Cell], plan: Plan, *, matrix_argument: str, force: b
 def relay(source: BinaryIO, prefix: str, lock: threading.Lock) -> None:
     """A child's output, line by line, each line prefixed with its cell's id (lines of cells never interleave)."""
     prefix_bytes = prefix.encode()
-    out = getattr(sys.stdout, "buffer", None)
     for line in iter(source.readline, b""):
         # The terminal may have gone away: the folders still get it all.
         with lock, contextlib.suppress(OSError, ValueError):
-            if out is not None:
-                sys.stdout.flush()
-                out.write(prefix_bytes + line if line.endswith(b"\n") else prefix_bytes + line + b"\n")
-                out.flush()
-            else:
-                sys.stdout.write(prefix + line.decode(errors="replace").rstrip("\n") + "\n")
-                sys.stdout.flush()
+            echo_terminal(prefix_bytes + line if line.endswith(b"\n") else prefix_bytes + line + b"\n")
 
 
 def _stop(children: Sequence[subprocess.Popen], signum: int) -> None:

@@ -9,8 +9,12 @@ reads as it does in the report.
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from xml.parsers import expat
 
@@ -34,11 +38,34 @@ _RESULT_TAGS = frozenset(("failure", "error", "skipped"))
 _ROOT_TAGS = ("testsuites", "testsuite")
 
 
-def read_night(paths: Iterable[str | Path]) -> tuple[NightCell, ...]:
-    """Every cell folder under `paths` (as `load_results` finds them); a cell whose junit.xml cannot be read
-    keeps no tests, as in the report, where it is an errored cell."""
+# Below this many cells a night is read here: starting worker processes would cost more than it saves.
+PARALLEL_FROM_CELLS = 8
+
+
+def read_night(paths: Iterable[str | Path], workers: int | None = None) -> tuple[NightCell, ...]:
+    """Every cell folder under `paths` (as `load_results` finds them), in their order; a cell whose junit.xml
+    cannot be read keeps no tests, as in the report, where it is an errored cell. Reading is Python-bound (expat's
+    callbacks), so a large night is read by one process per usable core (`workers`: how many, 1 = here)."""
+    folders = list(cell_folders(paths))
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if len(folders) >= PARALLEL_FROM_CELLS else 1
+    workers = max(1, min(workers, len(folders)))
+    # Forked workers: spawned ones would run the caller's __main__ again. Forking a process that runs other threads
+    # can copy a lock one of them holds, so such a caller reads here.
+    if workers == 1 or threading.active_count() > 1:
+        return tuple(_read_cells(folders))
+    parts = workers * 4  # the results of one part are taken in while the workers read the next
+    chunks = [folders[start::parts] for start in range(parts)]
+    with paused_gc(), ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        read = list(pool.map(_read_cells, chunks))
+    by_folder = {folder: cell for chunk, cells in zip(chunks, read, strict=True)
+                 for folder, cell in zip(chunk, cells, strict=True)}
+    return tuple(by_folder[folder] for folder in folders)
+
+
+def _read_cells(folders: list[Path]) -> list[NightCell]:
     with paused_gc():
-        return tuple(read_cell_tests(folder) for folder in cell_folders(paths))
+        return [read_cell_tests(folder) for folder in folders]
 
 
 def read_cell_tests(folder: Path) -> NightCell:

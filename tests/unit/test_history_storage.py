@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from history_helpers import Case, stored, write_night
 
-from harness.history import migrations, schema_version
+from harness.history import migrations, night_reader, schema_version
 from harness.history.night_reader import read_night
 from harness.history.packing import (
     Unpackable,
@@ -26,6 +26,7 @@ from harness.history.packing import (
 )
 from harness.history.rows import OUTCOMES, NightTest, night_test, outcome_code, outcome_name
 from harness.results import Outcome, load_results
+from harness.results.reader import cell_folders
 
 # ---------------------------------------------------------------------------------------------
 # Packed columns
@@ -171,3 +172,27 @@ def test_a_junit_xml_the_report_cannot_read_keeps_no_tests(tmp_path, junit):
     [cell] = read_night([folder])
     assert cell.cell == "cpu-2rank" and cell.tests == ()
     assert load_results([folder]).cells[0].tests == ()
+
+
+def test_a_large_night_read_by_several_processes_is_the_night_read_here_in_its_order(tmp_path, monkeypatch):
+    cells = {f"cpu-{index}rank": [Case(test_id=f"tests/gpu/t.py::test_{case}", time_s=index + case / 10,
+                                       peaks_mib=(float(index), 2.0))
+                                  for case in range(3)] for index in range(11)}
+    folder = write_night(tmp_path / "night", cells)
+    (folder / "cpu-4rank" / "junit.xml").write_bytes(b"<testsuites><testcase name='t'")  # unreadable: no tests
+    here = read_night([folder], workers=1)
+    pools = []
+
+    class CountedPool(night_reader.ProcessPoolExecutor):
+        def __init__(self, workers, **options):
+            pools.append(workers)
+            super().__init__(workers, **options)
+
+    monkeypatch.setattr(night_reader, "ProcessPoolExecutor", CountedPool)
+    monkeypatch.setattr(night_reader.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    for workers in (2, 3, None):
+        assert read_night([folder], workers=workers) == here
+    assert pools == [2, 3, 4]  # read by that many processes, not here
+    assert [cell.cell for cell in here] == [path.name for path in cell_folders([folder])]
+    by_cell = {cell.cell: cell for cell in here}
+    assert by_cell["cpu-4rank"].tests == () and len(by_cell["cpu-7rank"].tests) == 3

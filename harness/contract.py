@@ -66,6 +66,7 @@ ERROR_ENGINE = "engine"  # a multi-host cell's engine ended it and cannot say wh
 # A host of the cell was lost, as harness saw it: host 0 heard no heartbeat from it or its agent's connection closed
 # (host-lost.json), or the scheduler failed its node (Slurm NODE_FAIL, BOOT_FAIL).
 ERROR_HOST_LOST = "host_lost"
+ERRORS_BEFORE_PYTEST = (ERROR_ENVIRONMENT, ERROR_BUSY_GPUS)  # pytest never started: no junit.xml or pytest.log
 ERROR_KINDS = (ERROR_ENGINE, ERROR_HOST_LOST, ERROR_ENVIRONMENT, ERROR_BUSY_GPUS, ERROR_TIMEOUT, ERROR_SIGNAL,
                ERROR_INTERRUPTED, ERROR_COLLECTION, ERROR_NO_TESTS, ERROR_NO_JUNIT, ERROR_PYTEST, ERROR_HARNESS)
 

@@ -26,8 +26,10 @@ class Junit:
         suite_properties: dict[str, str] | None = None,
         notes: tuple[Problem, ...] = (),
         stopped: bool = False,
+        missing: bool = False,
     ) -> None:
         self.tests, self.problem, self.time_s = tests, problem, time_s
+        self.missing = missing  # no junit.xml at all
         self.stopped = stopped  # pytest was interrupted during a test (a nameless <testcase>)
         self.suite_properties = suite_properties or {}
         self.notes = notes  # what was wrong but cost no test
@@ -75,7 +77,8 @@ def read_junit(path: Path) -> Junit:
     try:
         data = read_regular(path, JUNIT_BYTES)
     except FileNotFoundError:
-        return Junit(problem=Problem(JUNIT_XML, "missing: pytest never wrote it (crash, kill or timeout)"))
+        return Junit(problem=Problem(JUNIT_XML, "missing: pytest never wrote it (crash, kill or timeout)"),
+                     missing=True)
     except NotRegular as error:
         return Junit(problem=Problem(JUNIT_XML, str(error)))
     except OSError as error:

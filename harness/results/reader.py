@@ -19,7 +19,10 @@ from pathlib import Path
 from harness.contract import (
     CONTRACT_FILES,
     ENV_JSON,
+    ERROR_ENVIRONMENT,
     ERROR_KINDS,
+    ERRORS_BEFORE_PYTEST,
+    INSTALL_LOG,
     JUNIT_XML,
     MEMORY_JSON,
     PYTEST_LOG,
@@ -155,13 +158,17 @@ def _read_cell(folder: Path) -> CellResult:
     env = read_json(folder / ENV_JSON, problems)
     memory_doc = read_json(folder / MEMORY_JSON, problems)
     junit = read_junit(folder / JUNIT_XML)
-    if junit.problem:
-        problems.append(junit.problem)
-    problems.extend(junit.notes)
-
     env_fields = Fields(ENV_JSON, env, problems)
     info = cell_info(env_fields.mapping("cell"), folder.name, problems)
     env_status = env_fields.choice("status", STATUSES)
+    # A cell errored before pytest started (its packages, its GPUs) has no pytest files to miss: its reason says why,
+    # and the install's log is the one to show where its packages failed.
+    error_kind = env_fields.choice("error_kind", ERROR_KINDS) if env_status == STATUS_ERRORED else None
+    before_pytest = error_kind in ERRORS_BEFORE_PYTEST
+    errored_log = INSTALL_LOG if error_kind == ERROR_ENVIRONMENT else None if before_pytest else PYTEST_LOG
+    if junit.problem and not (before_pytest and junit.missing):
+        problems.append(junit.problem)
+    problems.extend(junit.notes)
     exit_code = env_fields.integer("exit_code")
     tests = with_stopped_test(junit, read_running_test(folder / RUNNING_TEST))
     status, reason = _cell_status(
@@ -191,7 +198,8 @@ def _read_cell(folder: Path) -> CellResult:
         driver=env_fields.text("driver"),
         reproduce=reproduce(env_fields.text("reproduce"), info),
         pytest_args=env_fields.command_words("pytest_args", PYTEST_ARGS_MAX, PYTEST_ARGS_CHARS),
-        log_tail=read_log_tail(folder / PYTEST_LOG, problems) if status is CellStatus.ERRORED else None,
+        log_tail=read_log_tail(folder / errored_log, problems)
+        if status is CellStatus.ERRORED and errored_log else None,
         problems=tuple(problems),
         folder=clean_text(str(folder), len(str(folder))),
     )

@@ -175,6 +175,32 @@ def test_crashed_cell_without_junit_is_errored_with_the_log_tail():
     assert [gpu.peak_used_mib for gpu in cell.memory][-1] == 41984.0
 
 
+@pytest.mark.parametrize(("kind", "install_log", "log_tail"), [
+    ("busy_gpus", None, None),
+    ("environment", "Resolved 12 packages\nerror: no torch==9.9 wheel\n",
+     "Resolved 12 packages\nerror: no torch==9.9 wheel"),
+])
+def test_a_cell_errored_before_pytest_started_misses_no_pytest_file(tmp_path, kind, install_log, log_tail):
+    folder = write_cell(tmp_path / "ada-2gpu-torch2.11.0-tf5.9.0", junit=None, log=None,
+                        env=env_json(status="errored", error=f"{kind}: why", error_kind=kind, exit_code=None))
+    if install_log is not None:
+        (folder / "install.log").write_text(install_log)
+    cell = read_cell(folder)
+    assert (cell.status, cell.reason, cell.error_kind) == (CellStatus.ERRORED, f"{kind}: why", kind)
+    # no "junit.xml: missing: pytest never wrote it (crash, kill or timeout)", no "pytest.log: missing"
+    assert [str(problem) for problem in cell.problems] == ["memory.json: missing"]
+    assert cell.log_tail == log_tail
+
+
+def test_a_cell_that_timed_out_without_junit_still_says_it_is_missing(tmp_path):
+    folder = write_cell(tmp_path / "ada-2gpu-torch2.11.0-tf5.9.0", junit=None,
+                        env=env_json(status="errored", error="timeout: 30 min", error_kind="timeout", exit_code=None))
+    cell = read_cell(folder)
+    assert [str(problem) for problem in cell.problems] == [
+        "memory.json: missing", "junit.xml: missing: pytest never wrote it (crash, kill or timeout)"]
+    assert cell.log_tail == "log line"
+
+
 # What pytest's junitxml writes when SIGINT stops it during its second test: the one that ran, then a
 # <testcase> with no name for the one that was running.
 JUNIT_INTERRUPTED = """<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests"><testsuite name="pytest"

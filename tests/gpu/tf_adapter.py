@@ -211,7 +211,7 @@ def build_load_caches() -> None:
         from transformers.conversion_mapping import get_checkpoint_conversion_mapping
     except ImportError:  # a release without the mapping
         return
-    get_checkpoint_conversion_mapping("mixtral")
+    get_checkpoint_conversion_mapping("")  # any model type: the first call builds the whole table
 
 
 def _implementation_kwargs(experts_implementation: str | None) -> dict:

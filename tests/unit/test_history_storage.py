@@ -4,15 +4,18 @@ the streaming reader keeps of each test what the report's reader reads."""
 
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 
 import pytest
 from history_helpers import Case, stored, write_night
 
-from harness.history import migrations, night_reader, schema_version
+from harness.history import migrations, schema_version
 from harness.history.night_reader import read_night
 from harness.history.packing import (
     Unpackable,
@@ -26,7 +29,8 @@ from harness.history.packing import (
 )
 from harness.history.rows import OUTCOMES, NightTest, night_test, outcome_code, outcome_name
 from harness.results import Outcome, load_results
-from harness.results.reader import cell_folders
+
+REPO = Path(__file__).resolve().parents[2]
 
 # ---------------------------------------------------------------------------------------------
 # Packed columns
@@ -174,25 +178,39 @@ def test_a_junit_xml_the_report_cannot_read_keeps_no_tests(tmp_path, junit):
     assert load_results([folder]).cells[0].tests == ()
 
 
-def test_a_large_night_read_by_several_processes_is_the_night_read_here_in_its_order(tmp_path, monkeypatch):
+# Run in a process of its own: read_night reads here when its caller runs other threads, as a test session may.
+SEVERAL_PROCESSES = """
+import json, sys
+from pathlib import Path
+from harness.history import night_reader
+folder = Path(sys.argv[1])
+pools = []
+
+class CountedPool(night_reader.ProcessPoolExecutor):
+    def __init__(self, workers, **options):
+        pools.append(workers)
+        super().__init__(workers, **options)
+
+night_reader.ProcessPoolExecutor = CountedPool
+night_reader.os.sched_getaffinity = lambda pid: {0, 1, 2, 3}
+here = night_reader.read_night([folder], workers=1)
+same = [night_reader.read_night([folder], workers=workers) == here for workers in (2, 3, None)]
+cells = {cell.cell: len(cell.tests) for cell in here}
+print(json.dumps({"same": same, "pools": pools, "order": [cell.cell for cell in here],
+                  "folders": [path.name for path in night_reader.cell_folders([folder])], "cells": cells}))
+"""
+
+
+def test_a_large_night_read_by_several_processes_is_the_night_read_here_in_its_order(tmp_path):
     cells = {f"cpu-{index}rank": [Case(test_id=f"tests/gpu/t.py::test_{case}", time_s=index + case / 10,
                                        peaks_mib=(float(index), 2.0))
                                   for case in range(3)] for index in range(11)}
     folder = write_night(tmp_path / "night", cells)
     (folder / "cpu-4rank" / "junit.xml").write_bytes(b"<testsuites><testcase name='t'")  # unreadable: no tests
-    here = read_night([folder], workers=1)
-    pools = []
-
-    class CountedPool(night_reader.ProcessPoolExecutor):
-        def __init__(self, workers, **options):
-            pools.append(workers)
-            super().__init__(workers, **options)
-
-    monkeypatch.setattr(night_reader, "ProcessPoolExecutor", CountedPool)
-    monkeypatch.setattr(night_reader.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
-    for workers in (2, 3, None):
-        assert read_night([folder], workers=workers) == here
-    assert pools == [2, 3, 4]  # read by that many processes, not here
-    assert [cell.cell for cell in here] == [path.name for path in cell_folders([folder])]
-    by_cell = {cell.cell: cell for cell in here}
-    assert by_cell["cpu-4rank"].tests == () and len(by_cell["cpu-7rank"].tests) == 3
+    completed = subprocess.run([sys.executable, "-c", SEVERAL_PROCESSES, str(folder)], capture_output=True,
+                               text=True, check=True, cwd=REPO)
+    read = json.loads(completed.stdout)
+    assert read["same"] == [True, True, True]
+    assert read["pools"] == [2, 3, 4]  # read by that many processes, not here
+    assert read["order"] == read["folders"]
+    assert read["cells"]["cpu-4rank"] == 0 and read["cells"]["cpu-7rank"] == 3

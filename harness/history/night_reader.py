@@ -54,13 +54,10 @@ def read_night(paths: Iterable[str | Path], workers: int | None = None) -> tuple
     # can copy a lock one of them holds, so such a caller reads here.
     if workers == 1 or threading.active_count() > 1:
         return tuple(_read_cells(folders))
-    parts = workers * 4  # the results of one part are taken in while the workers read the next
-    chunks = [folders[start::parts] for start in range(parts)]
+    size = -(-len(folders) // (workers * 4))  # 4 parts a worker: one part is taken in while the next is read
+    chunks = [folders[start:start + size] for start in range(0, len(folders), size)]
     with paused_gc(), ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
-        read = list(pool.map(_read_cells, chunks))
-    by_folder = {folder: cell for chunk, cells in zip(chunks, read, strict=True)
-                 for folder, cell in zip(chunk, cells, strict=True)}
-    return tuple(by_folder[folder] for folder in folders)
+        return tuple(cell for cells in pool.map(_read_cells, chunks) for cell in cells)  # map keeps the order
 
 
 def _read_cells(folders: list[Path]) -> list[NightCell]:

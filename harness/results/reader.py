@@ -161,26 +161,24 @@ def _read_cell(folder: Path) -> CellResult:
     env_fields = Fields(ENV_JSON, env, problems)
     info = cell_info(env_fields.mapping("cell"), folder.name, problems)
     env_status = env_fields.choice("status", STATUSES)
-    # A cell errored before pytest started (its packages, its GPUs) has no pytest files to miss: its reason says why,
-    # and the install's log is the one to show where its packages failed.
-    error_kind = env_fields.choice("error_kind", ERROR_KINDS) if env_status == STATUS_ERRORED else None
-    before_pytest = error_kind in ERRORS_BEFORE_PYTEST
-    errored_log = INSTALL_LOG if error_kind == ERROR_ENVIRONMENT else None if before_pytest else PYTEST_LOG
-    if junit.problem and not (before_pytest and junit.missing):
-        problems.append(junit.problem)
-    problems.extend(junit.notes)
     exit_code = env_fields.integer("exit_code")
     tests = with_stopped_test(junit, read_running_test(folder / RUNNING_TEST))
     status, reason = _cell_status(
         env_status, env_fields.text("error"), exit_code, junit.problem, Counts.of(tests), nothing_distributed_ran(tests)
     )
+    error_kind = env_fields.choice("error_kind", ERROR_KINDS) if status is CellStatus.ERRORED else None
+    # A cell errored before pytest started (its packages, its GPUs) has no pytest files to miss: its reason says why.
+    if junit.problem and not (error_kind in ERRORS_BEFORE_PYTEST and junit.missing):
+        problems.append(junit.problem)
+    problems.extend(junit.notes)
+    errored_log = _errored_log(error_kind) if status is CellStatus.ERRORED else None
     memory, memory_note = read_memory(memory_doc, problems)
     duration_s = env_fields.number("duration_s")
     return CellResult(
         info=info,
         status=status,
         reason=reason,
-        error_kind=env_fields.choice("error_kind", ERROR_KINDS) if status is CellStatus.ERRORED else None,
+        error_kind=error_kind,
         tests=tests,
         suite=SuiteInfo.of(junit.suite_properties),
         memory=memory,
@@ -198,11 +196,18 @@ def _read_cell(folder: Path) -> CellResult:
         driver=env_fields.text("driver"),
         reproduce=reproduce(env_fields.text("reproduce"), info),
         pytest_args=env_fields.command_words("pytest_args", PYTEST_ARGS_MAX, PYTEST_ARGS_CHARS),
-        log_tail=read_log_tail(folder / errored_log, problems)
-        if status is CellStatus.ERRORED and errored_log else None,
+        log_tail=read_log_tail(folder / errored_log, problems) if errored_log else None,
         problems=tuple(problems),
         folder=clean_text(str(folder), len(str(folder))),
     )
+
+
+def _errored_log(error_kind: str | None) -> str | None:
+    """The log whose tail an errored cell shows: the install's where its packages failed, none where pytest never
+    started for another reason (its GPUs were busy), else pytest's."""
+    if error_kind == ERROR_ENVIRONMENT:
+        return INSTALL_LOG
+    return None if error_kind in ERRORS_BEFORE_PYTEST else PYTEST_LOG
 
 
 def _cell_status(

@@ -192,6 +192,13 @@ def test_a_cell_errored_before_pytest_started_misses_no_pytest_file(tmp_path, ki
     assert cell.log_tail == log_tail
 
 
+def test_an_unknown_error_kind_is_one_problem(tmp_path):
+    folder = write_cell(tmp_path / "ada-2gpu-torch2.11.0-tf5.9.0", junit=None,
+                        env=env_json(status="errored", error="odd", error_kind="gremlins", exit_code=None))
+    told = [str(problem) for problem in read_cell(folder).problems]
+    assert sum("gremlins" in line for line in told) == 1, told
+
+
 def test_a_cell_that_timed_out_without_junit_still_says_it_is_missing(tmp_path):
     folder = write_cell(tmp_path / "ada-2gpu-torch2.11.0-tf5.9.0", junit=None,
                         env=env_json(status="errored", error="timeout: 30 min", error_kind="timeout", exit_code=None))

@@ -28,6 +28,7 @@ from harness.errors import ConfigError
 from harness.plan.cells import Cell, SubmitOptions
 from harness.ranks import cgroup
 from harness.ranks.containment import Containment, describe
+from harness.ranks.tether import tethered
 
 # After the cell's timeout pytest gets SIGINT (it still writes junit.xml), then this long before SIGKILL.
 INTERRUPT_GRACE_SECONDS = 20
@@ -76,9 +77,11 @@ def run_pytest(cell: Cell, python: Path, folder: Path, gpus: list, pytest_args: 
     try:
         with (folder / PYTEST_LOG).open("wb") as pytest_log:
             with containment.born_inside():
-                process = subprocess.Popen(command, cwd=project, env=environ,
+                # Its own group: a timeout kills every rank. Tethered: if this run is SIGKILLed, pytest dies too
+                # (and its zygote and ranks with it), rather than run on with nobody to end it.
+                process = subprocess.Popen(tethered(command, signal.SIGKILL), cwd=project, env=environ,
                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                           start_new_session=True)  # its own group: a timeout kills every rank
+                                           start_new_session=True)
             containment.spare(process.pid)  # its exit status is Popen's to read
             reader = threading.Thread(target=stream_output,
                                       args=(process.stdout, pytest_log, echo or echo_terminal), daemon=True)

@@ -32,6 +32,7 @@ from harness.engines.local import echo_terminal
 from harness.plan.cells import Cell
 from harness.plan.packing import first_fit_decreasing
 from harness.ranks.hosts import PORT_SLOT_ENV
+from harness.ranks.tether import tethered
 from harness.results import read_cell
 from harness.run import prepare, record
 from harness.run.plan import Host, Plan
@@ -113,9 +114,12 @@ def run_pack(pack: Sequence[Cell], plan: Plan, *, matrix_argument: str, force: b
     readers: list[threading.Thread] = []
     try:
         for cell, extra in zip(pack, shares(pack, plan.host, cores), strict=True):
-            child = subprocess.Popen(member_command(cell, plan, matrix_argument=matrix_argument, force=force),
-                                     env={**os.environ, **extra}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     start_new_session=True)  # signals reach it from this run alone
+            # Signals reach it from this run alone; tethered: SIGTERM, as an interrupt, if this run is SIGKILLed,
+            # so it ends its cell and records it interrupted rather than run on unseen.
+            command = tethered(member_command(cell, plan, matrix_argument=matrix_argument, force=force),
+                               signal.SIGTERM)
+            child = subprocess.Popen(command, env={**os.environ, **extra}, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
             children.append(child)
             reader = threading.Thread(target=relay, args=(child.stdout, f"[{cell.id}] ", lock), daemon=True)
             reader.start()

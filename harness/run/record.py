@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import signal
 import time
 import xml.etree.ElementTree as ET
@@ -85,7 +86,10 @@ def record(executed: Executed, log: Callable[[str], None]) -> CellOutcome:
 
 
 def write_env_json(folder: Path, record: EnvRecord) -> None:
-    (folder / ENV_JSON).write_text(json.dumps(record.to_json(), indent=2) + "\n")
+    """Whole or not at all (by rename): a report or a waiting run may read a cell's env.json while it runs."""
+    partial = folder / f".{ENV_JSON}.partial"
+    partial.write_text(json.dumps(record.to_json(), indent=2) + "\n")
+    os.replace(partial, folder / ENV_JSON)
 
 
 def classify(cell: Cell, exit_code: int | None, timed_out: bool,

@@ -4,6 +4,7 @@ its own cell."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -186,6 +187,11 @@ def read_json(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def ended(env_json: Path) -> bool:
+    """The cell's env.json is written and says the cell ended (a run writes it whole, by rename)."""
+    return env_json.is_file() and read_json(env_json).get("end") is not None
+
+
 def test_a_packed_pack_of_four_cpu_cells_runs_at_once_and_a_crash_and_a_hang_end_only_their_own(
         tmp_path, monkeypatch, capsys):
     suite = write_suite(tmp_path, 4, monkeypatch)
@@ -321,3 +327,37 @@ def test_an_interrupted_packed_run_records_each_cell_and_leaves_no_process(tmp_p
         assert (env["status"], env["error_kind"]) == ("errored", contract.ERROR_INTERRUPTED), output
         with pytest.raises(ProcessLookupError):  # nothing of the cell outlives the run
             os.kill(int((tmp_path / "children" / folder.name).read_text()), 0)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a pack of two 1-rank cells needs 2 cores here")
+def test_a_packed_run_killed_by_sigkill_still_has_each_cell_recorded_and_ended(tmp_path, monkeypatch):
+    """SIGKILL cannot be caught: each member run, tethered to the packed run, gets SIGTERM when it dies, ends its
+    cell and records it interrupted, as if the packed run had passed the signal on itself."""
+    suite = write_suite(tmp_path, 2, monkeypatch)
+    runners = {name: {"labels": ["x"], "gpus": 0, "ranks": 1, "pack": True} for name in ("hang", "hangs")}
+    matrix = write_packed_matrix(tmp_path / "m", [suite], runners, gpus=[1], timeout_minutes=5)
+    run = subprocess.Popen([sys.executable, "-m", "harness", "run", "--matrix", matrix, "--results",
+                            str(tmp_path / "results"), "--env-dir", str(tmp_path / "envs")],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while len(list((tmp_path / "children").iterdir())) < 2:  # both cells hang, at once
+        assert time.monotonic() < deadline and run.poll() is None, "the pack's cells did not both start"
+        time.sleep(0.05)
+    children = {path.name: int(path.read_text()) for path in (tmp_path / "children").iterdir()}
+    run.kill()
+    output = run.communicate(timeout=60)[0].decode(errors="replace")
+    try:
+        for name in runners:
+            folder = tmp_path / "results" / f"{name}-1rank-torch{TORCH}-tf{TRANSFORMERS}"
+            deadline = time.monotonic() + 120  # a bound on never: the member records the cell once it has ended it
+            while not ended(folder / "env.json") and time.monotonic() < deadline:
+                time.sleep(0.2)
+            env = read_json(folder / "env.json")
+            assert (env["status"], env["error_kind"], env["error"]) == (
+                "errored", contract.ERROR_INTERRUPTED, "interrupted by SIGTERM"), output
+            with pytest.raises(ProcessLookupError):  # nothing of the cell outlives the run
+                os.kill(children[folder.name], 0)
+    finally:
+        for pid in children.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

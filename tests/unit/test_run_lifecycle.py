@@ -3,6 +3,7 @@ in C code holding the GIL. Runs harness as users do, in a process of its own, on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -14,6 +15,8 @@ from pathlib import Path
 
 import pytest
 from process_helpers import is_alive
+
+from harness.results import read_cell
 
 pytest.importorskip("torch")
 TORCH = __import__("importlib.metadata").metadata.version("torch").split("+")[0]
@@ -117,3 +120,29 @@ def test_a_cell_timeout_kills_ranks_spinning_in_c(tmp_path, monkeypatch):
     assert [pid for pid in cell_pids(pids) if is_alive(pid)] == []
     assert env_json(results)["error"].startswith("timed out after 0.5 min")
     assert list(temporary.iterdir()) == []
+
+
+def wait_until_gone(pids: list[int], deadline_s: float = 120) -> list[int]:
+    """The pids still alive once they all ended or `deadline_s` passed (a bound on never, not a race)."""
+    deadline = time.monotonic() + deadline_s
+    while (alive := [pid for pid in pids if is_alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return alive
+
+
+def test_a_harness_run_killed_by_sigkill_takes_pytest_and_its_ranks_with_it(tmp_path):
+    """SIGKILL cannot be caught: pytest (in a session of its own) is tethered to the run by the parent-death
+    signal, and its zygote and ranks die with it."""
+    process, results, pids, _ = start_cell(tmp_path, timeout_minutes=10)
+    try:
+        wait_for_ranks(pids, process)
+        os.kill(process.pid, signal.SIGKILL)  # the run alone, not its group: what it started must follow it
+        process.wait(timeout=60)
+        left = wait_until_gone(cell_pids(pids))
+    finally:
+        for pid in cell_pids(pids):  # whatever the outcome, nothing of this test outlives it
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert left == [], f"alive after the run was SIGKILLed: {left}"
+    [folder] = results.iterdir()
+    assert read_cell(folder).status.value == "errored"  # the folder as the run began it: never read as passed

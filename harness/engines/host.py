@@ -28,6 +28,7 @@ from harness.cell.memory import MemoryMonitor, write_memory_json
 from harness.errors import ConfigError
 from harness.ranks import cgroup, hosts
 from harness.ranks.containment import Containment, describe
+from harness.ranks.tether import tethered
 
 # Host 0's name may take a moment to resolve, and its hub a moment to listen, while the hosts start.
 RENDEZVOUS_TIMEOUT_S = 300.0
@@ -78,8 +79,9 @@ def run_leader(args, count: int, address: str, credentials: Path, containment: C
         environ["HARNESS_CPU_RANKS"] = str(count * args.ranks_per_host)
     log = Path(args.pytest_log).open("wb") if args.pytest_log else None  # noqa: SIM115 - closed below
     with containment.born_inside():
-        process = subprocess.Popen(command, env=environ, cwd=args.cwd or None, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        # tethered: a SIGKILLed `harness host` (Slurm's last word after KillWait) takes pytest with it
+        process = subprocess.Popen(tethered(command, signal.SIGKILL), env=environ, cwd=args.cwd or None,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     containment.spare(process.pid)  # its exit status is Popen's to read
     reader = threading.Thread(target=_copy, args=(process.stdout, log), daemon=True)
     reader.start()

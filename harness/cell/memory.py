@@ -11,7 +11,6 @@ This module needs only the standard library: `pynvml` is imported on first use.
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import threading
@@ -36,6 +35,7 @@ from harness.cell.gpus import (  # noqa: F401
 # GPU selection lives in harness.cell.gpus; these names stay importable from here for existing callers.
 from harness.contract import SCHEMA as CONTRACT_SCHEMA
 from harness.contract import MemoryGpuRecord, MemoryRecord
+from harness.results.files import write_json_whole
 
 SCHEMA = CONTRACT_SCHEMA  # memory.json speaks the results contract's schema
 DEFAULT_INTERVAL_S = 0.05
@@ -115,9 +115,7 @@ def write_memory_json(path: str | os.PathLike[str], report: MemoryReport) -> Pat
     """Write memory.json atomically, so a reader never sees half a file."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    partial.write_text(json.dumps(report.to_json(), indent=2) + "\n", encoding="utf-8")
-    os.replace(partial, target)
+    write_json_whole(target, report.to_json())
     return target
 
 

@@ -1,4 +1,5 @@
-"""A cell folder's files read safely: regular files only, each up to its cap; what cannot be read is a `Problem`."""
+"""A cell folder's files read safely: regular files only, each up to its cap; what cannot be read is a `Problem`.
+And its JSON files written whole, so that a reader never meets half of one."""
 
 from __future__ import annotations
 
@@ -55,6 +56,14 @@ def _file_kind(mode: int) -> str:
     kinds = {stat.S_ISFIFO: "a FIFO", stat.S_ISSOCK: "a socket", stat.S_ISDIR: "a folder",
              stat.S_ISCHR: "a device", stat.S_ISBLK: "a device"}
     return next((name for test, name in kinds.items() if test(mode)), "not a file")
+
+
+def write_json_whole(path: Path, document: object) -> None:
+    """`document` as JSON at `path`, whole or not at all (by rename): a report, or a run waiting on a cell, may read
+    it while the cell runs."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    partial.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    os.replace(partial, path)
 
 
 def read_json(path: Path, problems: list[Problem]) -> Mapping[str, object]:

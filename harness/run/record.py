@@ -9,8 +9,6 @@ again what an earlier stage caught, or hands on `CellOutcome` for the render sta
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import signal
 import time
 import xml.etree.ElementTree as ET
@@ -32,6 +30,7 @@ from harness.contract import (
 from harness.engines import Interrupted
 from harness.plan.cells import Cell
 from harness.results import nothing_distributed_ran, read_junit_tests
+from harness.results.files import write_json_whole
 from harness.run.execute import Executed
 from harness.run.prepare import iso
 
@@ -86,10 +85,7 @@ def record(executed: Executed, log: Callable[[str], None]) -> CellOutcome:
 
 
 def write_env_json(folder: Path, record: EnvRecord) -> None:
-    """Whole or not at all (by rename): a report or a waiting run may read a cell's env.json while it runs."""
-    partial = folder / f".{ENV_JSON}.partial"
-    partial.write_text(json.dumps(record.to_json(), indent=2) + "\n")
-    os.replace(partial, folder / ENV_JSON)
+    write_json_whole(folder / ENV_JSON, record.to_json())
 
 
 def classify(cell: Cell, exit_code: int | None, timed_out: bool,

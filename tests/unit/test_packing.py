@@ -306,8 +306,9 @@ def test_this_machine_packs_gpu_cells_into_its_gpus_and_cpu_cells_into_its_cores
     assert round_shapes(harness.run.packed.rounds(mig, cores=1))[:2] == [["h200:2"], ["h200:4"]]  # no NVLink
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a pack of two 1-rank cells needs 2 cores here")
-def test_an_interrupted_packed_run_records_each_cell_and_leaves_no_process(tmp_path, monkeypatch):
+def start_hanging_pack(tmp_path: Path, monkeypatch) -> tuple[subprocess.Popen, dict[Path, int]]:
+    """`harness run` of a pack of two 1-rank cells, once both hang at once: the run, and each cell's folder with the
+    pid of the child its test started (read once the test has written it)."""
     suite = write_suite(tmp_path, 2, monkeypatch)
     runners = {name: {"labels": ["x"], "gpus": 0, "ranks": 1, "pack": True} for name in ("hang", "hangs")}
     matrix = write_packed_matrix(tmp_path / "m", [suite], runners, gpus=[1], timeout_minutes=5)
@@ -315,40 +316,35 @@ def test_an_interrupted_packed_run_records_each_cell_and_leaves_no_process(tmp_p
                             str(tmp_path / "results"), "--env-dir", str(tmp_path / "envs")],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
-    while len(list((tmp_path / "children").iterdir())) < 2:  # both cells hang, at once
+    while len(pids := {path.name: path.read_text() for path in (tmp_path / "children").iterdir()}) < 2 or \
+            "" in pids.values():
         assert time.monotonic() < deadline and run.poll() is None, "the pack's cells did not both start"
         time.sleep(0.05)
+    return run, {tmp_path / "results" / name: int(pid) for name, pid in pids.items()}
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a pack of two 1-rank cells needs 2 cores here")
+def test_an_interrupted_packed_run_records_each_cell_and_leaves_no_process(tmp_path, monkeypatch):
+    run, cells = start_hanging_pack(tmp_path, monkeypatch)
     run.send_signal(signal.SIGTERM)
     output = run.communicate(timeout=180)[0].decode(errors="replace")
     assert run.returncode == 128 + signal.SIGTERM, output
-    for name in runners:
-        folder = tmp_path / "results" / f"{name}-1rank-torch{TORCH}-tf{TRANSFORMERS}"
+    for folder, child in cells.items():
         env = read_json(folder / "env.json")
         assert (env["status"], env["error_kind"]) == ("errored", contract.ERROR_INTERRUPTED), output
         with pytest.raises(ProcessLookupError):  # nothing of the cell outlives the run
-            os.kill(int((tmp_path / "children" / folder.name).read_text()), 0)
+            os.kill(child, 0)
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a pack of two 1-rank cells needs 2 cores here")
 def test_a_packed_run_killed_by_sigkill_still_has_each_cell_recorded_and_ended(tmp_path, monkeypatch):
     """SIGKILL cannot be caught: each member run, tethered to the packed run, gets SIGTERM when it dies, ends its
     cell and records it interrupted, as if the packed run had passed the signal on itself."""
-    suite = write_suite(tmp_path, 2, monkeypatch)
-    runners = {name: {"labels": ["x"], "gpus": 0, "ranks": 1, "pack": True} for name in ("hang", "hangs")}
-    matrix = write_packed_matrix(tmp_path / "m", [suite], runners, gpus=[1], timeout_minutes=5)
-    run = subprocess.Popen([sys.executable, "-m", "harness", "run", "--matrix", matrix, "--results",
-                            str(tmp_path / "results"), "--env-dir", str(tmp_path / "envs")],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while len(list((tmp_path / "children").iterdir())) < 2:  # both cells hang, at once
-        assert time.monotonic() < deadline and run.poll() is None, "the pack's cells did not both start"
-        time.sleep(0.05)
-    children = {path.name: int(path.read_text()) for path in (tmp_path / "children").iterdir()}
+    run, cells = start_hanging_pack(tmp_path, monkeypatch)
     run.kill()
     output = run.communicate(timeout=60)[0].decode(errors="replace")
     try:
-        for name in runners:
-            folder = tmp_path / "results" / f"{name}-1rank-torch{TORCH}-tf{TRANSFORMERS}"
+        for folder, child in cells.items():
             deadline = time.monotonic() + 120  # a bound on never: the member records the cell once it has ended it
             while not ended(folder / "env.json") and time.monotonic() < deadline:
                 time.sleep(0.2)
@@ -356,8 +352,8 @@ def test_a_packed_run_killed_by_sigkill_still_has_each_cell_recorded_and_ended(t
             assert (env["status"], env["error_kind"], env["error"]) == (
                 "errored", contract.ERROR_INTERRUPTED, "interrupted by SIGTERM"), output
             with pytest.raises(ProcessLookupError):  # nothing of the cell outlives the run
-                os.kill(children[folder.name], 0)
+                os.kill(child, 0)
     finally:
-        for pid in children.values():
+        for child in cells.values():
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+                os.kill(child, signal.SIGKILL)

@@ -144,6 +144,23 @@ def build_parser() -> argparse.ArgumentParser:
     triage.add_argument("--github-matrix", metavar="FILE",
                         help="write the bisect plan as the {'include': [...]} object strategy.matrix takes")
 
+    known = commands.add_parser("known-bugs", help="the suite's known upstream bugs: keep each entry's newest "
+                                "release seen up to date from results")
+    known_commands = _Subcommands(known.add_subparsers(dest="known_bugs_command", required=True,
+                                                       metavar="KNOWN_BUGS_COMMAND"), debug)
+    verify = known_commands.add_parser("verify", help="rewrite the table's verified releases from the cases that "
+                                                      "matched an entry in these results; list the fixed ones")
+    verify.add_argument("--table", metavar="FILE",
+                        help="the verified-releases file (default tests/gpu/known_bugs_verified.json of the project)")
+    verify.add_argument("--dry-run", action="store_true", help="say what would change, write nothing")
+    verify.add_argument("results", nargs="+", metavar="RESULTS_DIR", help="cell folders, or folders holding them")
+
+    repro = commands.add_parser("repro", help="write a standalone script (torch and transformers only) that "
+                                "reproduces one suite case's failure, for an upstream issue")
+    repro.add_argument("test_id", metavar="TEST_ID",
+                       help="the case's pytest id, e.g. 'tests/gpu/test_training.py::test_training_steps[...]'")
+    repro.add_argument("-o", "--output", metavar="FILE", help="where the script goes (default: stdout)")
+
     history = commands.add_parser("history", help="the nightly's history database (SQLite): append a night")
     history_commands = _Subcommands(history.add_subparsers(dest="history_command", required=True,
                                                            metavar="HISTORY_COMMAND"), debug)
@@ -269,6 +286,14 @@ def dispatch(args: argparse.Namespace) -> int:
         from harness.report import triage_view
 
         return triage_view.command(args)
+    if args.command == "known-bugs":
+        from harness.upstream import verify
+
+        return verify.command(args)
+    if args.command == "repro":
+        from harness.upstream import repro
+
+        return repro.command(args)
     if args.command == "history":
         from harness.history import command as history_command
 

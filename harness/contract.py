@@ -165,7 +165,7 @@ TRIAGE_CLASSES = (TRIAGE_KNOWN_UPSTREAM, TRIAGE_FLAKY, TRIAGE_INFRASTRUCTURE, TR
 # A known upstream bug is a strict xfail whose reason starts with this; its XPASS says the other. Words for people:
 # what the report and triage decide by are the properties below.
 KNOWN_BUG_PREFIX = f"{TRIAGE_KNOWN_UPSTREAM}: "
-FIXED_UPSTREAM = "fixed upstream: remove the entry"
+FIXED_UPSTREAM = "fixed upstream: close the range"
 # The suite's known-bugs table (tests/gpu/known_bugs.py) names the entry it matched, by the entry's key: a case whose
 # failure an entry explained (an expected failure) carries KNOWN_BUG; a covered case that passed (the strict xfail's
 # XPASS, "fixed upstream") carries KNOWN_BUG_FIXED, the keys of the entries covering it, comma-separated. Triage's
@@ -176,6 +176,23 @@ KNOWN_BUG_FIXED = "known_bug_fixed"
 KNOWN_BUG_KEY_PATTERN = r"[a-z0-9]+(?:[-_.][a-z0-9]+)*"
 KNOWN_BUG_KEY_CHARS = 64
 KNOWN_BUG_KEYS = 8
+
+# A case the suite's own code could not build or shape on the installed release (its tiny config refused by the
+# config class, an experts layout or router its registry does not know, inputs it cannot make): a gap of the harness,
+# never a red of the code under test and never a pass. The case is skipped with a reason starting NOT_BUILT_PREFIX
+# and carries the NOT_BUILT property (the reason, untrusted text, at most NOT_BUILT_CHARS characters).
+NOT_BUILT = "not_built"
+NOT_BUILT_PREFIX = "not built: "
+NOT_BUILT_CHARS = 500
+# Every case of a run is exactly one of these (harness.results.case_class decides it from the outcome and the
+# properties above, never from words): the release view of a run, in every rendering and in triage.json.
+CASE_NEW_RED = "new red"  # a failure no known-bugs entry explains: the only red
+CASE_KNOWN_PRESENT = "known, still present"  # an expected failure a known-bugs entry explained (KNOWN_BUG)
+CASE_FIXED_UPSTREAM = "fixed upstream"  # a covered case that passed (KNOWN_BUG_FIXED): close the entry's range
+CASE_NOT_BUILT = "not built"  # NOT_BUILT: the suite could not build or shape it
+CASE_NOT_RUN = "not run"  # skipped: the host or the environment cannot (too few GPUs, a feature, a cache)
+CASE_PASSED = "passed"
+CASE_CLASSES = (CASE_NEW_RED, CASE_KNOWN_PRESENT, CASE_FIXED_UPSTREAM, CASE_NOT_BUILT, CASE_NOT_RUN, CASE_PASSED)
 
 # What the nightly's jobs hand on (typed in harness.results.nightly_records): `harness bisect --json FILE`
 # (bisect.json) to `harness triage --bisects DIR`, which reads every file under DIR named BISECT_JSON_GLOB, and

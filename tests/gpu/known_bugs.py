@@ -708,7 +708,8 @@ _TRAINING_BUGS: tuple[KnownBug, ...] = (
             "'test_save_pretrained_after_training_loads_back_whole and qwen3-fully_shard': first bad: transformers "
             "5.1.0 (last good 5.0.0); 5 probes, 310s (--good 4.57.6 cannot run the case: the suite's loading passes "
             "experts_implementation, which 4.57's Qwen3 refuses)",
-            "upper end: none, the bug is live (5.24.0, the newest release then, fails so: the suite's own run and the repro)",
+            "upper end: none, the bug is live (5.24.0, the newest release then, fails so: the suite's own run and "
+            "the repro)",
         ),
     ),
 )

@@ -39,8 +39,8 @@ def write_cell(results: Path, cell_id: str, versions: dict[str, str], cases: lis
         testcases.append(f'<testcase classname="tests.gpu.test_training" name="{name}" time="1.0">'
                          f"{properties}{body}</testcase>")
     (folder / JUNIT_XML).write_text(
-        '<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="%d">%s</testsuite>'
-        "</testsuites>" % (len(testcases), "".join(testcases))
+        f'<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="{len(testcases)}">'
+        f'{"".join(testcases)}</testsuite></testsuites>'
     )
 
 

@@ -22,6 +22,9 @@ Hand entries are data, for what introspection cannot know:
   how the suite's token ids reach it (tiny_models.model_inputs / run_model, which every forward of the suite uses).
 - UNINITIALIZED_EXPERTS: a family whose own init leaves its expert stacks empty (the builder draws them).
 - NOT_COVERED: declared families the suite cannot build, each with its reason (reports list them; none in 5.24.0).
+  A family the registry fails to read on the installed release (its tiny config refused by the config class, an
+  experts layout or router it cannot find) raises NotBuilt: its cases are *not built* with that reason
+  (contract.NOT_BUILT), a gap of the suite, never a red of transformers and never a pass.
 - EARLY_EP: families (generated or mechanics) whose EP cases run below the EP layout's floor, from their first
   release declaring an EP plan (ep_plan_history.json), where their EP cases were run on ranks (what those releases
   get wrong is in the known-bugs table).
@@ -51,6 +54,12 @@ INITIALIZER_RANGE = 0.07  # above the default 0.02, so that every layer changes 
 # The experts implementation a wide (one-implementation) case runs: the one every release since the
 # experts interface offers and the one EP dispatch is built around.
 WIDE_EXPERTS_IMPLEMENTATION = "grouped_mm"
+
+
+class NotBuilt(LookupError):
+    """The suite's own code could not build or shape a family on the installed release: its tiny config refused by
+    the config class, an experts layout, router or input it does not know. Raised only where the suite's own reading
+    fails; where transformers raises on a config its class accepted, that is the release's red, not this."""
 
 
 @dataclass(frozen=True)
@@ -446,7 +455,30 @@ def tiny_config_kwargs(model_type: str) -> dict:
 
 
 def tiny_config(model_type: str):
-    return config_class(model_type)(**tiny_config_kwargs(model_type))
+    return accepted_tiny_config(model_type, tiny_config_kwargs(model_type))
+
+
+def accepted_tiny_config(model_type: str, kwargs: Mapping):
+    """The config class built from the suite's tiny values; a class that refuses them (its validation) leaves the
+    family not built: the values are the suite's, not a checkpoint anyone ships."""
+    cls = config_class(model_type)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return cls(**kwargs)
+    except Exception as error:  # any refusal: the class's validation raises what it likes
+        first = (str(error).strip().splitlines() or [""])[0]
+        raise NotBuilt(f"{model_type}: {cls.__name__} refuses the suite's tiny config: {type(error).__name__}: "
+                       f"{first}") from error
+
+
+def not_built_reason(model_type: str) -> str | None:
+    """Why the suite cannot build the family on the installed release (NotBuilt), or None."""
+    try:
+        family(model_type)
+    except NotBuilt as error:
+        return str(error)
+    return None
 
 
 def model_class(config):
@@ -469,7 +501,7 @@ def model_class(config):
         and value.__name__.endswith(("ForCausalLM", "Model"))
     ]
     if not candidates:
-        raise LookupError(f"no model class for {type(config).__name__} in {module.__name__}")
+        raise NotBuilt(f"no model class for {type(config).__name__} in {module.__name__}")
     return min(candidates, key=lambda cls: (not cls.__name__.endswith("ForCausalLM"), cls.__name__))
 
 
@@ -490,7 +522,7 @@ def _built_paths(model) -> tuple[str, str, str, tuple[str, ...]]:
                 if param.dim() >= 2 and param.shape[0] == NUM_EXPERTS
             )
             return "layers", match["block"] or "", match["experts"], stacks
-    raise LookupError(f"no experts module under layers.N in {type(model).__name__}")
+    raise NotBuilt(f"no experts module under layers.N in {type(model).__name__}")
 
 
 def _plan_paths(model_type: str) -> tuple[str, str, str, tuple[str, ...]] | None:
@@ -505,7 +537,7 @@ def _plan_paths(model_type: str) -> tuple[str, str, str, tuple[str, ...]] | None
     experts_key = dispatch[0]
     match = re.fullmatch(r"(?:.*\.)?(?P<layers>[^.*]+)\.\*\.(?:(?P<block>.*)\.)?(?P<experts>[^.]+)", experts_key)
     if match is None:
-        raise LookupError(f"{model_type}: the EP plan's experts key {experts_key!r} is not under a layer list (.*)")
+        raise NotBuilt(f"{model_type}: the EP plan's experts key {experts_key!r} is not under a layer list (.*)")
     stacks = tuple(
         key.removeprefix(experts_key + ".")
         for key, style in plan.items()
@@ -527,11 +559,11 @@ def _read_layout(model, model_type: str, layers: str, block: str, experts: str) 
             if match["prefix"] == prefix:
                 found[int(match["layer"])] = name
     if not found:
-        raise LookupError(f"{model_type}: no module ends in {layers}.N.{suffix} in {type(model).__name__}")
+        raise NotBuilt(f"{model_type}: no module ends in {layers}.N.{suffix} in {type(model).__name__}")
     first = model.get_submodule(found[min(found)].rsplit(".", 1)[0])
     routers = [name for name, child in first.named_children() if name != experts and router_weight(child) is not None]
     if len(routers) != 1:
-        raise LookupError(
+        raise NotBuilt(
             f"{model_type}: expected one router beside {suffix} (a child holding a [{NUM_EXPERTS}, {HIDDEN_SIZE}] "
             f"weight), found {routers or 'none'}"
         )
@@ -587,7 +619,7 @@ def _built_layout(model_type: str, kwargs: dict) -> dict:
     MoE blocks, routers and expert stacks are, and its top-k."""
     import torch
 
-    config = config_class(model_type)(**kwargs)
+    config = accepted_tiny_config(model_type, kwargs)
     with torch.device("meta"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = model_class(config)(config)

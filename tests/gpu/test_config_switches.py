@@ -12,6 +12,7 @@ set, beyond the first (which then runs the model's own forward: its metrics say 
 
 from __future__ import annotations
 
+import checkpoint_fixtures
 import families
 import pytest
 import tf_adapter
@@ -64,10 +65,7 @@ def switched_checkpoint(request, checkpoints) -> Checkpoint:
     if not found.kept:
         reasons = "; ".join(f"{verdict.switch.name}: {verdict.reason}" for verdict in found.dropped) or "none found"
         pytest.skip(f"no switch of {base} changes its model ({reasons})")
-    below = tf_adapter.below_ep_floor(families.family(request.param))
-    if below:
-        pytest.skip(below)
-    return checkpoints(request.param)
+    return checkpoint_fixtures.built_checkpoint(request, checkpoints, request.param)
 
 
 def _implementation_or_skip(name: str, implementation: str) -> str | None:

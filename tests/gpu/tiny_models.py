@@ -67,7 +67,7 @@ def small_bias(count: int) -> torch.Tensor:
 
 def build_checkpoint(family: families.Family, path: Path) -> Path:
     """Save the family's tiny model, with the routing code when it is MoE, to `path`; return `path`."""
-    config = families.config_class(family.model_type)(**family.config)
+    config = families.accepted_tiny_config(family.model_type, family.config)
     torch.manual_seed(WEIGHTS_SEED)
     model = families.model_class(config)(config)
     if family.is_moe:
@@ -130,7 +130,9 @@ def _patch_projection(model) -> torch.nn.Module:
         if isinstance(module, (torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.Linear))
     ]
     if len(layers) != 1:
-        raise LookupError(f"expected one projection in {type(model.get_input_embeddings()).__name__}, found {layers}")
+        raise families.NotBuilt(
+            f"expected one projection in {type(model.get_input_embeddings()).__name__}, found {layers}"
+        )
     return layers[0]
 
 

@@ -16,6 +16,9 @@ if str(SUITE_DIR) not in sys.path:
     sys.path.insert(0, str(SUITE_DIR))
 # Everything is built locally; never reach for the Hub, in this process or the ranks it starts.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Hub kernels are an axis of their own (test_one_device.py: test_hub_kernels_on_this_device turns them on); every
+# other case loads with them off, in this process and the ranks it starts, whatever the caller's environment said.
+os.environ["USE_HUB_KERNELS"] = "0"  # tf_adapter.HUB_KERNELS_ENV, HUB_KERNELS_OFF; set before anything imports it
 
 # Each family's tiny checkpoint (fixtures `checkpoints`, `checkpoint`): defined beside the suite's modules, as the
 # suite's self-tests (tests/unit/suite) use them too. Imported once the suite directory is on sys.path; bound by

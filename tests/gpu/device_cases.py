@@ -40,6 +40,7 @@ class DeviceCase:
     dtype: str = "float32"
     experts_implementation: str | None = None
     quant: str | None = None  # a fake_quant recipe
+    hub_kernels: bool = False  # the subject loaded with Hub kernels on (tf_adapter.hub_kernels), as a user's default
     layout: str = LAYOUT
     checks: tuple[str, ...] = CHECKS
 
@@ -64,7 +65,8 @@ def _compare(checkpoint: str, case: DeviceCase, metrics: dict, model_class: type
     device = rank_cases.rank_device()
     dtype = getattr(torch, case.dtype)
     family = families.family(case.family)
-    subject = tf_adapter.load_whole(checkpoint, dtype, device, case.experts_implementation, model_class)
+    with tf_adapter.hub_kernels(case.hub_kernels):
+        subject = tf_adapter.load_whole(checkpoint, dtype, device, case.experts_implementation, model_class)
     noise = tf_adapter.load_eager(checkpoint, dtype, CPU, model_class)
     truth = tf_adapter.load_reference(checkpoint, dtype, CPU, model_class)
     quantizers = _fake_quantize(case, family, (subject, noise, truth))

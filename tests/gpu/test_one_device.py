@@ -5,6 +5,9 @@
   fused implementations against the eager loop (device_cases.py).
 - Fake-quantized training (fp8, nvfp4) on the device: the same quantized bits as the CPU's, gradients within the
   bound.
+- Hub kernels, where the release turns them on by default: a user's `from_pretrained(...).train()` kernelizes the
+  model for its device; the kernelized model against float64 like any experts implementation. Not run where the
+  kernels are not in the local cache of an offline cell, saying so (every other case runs with them off).
 - torch's fully_shard on a mesh of one (world size 1): DTensor parameters, FSDP's unshard and reduce hooks, so a
   one-GPU host still trains through FSDP2's code. (transformers' EP and FSDP2 loading take no mesh of one: see
   below.)
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import families
 import pytest
+import tf_adapter
 from tf_adapter import PORTABLE_EXPERTS_IMPLEMENTATIONS
 
 from harness.ranks.plugin import available_ranks
@@ -43,6 +47,17 @@ def test_experts_implementation_on_this_device(run_device_case, checkpoint, expe
     if experts_implementation == "eager":
         _skip_where_the_subject_is_its_own_noise_sample("the eager model")
     run_device_case(checkpoint, experts_implementation=experts_implementation, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("checkpoint", DEEP_MOE + families.dense(), indirect=True)
+def test_hub_kernels_on_this_device(run_device_case, checkpoint, dtype):
+    """The release's default path with Hub kernels on: routing as float64 decides it; logits and gradients within
+    the stated multiple of the CPU's own rounding."""
+    reason = tf_adapter.hub_kernels_not_run("cuda" if _on_gpu() else "cpu")
+    if reason is not None:
+        pytest.skip(reason)
+    run_device_case(checkpoint, dtype=dtype, hub_kernels=True)
 
 
 @pytest.mark.parametrize("recipe", ["fp8", "nvfp4"])

@@ -28,9 +28,12 @@ From the floor on it runs, so a release that has a feature and gets it wrong sho
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -86,6 +89,69 @@ LAYOUTS = {
         feature="torch fully_shard",
     ),
 }
+
+
+# From this release on, Hub kernels are on by default: from_pretrained's `use_kernels` defaults to True unless
+# USE_HUB_KERNELS says no, and `model.train()` kernelizes for the model's device, fetching kernels-community
+# repositories from the Hub. The suite runs every case with them off (HUB_KERNELS_ENV=0, conftest.py) and the Hub
+# kernels cases with them on (device_cases: hub_kernels=True), where the kernels are in the local cache.
+FIRST_HUB_KERNELS_BY_DEFAULT = "5.25.0"
+HUB_KERNELS_ENV = "USE_HUB_KERNELS"
+HUB_KERNELS_OFF = "0"
+HUB_KERNELS_ON = "1"
+
+
+@contextlib.contextmanager
+def hub_kernels(on: bool):
+    """Hub kernels on (or off) for the loads inside: transformers reads USE_HUB_KERNELS at from_pretrained."""
+    before = os.environ.get(HUB_KERNELS_ENV)
+    os.environ[HUB_KERNELS_ENV] = HUB_KERNELS_ON if on else HUB_KERNELS_OFF
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(HUB_KERNELS_ENV, None)
+        else:
+            os.environ[HUB_KERNELS_ENV] = before
+
+
+def hub_kernel_repositories(device_type: str) -> tuple[str, ...]:
+    """The Hub repositories the installed release maps a layer to, for training on this device type."""
+    from transformers.integrations import hub_kernels as integration
+
+    repositories = set()
+    for per_device in integration.get_kernel_mapping_transformers().values():
+        for device, per_mode in per_device.items():
+            if getattr(device, "type", device) != device_type:
+                continue
+            for repository in (per_mode.values() if isinstance(per_mode, dict) else (per_mode,)):
+                name = getattr(repository, "repo_id", None) or getattr(repository, "_repo_id", None)
+                if name:
+                    repositories.add(name)
+    return tuple(sorted(repositories))
+
+
+def hub_kernels_not_run(device_type: str) -> str | None:
+    """Why a Hub kernels case cannot run here (the release predates them, none exists for the device, or the Hub is
+    offline and they are not in the local cache), with the one setting that enables it; None: it runs."""
+    from packaging.version import Version
+
+    installed = transformers_version()
+    if installed < Version(FIRST_HUB_KERNELS_BY_DEFAULT):
+        return f"needs transformers>={FIRST_HUB_KERNELS_BY_DEFAULT} for Hub kernels by default (installed: {installed})"
+    repositories = hub_kernel_repositories(device_type)
+    if not repositories:
+        return f"transformers {installed} maps no Hub kernels to {device_type}: the default path is the torch one"
+    from huggingface_hub import constants
+
+    if not constants.HF_HUB_OFFLINE:
+        return None
+    missing = [name for name in repositories
+               if not (Path(constants.HF_HUB_CACHE) / f"models--{name.replace('/', '--')}").is_dir()]
+    if missing:
+        return (f"Hub kernels not cached: {', '.join(missing)} not in {constants.HF_HUB_CACHE} and the Hub is "
+                "offline (HF_HUB_OFFLINE=1); run once with HF_HUB_OFFLINE=0 to fill the cache (README: Hub kernels)")
+    return None
 
 
 def transformers_version():

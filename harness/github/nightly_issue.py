@@ -7,13 +7,17 @@ import json
 import os
 import urllib.parse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from harness.contract import TRIAGE_FLAKY
+from harness.contract import CASE_FIXED_UPSTREAM, TRIAGE_FLAKY, TRIAGE_KNOWN_UPSTREAM
 from harness.errors import ConfigError
 from harness.github.actions_io import read_text, write_outputs
 from harness.github.api import GitHub
 from harness.github.comments import fit_body, upsert_comment
+
+if TYPE_CHECKING:
+    from harness.results import ResultSet
+    from harness.results.nightly_records import TriageRecord
 
 NIGHTLY_MARKER = "<!-- harness-nightly -->"
 
@@ -50,10 +54,9 @@ def find_open_issue(gh: GitHub, label: str, author: str) -> dict | None:
 TRIAGE_JSON_BYTES = 16 * 1024 * 1024
 
 
-def triage_regressions(path: str | Path) -> tuple:
-    """The new reds of `harness triage -o FILE` as the issue lists them: a test's class, or an errored cell's
-    message and class, each with its label. Read as input: a bad file is one line naming it, exit 2."""
-    from harness.results import Regression
+def read_triage(path: str | Path) -> TriageRecord:
+    """`harness triage -o FILE` as its record (harness.results.nightly_records.TriageRecord). Read as input: a bad
+    file is one line naming it, exit 2."""
     from harness.results.nightly_records import TriageRecord
 
     text = read_text(path, "triage")
@@ -64,20 +67,44 @@ def triage_regressions(path: str | Path) -> tuple:
     except (ValueError, RecursionError) as error:
         raise ConfigError(f"triage {path}: not the JSON `harness triage -o` writes: {error}") from None
     try:
-        record = TriageRecord.from_json(document)
+        return TriageRecord.from_json(document)
     except ValueError as error:
         raise ConfigError(f"triage {path}: {error}") from None
+
+
+# Triage's classes the issue does not list as regressions: a flaky red passed on a rerun (as nightly_regressions has
+# it), and a known upstream bug is a case fixed upstream, no red: the issue names its entries to close.
+NOT_REGRESSIONS = (TRIAGE_FLAKY, TRIAGE_KNOWN_UPSTREAM)
+
+
+def triage_regressions(record: TriageRecord) -> tuple:
+    """The new reds of triage.json as the issue lists them: a test's class, or an errored cell's message and class,
+    each with its label and its bisect's line."""
+    from harness.results import Regression
+
     found = []
     for red in record.reds:
-        if red.triage_class == TRIAGE_FLAKY:  # passed on a rerun: no regression, as nightly_regressions has it
+        if red.triage_class in NOT_REGRESSIONS:
             continue
         if red.test is None:
             found.append(Regression(cell_id=red.cell, kind="errored", text=red.message,
-                                    triage_class=red.triage_class, label=red.label))
+                                    triage_class=red.triage_class, label=red.label, bisect=red.bisect))
         else:
             found.append(Regression(cell_id=red.cell, kind="failing", test_id=red.test, text=red.triage_class,
-                                    triage_class=red.triage_class, label=red.label))
+                                    triage_class=red.triage_class, label=red.label, bisect=red.bisect))
     return tuple(found)
+
+
+def release_view(current: ResultSet, baseline: ResultSet | None, record: TriageRecord | None) -> dict[str, Any]:
+    """What the issue opens with: the releases new since last night, tonight's cases by class and the cases fixed
+    upstream; triage's answer where triage.json was given (`record`), else the same rules over the results."""
+    from harness.results import new_releases
+    from harness.results.triage import case_records
+
+    if record is not None and record.cases is not None:
+        return {"releases": record.releases, "cases": record.cases, "fixed_upstream": record.fixed_upstream}
+    return {"releases": new_releases(current, baseline), "cases": current.case_counts,
+            "fixed_upstream": case_records(current, CASE_FIXED_UPSTREAM)}
 
 
 TREND_JSON_BYTES = 16 * 1024 * 1024
@@ -107,9 +134,10 @@ def nightly_issue_command(gh: GitHub, args: Any) -> int:
     # No baseline folder: the first night, or the previous night's artifacts expired.
     baseline = load_results([args.baseline]) if args.baseline and Path(args.baseline).exists() else None
     regressions = nightly_regressions(current, baseline, memory_mib=args.memory_mib, memory_percent=args.memory_percent)
-    if getattr(args, "triage_json", None):
+    record = read_triage(args.triage_json) if getattr(args, "triage_json", None) else None
+    if record is not None:
         # The same reds (results.compare.new_reds, the one rule), each with triage's class and its bisect's word.
-        regressions = (*triage_regressions(args.triage_json),
+        regressions = (*triage_regressions(record),
                        *(regression for regression in regressions if regression.kind == "memory"))
     creeping = creeping_tests(args.trend_json) if getattr(args, "trend_json", None) else ()
     # A creep is news while every test passes: the issue stays open (or opens) to list it.
@@ -140,7 +168,7 @@ def nightly_issue_command(gh: GitHub, args: Any) -> int:
     cost = run_cost(current.cells, links_from(os.environ, getattr(args, "links", None)))
     body = fit_body(render_nightly("issue", marker=NIGHTLY_MARKER, sha=sha, run_url=run_url, regressions=regressions,
                                    matrix=args.matrix, against=against, report=report, triage=triage, cost=cost,
-                                   creeping=creeping))
+                                   creeping=creeping, **release_view(current, baseline, record)))
     if issue is None:
         if not regressions and not creeping:
             print("failures persist from the night before, and no regression issue is open")

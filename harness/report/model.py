@@ -1,8 +1,11 @@
 """The report's view model: what every rendering of a `ResultSet` shows, gathered once.
 
-Pure functions over the results model: `build_report` groups failures across cells and collects skip
-reasons, flaky tests, metrics (worst first), known upstream bugs, coverage, reproduce commands, the
-baseline diff and what the run cost (`harness.report.cost`). `harness.report.render` turns a `Report` into
+Pure functions over the results model: `build_report` sorts every case into its class (results.case_class) and
+never mixes them: the new reds (the only red, grouped across cells), the cases a known-bugs entry still explains and
+those fixed upstream (with the entries' keys and the cell's releases), the cases not built and not run (by reason);
+beside them flaky tests, plain expected failures, metrics (worst first), coverage, reproduce commands, the baseline
+diff and what the run cost (`harness.report.cost`). A cell whose only failures are fixed upstream is not red
+(`shown_status`), whatever env.json's status says. `harness.report.render` turns a `Report` into
 text through reports/; `harness.report.plots` lays out its plots. Both import this module and neither imports
 the other.
 """
@@ -14,12 +17,19 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from harness.contract import KNOWN_BUG_PREFIX
+from harness.contract import (
+    CASE_FIXED_UPSTREAM,
+    CASE_KNOWN_PRESENT,
+    CASE_NEW_RED,
+    CASE_NOT_BUILT,
+    CASE_NOT_RUN,
+)
 from harness.report.cost import RunCost, run_cost
 from harness.report.links import RunLinks
 from harness.report.listing import Listed, listed
 from harness.report.red_classes import ClassifiedRed, RedClass, RedKey, classify_reds
 from harness.results import (
+    CaseCounts,
     CellResult,
     CellStatus,
     Comparison,
@@ -28,14 +38,18 @@ from harness.results import (
     Labelled,
     Number,
     Outcome,
+    ReleaseChange,
     ResultSet,
     TestResult,
     TrainingCurve,
+    case_class,
     compare,
     digest,
     finite,
     natural_key,
+    nothing_distributed_ran,
 )
+from harness.results.nightly_records import ReleaseRecord
 from harness.results.training_trends import TrainingTrends, training_trends
 
 
@@ -54,10 +68,21 @@ class FailureGroup:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SkipGroup:
+    """Skipped cases of one reason: not run (the skip's reason) or not built (the suite's, contract.NOT_BUILT)."""
+
     reason: str
-    outcome: Outcome  # skipped or xfailed
     tests: int
     cells: tuple[str, ...]
+
+
+def reason_groups(found: Iterable[tuple[str, str]]) -> tuple[SkipGroup, ...]:
+    """(cell id, reason) pairs grouped by reason, the most cases first."""
+    cells_of: dict[str, list[str]] = {}
+    for cell_id, reason in found:
+        cells_of.setdefault(reason, []).append(cell_id)
+    groups = [SkipGroup(reason=reason, tests=len(cell_ids), cells=tuple(dict.fromkeys(cell_ids)))
+              for reason, cell_ids in cells_of.items()]
+    return tuple(sorted(groups, key=lambda group: (-group.tests, group.reason)))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -141,21 +166,49 @@ class CaseMetrics:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class XfailedCase:
-    """An expected failure, with its reason (a known upstream bug says which)."""
+    """An expected failure no known-bugs entry names (a plain xfail mark), with its reason: it failed as its test
+    expects, so it passed."""
 
     test_id: str
     cell_id: str
     reason: str
 
-    @property
-    def known_upstream_bug(self) -> bool:
-        return self.reason.startswith(KNOWN_BUG_PREFIX)
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KnownBugCase:
+    """A case a known-bugs entry names: still present (it failed as the entry says) or fixed upstream (it passed:
+    close the entry's range), with the entries' keys and the releases its cell ran."""
+
+    test_id: str
+    cell_id: str
+    keys: tuple[str, ...]
+    transformers: str | None
+    torch: str | None
+
+    @classmethod
+    def of(cls, cell: CellResult, test: TestResult, keys: tuple[str, ...]) -> KnownBugCase:
+        return cls(test_id=test.test_id, cell_id=cell.id, keys=keys, transformers=cell.installed("transformers"),
+                   torch=cell.installed("torch"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Classified:
+    """The cases the renderings list apart from the new reds (`FailureGroup`s): known, fixed upstream, not built and
+    not run, and among the passed ones the flaky tests and the plain expected failures."""
+
+    flaky: tuple[FlakyTest, ...]
+    known_present: tuple[KnownBugCase, ...]
+    fixed_upstream: tuple[KnownBugCase, ...]
+    not_built: tuple[SkipGroup, ...]
+    not_run: tuple[SkipGroup, ...]
+    xfailed: tuple[XfailedCase, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Coverage:
     """`EP families covered: N of M (transformers X)` of one cell: M from its suite properties, N the declared
-    families of which a distributed case ran in this cell (a case skipped for too few ranks covers nothing)."""
+    families of which a distributed case ran in this cell (a case skipped, for too few ranks or as not built, covers
+    nothing)."""
 
     cell_id: str
     covered: tuple[str, ...]  # declared and ran here
@@ -163,14 +216,17 @@ class Coverage:
     transformers: str | None
     reasons: tuple[tuple[str, str], ...] = ()  # (model_type, why not covered), as the suite listed them
     runnable: tuple[str, ...] = ()  # the declared families the suite can build (its ep_families_covered)
+    not_built: tuple[tuple[str, str], ...] = ()  # (model_type, why), for families with a case the suite did not build
 
     @classmethod
     def of(cls, cell: CellResult) -> Coverage:
         declared = cell.suite.ep_families_declared or ()
         ran = set(cell.ran_families)
+        not_built = {test.family: test.not_built for test in cell.tests
+                     if test.family and case_class(test) == CASE_NOT_BUILT}
         return cls(cell_id=cell.id, covered=tuple(name for name in declared if name in ran), declared=declared,
                    transformers=cell.suite.transformers_version, reasons=cell.suite.ep_families_not_covered,
-                   runnable=cell.suite.ep_families_covered or ())
+                   runnable=cell.suite.ep_families_covered or (), not_built=tuple(sorted(not_built.items())))
 
     @property
     def missing(self) -> tuple[tuple[str, str], ...]:
@@ -183,6 +239,11 @@ class Coverage:
         )
 
     def _unlisted_reason(self, name: str) -> str:
+        """A not-built case is a skip: a family none of whose cases ran is not covered, and one of its not-built
+        cases, where it has one, says why."""
+        not_built = dict(self.not_built)
+        if name in not_built:
+            return f"not built: {not_built[name] or 'no reason recorded'}"
         return "none of its distributed cases ran in this cell" if name in self.runnable else "no reason recorded"
 
 
@@ -208,11 +269,15 @@ class Report:
     sha: str | None
     sha_dirty: bool  # some cell ran with local changes on top of sha
     matrix: str | None
-    failures: tuple[FailureGroup, ...]
+    case_counts: CaseCounts  # every case by its class
+    failures: tuple[FailureGroup, ...]  # the new reds: the only red
+    known_present: tuple[KnownBugCase, ...]
+    fixed_upstream: tuple[KnownBugCase, ...]
+    not_built_reasons: tuple[SkipGroup, ...]  # the most cases first
+    not_run_reasons: tuple[SkipGroup, ...]  # the skips' reasons, the most cases first
     flaky: tuple[FlakyTest, ...]
-    skips: tuple[SkipGroup, ...]
+    xfailed: tuple[XfailedCase, ...]  # plain xfail marks: no known-bugs entry names them
     metrics: tuple[CaseMetrics, ...]  # worst first
-    xfailed: tuple[XfailedCase, ...]
     coverage: tuple[Coverage, ...]
     reproductions: tuple[Reproduction, ...]
     comparison: Comparison | None
@@ -233,7 +298,11 @@ class Report:
     @property
     def cells_with_cases_not_run(self) -> tuple[CellResult, ...]:
         """Cells that ran nothing distributed, and cells where some cases could not run for too few GPUs or ranks."""
-        return tuple(cell for cell in self.cells if cell.status is CellStatus.NOT_RUN or cell.not_run.cases)
+        return tuple(cell for cell in self.cells if shown_status(cell) is CellStatus.NOT_RUN or cell.not_run.cases)
+
+    def status_of(self, cell: CellResult) -> CellStatus:
+        """The status a rendering shows for the cell (`shown_status`)."""
+        return shown_status(cell)
 
     def red_class(self, cell_id: str, test_id: str | None) -> RedClass | None:
         found = self.red_classes.get((cell_id, test_id)) if self.red_classes is not None else None
@@ -270,27 +339,32 @@ def build_report(
     cells = result_set.cells
     sha = sha or result_set.git_sha
     matrix_name = matrix_name or result_set.matrix
-    flaky, skips, metrics = _tally_tests(cells)
+    classified, metrics = _tally_tests(cells)
+    statuses = Counter(shown_status(cell) for cell in cells)
     return Report(
         cells=cells,
         counts=result_set.counts,
-        failed_cells=len(result_set.cells_with(CellStatus.FAILED)),
-        errored_cells=len(result_set.cells_with(CellStatus.ERRORED)),
-        not_run_cells=len(result_set.cells_with(CellStatus.NOT_RUN)),
+        failed_cells=statuses[CellStatus.FAILED],
+        errored_cells=statuses[CellStatus.ERRORED],
+        not_run_cells=statuses[CellStatus.NOT_RUN],
         sha=sha,
         sha_dirty=result_set.git_dirty and sha == result_set.git_sha,
         matrix=matrix_name,
+        case_counts=result_set.case_counts,
         failures=_failure_groups(cells),
-        flaky=flaky,
-        skips=skips,
+        known_present=classified.known_present,
+        fixed_upstream=classified.fixed_upstream,
+        not_built_reasons=classified.not_built,
+        not_run_reasons=classified.not_run,
+        flaky=classified.flaky,
+        xfailed=classified.xfailed,
         metrics=metrics,
-        xfailed=tuple(XfailedCase(test_id=test.test_id, cell_id=cell.id, reason=test.message or "no reason given")
-                      for cell in cells for test in cell.tests if test.outcome is Outcome.XFAILED),
         coverage=tuple(Coverage.of(cell) for cell in cells if cell.suite.ep_families_declared is not None),
-        # A cell that ran nothing distributed has nothing to reproduce here: it needs a larger host.
+        # A cell that ran nothing distributed has nothing to reproduce here: it needs a larger host; nor one whose only
+        # failures are fixed upstream: its red is the known-bugs table's.
         reproductions=tuple(
             Reproduction(cell_id=cell.id, command=cell.reproduce_command())
-            for cell in cells if cell.status in (CellStatus.FAILED, CellStatus.ERRORED)
+            for cell in cells if shown_status(cell) in (CellStatus.FAILED, CellStatus.ERRORED)
         ),
         comparison=compare(result_set, baseline) if baseline is not None else None,
         notes=tuple(Note(cell_id=cell.id, text=str(problem))
@@ -304,10 +378,29 @@ def build_report(
     )
 
 
+def against_last_night(releases: Iterable[ReleaseChange | ReleaseRecord]) -> tuple[ReleaseChange | ReleaseRecord, ...]:
+    """The releases new since last night as the triage table and the nightly issue open with them: none where the
+    night before has no results, as there is nothing to be new against."""
+    found = tuple(releases)
+    return found if any(release.before for release in found) else ()
+
+
+def shown_status(cell: CellResult) -> CellStatus:
+    """The cell's status as every rendering shows it: env.json's, but for a failed cell whose only failing tests are
+    fixed upstream. Those passed; what is red is the known-bugs table's range, so the cell reads as the rest of its
+    cases do: not run where nothing distributed ran, else passed."""
+    if cell.status is not CellStatus.FAILED or not cell.failing_tests or cell.case_counts.new_red:
+        return cell.status
+    return CellStatus.NOT_RUN if nothing_distributed_ran(cell.tests) else CellStatus.PASSED
+
+
 def _failure_groups(cells: Iterable[CellResult]) -> tuple[FailureGroup, ...]:
+    """The new reds, each test failing one way grouped across the cells it failed in."""
     grouped: dict[tuple[str, Outcome, str], list] = {}
     for cell in cells:
         for test in cell.failing_tests:
+            if case_class(test) != CASE_NEW_RED:
+                continue
             key = (test.test_id, test.outcome, test.message or "no message")
             grouped.setdefault(key, []).append((cell.id, test))
     groups = [
@@ -319,12 +412,12 @@ def _failure_groups(cells: Iterable[CellResult]) -> tuple[FailureGroup, ...]:
     return tuple(sorted(groups, key=lambda group: (natural_key(group.test_id), group.message)))
 
 
-def _tally_tests(
-    cells: Iterable[CellResult],
-) -> tuple[tuple[FlakyTest, ...], tuple[SkipGroup, ...], tuple[CaseMetrics, ...]]:
-    """Flaky tests, skip reasons and metrics, in one pass over every test (a nightly set holds 200,000)."""
-    flaky = []
-    skipped: dict[tuple[Outcome, str], list[str]] = {}
+def _tally_tests(cells: Iterable[CellResult]) -> tuple[Classified, tuple[CaseMetrics, ...]]:
+    """The cases of each class but new red and passed, and the metrics, in one pass over every test (a nightly set
+    holds 200,000)."""
+    flaky, known, fixed, xfailed = [], [], [], []
+    not_built: list[tuple[str, str]] = []  # (cell id, reason)
+    not_run: list[tuple[str, str]] = []
     measured: dict[str, list[tuple[str, TestResult]]] = {}
     for cell in cells:
         cell_id = cell.id
@@ -332,24 +425,31 @@ def _tally_tests(
             outcome = test.outcome
             if outcome is Outcome.FLAKY:
                 flaky.append(FlakyTest(test_id=test.test_id, cell_id=cell_id, attempts=test.attempts))
-            elif outcome is Outcome.SKIPPED or outcome is Outcome.XFAILED:
-                skipped.setdefault((outcome, test.message or "no reason given"), []).append(cell_id)
+            elif outcome is not Outcome.PASSED:
+                case = case_class(test)
+                if case == CASE_KNOWN_PRESENT:
+                    known.append(KnownBugCase.of(cell, test, test.known_bug))
+                elif case == CASE_FIXED_UPSTREAM:
+                    fixed.append(KnownBugCase.of(cell, test, test.known_bug_fixed))
+                elif case == CASE_NOT_BUILT:
+                    not_built.append((cell_id, test.not_built or "no reason recorded"))
+                elif case == CASE_NOT_RUN:
+                    not_run.append((cell_id, test.message or "no reason given"))
+                elif outcome is Outcome.XFAILED:
+                    xfailed.append(XfailedCase(test_id=test.test_id, cell_id=cell_id,
+                                               reason=test.message or "no reason given"))
             if test.has_metrics:
                 measured.setdefault(test.test_id, []).append((cell_id, test))
-    skips = [
-        SkipGroup(reason=reason, outcome=outcome, tests=len(cell_ids), cells=tuple(dict.fromkeys(cell_ids)))
-        for (outcome, reason), cell_ids in skipped.items()
-    ]
     cases = []
-    for case, found in measured.items():
+    for case_id, found in measured.items():
         worst_cell, worst_test = max(found, key=lambda entry: _closeness(entry[1]))
-        cases.append(CaseMetrics(case=case, worst=MetricPoint(cell_id=worst_cell, test=worst_test),
+        cases.append(CaseMetrics(case=case_id, worst=MetricPoint(cell_id=worst_cell, test=worst_test),
                                  measured=tuple(found)))
-    return (
-        tuple(flaky),
-        tuple(sorted(skips, key=lambda group: (-group.tests, group.outcome.value, group.reason))),
-        tuple(sorted(cases, key=lambda case: (_sort_desc(_closeness(case.worst.test)), natural_key(case.case)))),
-    )
+    classified = Classified(flaky=tuple(flaky), known_present=tuple(known), fixed_upstream=tuple(fixed),
+                            not_built=reason_groups(not_built), not_run=reason_groups(not_run),
+                            xfailed=tuple(xfailed))
+    return classified, tuple(sorted(cases, key=lambda case: (_sort_desc(_closeness(case.worst.test)),
+                                                            natural_key(case.case))))
 
 
 def _ratio(test: TestResult) -> float | None:

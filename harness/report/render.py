@@ -28,23 +28,26 @@ from harness.report.filters import (
 )
 from harness.report.links import RunLinks, links_from
 from harness.report.listing import listed
-from harness.report.model import Report, build_report
+from harness.report.model import Report, against_last_night, build_report, shown_status
 from harness.report.plots import html_plots, loss_plot
 from harness.report.templates import environment as _environment
 from harness.report.terminal import COLUMNS, wants_color
 from harness.results import (
     DIGEST_TAG,
     BaselineUnreadable,
+    CaseCounts,
     CellResult,
     CellStatus,
     Digest,
     Regression,
+    ReleaseChange,
     ResultSet,
     encode_digest,
     load_baseline,
     load_results,
     paused_gc,
 )
+from harness.results.nightly_records import CaseRecord, ReleaseRecord
 
 FORMATS = ("pr-comment", "summary", "terminal", "html")
 SUMMARY_LIMIT_BYTES = 1_000_000  # GitHub's step summary takes 1 MiB
@@ -61,7 +64,8 @@ class Limits:
     excerpt_lines: int  # 0: no excerpts
     flaky: int
     metrics: int
-    skip_reasons: int
+    skip_reasons: int  # reasons listed of the cases not built, and of those not run
+    cases: int  # cases listed of each class a rendering lists one by one (known, fixed upstream, expected failures)
     changes: int  # test ids per list in the baseline section
     log_lines: int
     text_chars: int  # longest message, reason or name shown
@@ -69,31 +73,33 @@ class Limits:
 
 # One self-contained page: every cell's row, and bounded lists (a night of 300,000 failures rendered 44 MB whole).
 HTML_LIMITS = Limits(cells=10**9, failures=2_000, failures_per_cell=200, excerpt_lines=30, flaky=2_000,
-                     metrics=2_000, skip_reasons=500, changes=2_000, log_lines=10**9, text_chars=2_000)
+                     metrics=2_000, skip_reasons=500, cases=2_000, changes=2_000, log_lines=10**9, text_chars=2_000)
 # Tried in order until the text fits; each step keeps the verdict, the table and the failures' names.
 COMMENT_LADDER = (
     Limits(cells=300, failures=30, failures_per_cell=10, excerpt_lines=30, flaky=30, metrics=25, skip_reasons=20,
-           changes=20, log_lines=30, text_chars=300),
+           cases=30, changes=20, log_lines=30, text_chars=300),
     Limits(cells=300, failures=15, failures_per_cell=5, excerpt_lines=12, flaky=15, metrics=15, skip_reasons=10,
-           changes=10, log_lines=12, text_chars=200),
+           cases=15, changes=10, log_lines=12, text_chars=200),
     Limits(cells=300, failures=8, failures_per_cell=3, excerpt_lines=0, flaky=10, metrics=10, skip_reasons=5,
-           changes=5, log_lines=0, text_chars=160),
-    Limits(cells=60, failures=3, failures_per_cell=1, excerpt_lines=0, flaky=5, metrics=0, skip_reasons=3, changes=3,
-           log_lines=0, text_chars=60),
+           cases=10, changes=5, log_lines=0, text_chars=160),
+    Limits(cells=60, failures=3, failures_per_cell=1, excerpt_lines=0, flaky=5, metrics=0, skip_reasons=3, cases=5,
+           changes=3, log_lines=0, text_chars=60),
 )
 SUMMARY_LADDER = (
     Limits(cells=5_000, failures=300, failures_per_cell=30, excerpt_lines=30, flaky=300, metrics=300,
-           skip_reasons=200, changes=200, log_lines=30, text_chars=500),
+           skip_reasons=200, cases=300, changes=200, log_lines=30, text_chars=500),
     *COMMENT_LADDER,
 )
 TERMINAL_LIMITS = Limits(cells=10**9, failures=50, failures_per_cell=10, excerpt_lines=0, flaky=50, metrics=0,
-                         skip_reasons=20, changes=20, log_lines=0, text_chars=160)
+                         skip_reasons=20, cases=50, changes=20, log_lines=0, text_chars=160)
 # The nightly issue's list of regressions, and the triage table in it and in the job summary: every new red is in
 # triage.json.
 NIGHTLY_LISTED = 300
 NIGHTLY_LISTED_PER_CELL = 30
 # The creeping tests the issue lists (the trend page has them all, with plots).
 NIGHTLY_CREEPING_LISTED = 50
+# The known-bugs entries fixed upstream the issue names (triage.json has every case).
+NIGHTLY_ENTRIES_LISTED = 50
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,20 +198,26 @@ def _render(template: str, report: Report, limits: Limits, **extra: object) -> s
 
 def render_nightly(kind: str, *, marker: str, sha: str, run_url: str | None, regressions: Iterable[Regression] = (),
                    matrix: str = "", against: str = "", report: str = "", triage: str = "",
-                   cost: RunCost | None = None, creeping: Iterable[HistoryRegression] = ()) -> str:
+                   cost: RunCost | None = None, creeping: Iterable[HistoryRegression] = (),
+                   releases: Iterable[ReleaseChange | ReleaseRecord] = (), cases: CaseCounts | None = None,
+                   fixed_upstream: Iterable[CaseRecord] = ()) -> str:
     """The nightly issue's body (kind "issue") or a comment on it ("again", "green"), escaped like every
     other rendering of results; the regressions listed at most NIGHTLY_LISTED_PER_CELL per cell and NIGHTLY_LISTED
     in all, the rest counted. `cost`: the night's, on the issue's head line. `creeping`: the history's regressions
     (tests still passing whose memory or time rose over their baseline), listed in their own section of the body,
-    as many per cell and NIGHTLY_CREEPING_LISTED in all."""
+    as many per cell and NIGHTLY_CREEPING_LISTED in all. The body opens with the release view: `releases` (new since
+    last night), then the new reds, then tonight's `cases` by class and the known-bugs entries `fixed_upstream` cases
+    say to close."""
     shown = listed(tuple(regressions), lambda regression: (regression.cell_id,), per_cell=NIGHTLY_LISTED_PER_CELL,
                    total=NIGHTLY_LISTED)
     creeps = listed(tuple(creeping), lambda regression: (regression.cell,), per_cell=NIGHTLY_LISTED_PER_CELL,
                     total=NIGHTLY_CREEPING_LISTED)
+    close = sorted({key for case in fixed_upstream for key in case.keys})
     return _environment().get_template("nightly-issue.md.j2").render(
         kind=kind, marker=marker, sha=sha, run_url=run_url, regressions=shown.shown, more=shown.left_out,
         matrix=matrix, against=against, report=report, triage=triage, cost=cost, creeping=creeps.shown,
-        creeping_more=creeps.left_out, metrics=METRIC_BY_NAME)
+        creeping_more=creeps.left_out, metrics=METRIC_BY_NAME, releases=against_last_night(releases),
+        cases=cases, close=close[:NIGHTLY_ENTRIES_LISTED], close_more=max(len(close) - NIGHTLY_ENTRIES_LISTED, 0))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,7 +252,7 @@ def terminal_table(cells: Iterable[CellResult]) -> TerminalTable:
         known = bool(cell.tests) or cell.status is not CellStatus.ERRORED
         numbers = [f"{value:,}" if known else "-" for value in (
             counts.passed, counts.failed, counts.skipped, counts.xfailed, counts.flaky, counts.errored)]
-        status = cell.status.value
+        status = shown_status(cell).value
         texts = (compact_memory(cell), duration(cell.duration_s))
         rows.append(TerminalRow(status=status, cell_id=one_line(cell.id, COLUMNS - len(status) - 1),
                                 values=(*numbers, *(text.replace("—", "-") for text in texts))))

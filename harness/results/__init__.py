@@ -1,13 +1,13 @@
 """Results: cell folders -> one frozen model, never raising on what a folder holds.
 
-By stage: `model` (the frozen values; `values` makes recorded numbers and texts safe), `reader` (folders ->
-model, through `files` for bounded reads, `junit` for junit.xml and `records` for env.json and memory.json),
-`digest` (the bounded numbers a PR comment carries), `compare` (a result set against a baseline, and the one rule
-for what is new since the night before), `training` (a training case's per-step curve), `training_trends` (those
-curves against the baseline's), `triage` (the nightly's class of each new red, by structure), `labels` (what a
-failure's words look like, shown beside the class) and `nightly_records` (bisect.json
-and triage.json, typed). The names below are what callers import; the file names, env.json record and metric names
-live in `harness.contract`.
+By stage: `model` (the frozen values, and `case_class`, each case's class in the release view; `values` makes
+recorded numbers and texts safe), `reader` (folders -> model, through `files` for bounded reads, `junit` for junit.xml
+and `records` for env.json and memory.json), `digest` (the bounded numbers a PR comment carries), `compare` (a result
+set against a baseline, and the one rule for what is new since the night before: reds and releases), `training` (a
+training case's per-step curve), `training_trends` (those curves against the baseline's), `triage` (the nightly's
+class of each new red, by structure), `labels` (what a failure's words look like, shown beside the class) and
+`nightly_records` (bisect.json and triage.json, typed). The names below are what callers import; the file names,
+env.json record and metric names live in `harness.contract`.
 """
 
 from harness.contract import CONTRACT_FILES, SCHEMA
@@ -18,7 +18,9 @@ from harness.results.compare import (
     Comparison,
     MemoryChange,
     Regression,
+    ReleaseChange,
     compare,
+    new_releases,
     nightly_regressions,
 )
 from harness.results.digest import (
@@ -35,6 +37,7 @@ from harness.results.digest import (
 )
 from harness.results.junit import parse_xml, read_junit_tests
 from harness.results.model import (
+    CaseCounts,
     CellInfo,
     CellResult,
     CellStatus,
@@ -46,6 +49,7 @@ from harness.results.model import (
     ResultSet,
     SuiteInfo,
     TestResult,
+    case_class,
     natural_key,
     nothing_distributed_ran,
 )
@@ -60,6 +64,7 @@ __all__ = [
     "MEMORY_CHANGE_MIB",
     "SCHEMA",
     "BaselineUnreadable",
+    "CaseCounts",
     "CellChange",
     "CellDigest",
     "CellInfo",
@@ -76,10 +81,12 @@ __all__ = [
     "Outcome",
     "Problem",
     "Regression",
+    "ReleaseChange",
     "ResultSet",
     "SuiteInfo",
     "TestResult",
     "TrainingCurve",
+    "case_class",
     "cell_key",
     "compare",
     "decode_digest",
@@ -90,6 +97,7 @@ __all__ = [
     "load_baseline",
     "load_results",
     "natural_key",
+    "new_releases",
     "nightly_regressions",
     "nothing_distributed_ran",
     "number",

@@ -1,14 +1,24 @@
 """Comparison of a result set with a baseline digest (what changed per cell), and the one rule for what is new
 since the night before: `night_before` says which cell of last night a cell of tonight is compared with, and
-`new_reds` which of tonight's reds are new. Triage classifies those, the PR comment's red classes come from
-triage, and `nightly_regressions` (the nightly issue's list) is built on them too."""
+`new_reds` which of tonight's reds are new, and `new_releases` which torch and transformers releases tonight ran that
+last night did not. Triage classifies the new reds, the PR comment's red classes come from triage, and
+`nightly_regressions` (the nightly issue's list) is built on them too."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.contract import CASE_NEW_RED
 from harness.results.digest import CellDigest, Digest, cell_digest, cell_key, test_key
-from harness.results.model import CellResult, CellStatus, Outcome, ResultSet, TestResult, natural_key
+from harness.results.model import (
+    CellResult,
+    CellStatus,
+    Outcome,
+    ResultSet,
+    TestResult,
+    case_class,
+    natural_key,
+)
 from harness.results.values import finite
 
 MEMORY_CHANGE_MIB = 256.0
@@ -192,11 +202,44 @@ def night_before(cell: CellResult, baseline: ResultSet) -> CellResult | None:
     return None
 
 
+# The packages whose releases a night is read against ("New since last night: transformers A → B; torch C").
+RELEASE_PACKAGES = ("transformers", "torch")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReleaseChange:
+    """One package's releases over a night's cells, as env.json recorded them: last night's and tonight's, each
+    distinct release once, oldest first. `before` is empty where there are no results from the night before."""
+
+    package: str
+    before: tuple[str, ...]
+    after: tuple[str, ...]
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.before) and self.before != self.after
+
+
+def new_releases(tonight: ResultSet, baseline: ResultSet | None) -> tuple[ReleaseChange, ...]:
+    """Each of RELEASE_PACKAGES, tonight's releases against the night before's."""
+    before_cells = baseline.cells if baseline is not None else ()
+    return tuple(
+        ReleaseChange(package=package, before=_releases(before_cells, package), after=_releases(tonight.cells, package))
+        for package in RELEASE_PACKAGES
+    )
+
+
+def _releases(cells: tuple[CellResult, ...], package: str) -> tuple[str, ...]:
+    found = {release for cell in cells if (release := cell.installed(package))}
+    return tuple(sorted(found, key=natural_key))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Regression:
     """One thing worse than the night before. `kind`: errored (the cell broke; `text` says why), failing
     (`test_id` failed, `text` is its outcome), or memory (`memory` grew past both limits). From triage.json, a red
-    also carries its class and the label its words got ("looks like an OOM"), as the fields triage wrote."""
+    also carries its class, the label its words got ("looks like an OOM") and its bisect's line, as triage wrote
+    them."""
 
     cell_id: str
     kind: str
@@ -206,6 +249,7 @@ class Regression:
     memory: MemoryChange | None = None
     triage_class: str | None = None
     label: str | None = None
+    bisect: str | None = None
 
 
 def nightly_regressions(
@@ -216,8 +260,8 @@ def nightly_regressions(
     memory_percent: float,
 ) -> tuple[Regression, ...]:
     """What got worse since the previous night, by `new_reds`: tests failing that did not fail then (a flaky one
-    passed in the end: no regression), cells that newly errored without one, and GPU peak memory that grew by
-    more than both limits against the same night-before cell."""
+    passed in the end, and one fixed upstream is no red: no regression), cells that newly errored without one, and GPU
+    peak memory that grew by more than both limits against the same night-before cell."""
     baseline = baseline or ResultSet(cells=())
     found: list[Regression] = []
     for cell in sorted(result_set.cells, key=lambda c: natural_key(c.id)):
@@ -229,7 +273,8 @@ def nightly_regressions(
             continue
         # No tests the night before (a new or errored cell): every failure tonight is new.
         no_result = before is None or not before.tests
-        failing = {test_key(red.test.test_id): red.test.outcome.value for red in reds if red.test.outcome.is_failing}
+        failing = {test_key(red.test.test_id): red.test.outcome.value for red in reds
+                   if case_class(red.test) == CASE_NEW_RED}
         found.extend(
             Regression(cell_id=cell.id, kind="failing", test_id=test_id, text=failing[test_id],
                        no_result_before=no_result)

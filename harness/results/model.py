@@ -11,6 +11,12 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from harness.contract import (
+    CASE_FIXED_UPSTREAM,
+    CASE_KNOWN_PRESENT,
+    CASE_NEW_RED,
+    CASE_NOT_BUILT,
+    CASE_NOT_RUN,
+    CASE_PASSED,
     EP_FAMILIES_COVERED,
     EP_FAMILIES_DECLARED,
     EP_FAMILIES_NOT_COVERED,
@@ -30,6 +36,8 @@ from harness.contract import (
     LOGITS_ATOL,
     LOGITS_DIFFERENCE,
     NEEDS_WORLD_SIZE,
+    NOT_BUILT,
+    NOT_BUILT_CHARS,
     PEAK_ALLOCATED_PREFIX,
     RANK_UNITS,
     ROUTING_MARGIN,
@@ -41,7 +49,7 @@ from harness.contract import (
     WORLD_SIZE,
 )
 from harness.results.training import TrainingCurve, training_curve
-from harness.results.values import Labelled, Number, number, whole_number
+from harness.results.values import Labelled, Number, clean_text, number, whole_number
 
 # `-k` accepts these characters in one identifier (pytest's mark expression grammar).
 _K_IDENT = re.compile(r"^[\w:+\-.\[\]\\/]+$")
@@ -119,6 +127,9 @@ class TestResult:
     known_bug: tuple[str, ...] = field(init=False, compare=False, repr=False)
     known_bug_fixed: tuple[str, ...] = field(init=False, compare=False, repr=False)
     launch_failed: str | None = field(init=False, compare=False, repr=False)  # one of contract.LAUNCH_FAILURES
+    # Why the suite could not build the case (contract.NOT_BUILT), bounded; None where the property is absent, "" where
+    # it is there but empty (the property says the case was not built, whatever its value).
+    not_built: str | None = field(init=False, compare=False, repr=False)
     # Skipped for too few GPUs or ranks: the property is there, whatever its value (a garbled number still
     # says the case did not run).
     not_run_for_ranks: bool = field(init=False, compare=False, repr=False)
@@ -147,6 +158,7 @@ class TestResult:
         object.__setattr__(self, "known_bug_fixed", known_bug_keys(values.get(KNOWN_BUG_FIXED)))
         launch = values.get(LAUNCH_FAILED)
         object.__setattr__(self, "launch_failed", launch if launch in LAUNCH_FAILURES else None)
+        object.__setattr__(self, "not_built", clean_text(values.get(NOT_BUILT), NOT_BUILT_CHARS))
         skipped = self.outcome is Outcome.SKIPPED
         object.__setattr__(self, "not_run_for_ranks", skipped and NEEDS_WORLD_SIZE in values)
 
@@ -189,6 +201,24 @@ def known_bug_keys(value: str | None) -> tuple[str, ...]:
     if not all(len(key) <= KNOWN_BUG_KEY_CHARS and _KNOWN_BUG_KEY.fullmatch(key) for key in keys):
         return ()
     return tuple(keys)
+
+
+def case_class(test: TestResult) -> str:
+    """The case's class in the release view (one of contract.CASE_CLASSES), from its outcome and typed properties only:
+    a failure's words ("fixed upstream", "not built: ...") decide nothing. A strict XPASS a known-bugs entry covers is
+    reported failed and carries KNOWN_BUG_FIXED: fixed upstream. An error never is: the entry does not explain it. An
+    xfail without KNOWN_BUG (a plain xfail mark) is no known bug: it failed as its test expects, so it passed. A flaky
+    case passed in the end: it is listed as flaky, never counted red."""
+    outcome = test.outcome
+    if outcome is Outcome.FAILED:
+        return CASE_FIXED_UPSTREAM if test.known_bug_fixed else CASE_NEW_RED
+    if outcome is Outcome.ERRORED:
+        return CASE_NEW_RED
+    if outcome is Outcome.XFAILED:
+        return CASE_KNOWN_PRESENT if test.known_bug else CASE_PASSED
+    if outcome is Outcome.SKIPPED:
+        return CASE_NOT_BUILT if test.not_built is not None else CASE_NOT_RUN
+    return CASE_PASSED
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -277,6 +307,54 @@ class Counts:
         return cls(**tally)
 
 
+# CaseCounts' fields, in the order of contract.CASE_CLASSES.
+_CASE_FIELDS = {CASE_NEW_RED: "new_red", CASE_KNOWN_PRESENT: "known_present", CASE_FIXED_UPSTREAM: "fixed_upstream",
+                CASE_NOT_BUILT: "not_built", CASE_NOT_RUN: "not_run", CASE_PASSED: "passed"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CaseCounts:
+    """How many cases of each class (case_class): a cell's, or a run's (their sum)."""
+
+    new_red: int = 0
+    known_present: int = 0
+    fixed_upstream: int = 0
+    not_built: int = 0
+    not_run: int = 0
+    passed: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, name) for name in self.__slots__)
+
+    def __add__(self, other: CaseCounts) -> CaseCounts:
+        return CaseCounts(**{name: getattr(self, name) + getattr(other, name) for name in self.__slots__})
+
+    def by_class(self) -> tuple[tuple[str, int], ...]:
+        """(class, count) for every class, in the order of contract.CASE_CLASSES."""
+        return tuple((case, getattr(self, name)) for case, name in _CASE_FIELDS.items())
+
+    def to_json(self) -> dict[str, int]:
+        return dict(self.by_class())
+
+    @classmethod
+    def from_json(cls, document: object) -> CaseCounts:
+        """Counts keyed by class, as `to_json` writes them; ValueError for anything else (a class missing counts 0)."""
+        if not isinstance(document, dict) or not set(document) <= set(_CASE_FIELDS):
+            raise ValueError(f"the case counts must be an object keyed by {', '.join(_CASE_FIELDS)}")
+        counts = {name: document.get(case, 0) for case, name in _CASE_FIELDS.items()}
+        if not all(type(count) is int and count >= 0 for count in counts.values()):
+            raise ValueError("each case count must be a whole number, 0 or more")
+        return cls(**counts)
+
+    @classmethod
+    def of(cls, tests: Iterable[TestResult]) -> CaseCounts:
+        tally = dict.fromkeys(_CASE_FIELDS.values(), 0)
+        for test in tests:
+            tally[_CASE_FIELDS[case_class(test)]] += 1
+        return cls(**tally)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NotRun:
     """A cell's cases skipped because its host had too few GPUs or ranks, read from their typed properties:
@@ -343,12 +421,14 @@ class CellResult:
     problems: tuple[Problem, ...] = ()
     folder: str = ""
     counts: Counts = field(init=False, compare=False)  # from `tests`
+    case_counts: CaseCounts = field(init=False, compare=False)  # from `tests`: their classes (case_class)
     failing_tests: tuple[TestResult, ...] = field(init=False, compare=False, repr=False)
     not_run: NotRun = field(init=False, compare=False)  # from `tests`: what the host could not run
     ran_families: tuple[str, ...] = field(init=False, compare=False)  # families with a distributed case that ran
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "counts", Counts.of(self.tests))
+        object.__setattr__(self, "case_counts", CaseCounts.of(self.tests))
         object.__setattr__(self, "failing_tests", tuple(test for test in self.tests if test.outcome.is_failing))
         object.__setattr__(self, "not_run", NotRun.of(self.tests))
         families = {test.family for test in self.tests if test.family and test.ran_distributed}
@@ -358,10 +438,16 @@ class CellResult:
     def id(self) -> str:
         return self.info.id
 
+    def installed(self, package: str) -> str | None:
+        """The release of `package` the cell ran: env.json's versions, else its cell record's (torch, transformers)."""
+        recorded = dict(self.versions).get(package)
+        return recorded or {"torch": self.info.torch, "transformers": self.info.transformers}.get(package)
+
     def reproduce_command(self) -> str:
-        """`harness run ... --cell ID -- ARGS`: the run's own pytest arguments, with this cell's failing tests
-        added to their -k (`-k '(X) and (a or b)'`, or `-k 'a or b'` where the run had none)."""
-        names = sorted({_k_name(test.name) for test in self.failing_tests})
+        """`harness run ... --cell ID -- ARGS`: the run's own pytest arguments, with this cell's new reds (its failing
+        tests but those fixed upstream) added to their -k (`-k '(X) and (a or b)'`, or `-k 'a or b'` where the run had
+        none)."""
+        names = sorted({_k_name(test.name) for test in self.failing_tests if case_class(test) == CASE_NEW_RED})
         selection = " or ".join(names)
         if not names or len(names) > _K_NAMES or any(len(name) > _K_NAME_CHARS for name in names):
             selection = ""  # too many or too long to paste: the run's own selection, whole
@@ -380,6 +466,13 @@ class ResultSet:
         total = Counts()
         for cell in self.cells:
             total = total + cell.counts
+        return total
+
+    @property
+    def case_counts(self) -> CaseCounts:
+        total = CaseCounts()
+        for cell in self.cells:
+            total = total + cell.case_counts
         return total
 
     def cells_with(self, status: CellStatus) -> tuple[CellResult, ...]:

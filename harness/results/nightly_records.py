@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.results.model import CaseCounts
+
 # Their file names and values are harness.contract's (BISECT_JSON_GLOB, VERDICT_*, TRIAGE_*); `from_json` raises
 # ValueError, saying why, for what these types did not write.
 
@@ -236,14 +238,75 @@ class BisectJob:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ReleaseRecord:
+    """One package's releases last night and tonight (results.compare.ReleaseChange), oldest first; `before` empty:
+    no results from the night before."""
+
+    package: str
+    before: list[str] = field(default_factory=list)
+    after: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, document: dict) -> ReleaseRecord:
+        what = "a release"
+        return cls(
+            package=_typed(document, "package", (str,), "", what),
+            before=_strings(_typed(document, "before", (list,), [], what), "before", what),
+            after=_strings(_typed(document, "after", (list,), [], what), "after", what),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class CaseRecord:
+    """A case of tonight the release view lists apart from the reds: fixed upstream (`keys`: the known-bugs entries
+    whose range to close) or not built (`reason`: why the suite could not build it), with the releases it ran on."""
+
+    cell: str
+    test: str
+    keys: list[str] = field(default_factory=list)
+    reason: str | None = None
+    versions: dict[str, str] = field(default_factory=dict)  # transformers, torch
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, document: dict) -> CaseRecord:
+        what = "a case"
+        return cls(
+            cell=_typed(document, "cell", (str,), "", what),
+            test=_typed(document, "test", (str,), "", what),
+            keys=_strings(_typed(document, "keys", (list,), [], what), "keys", what),
+            reason=_typed(document, "reason", (str,), None, what),
+            versions=_string_map(_typed(document, "versions", (dict,), {}, what), "versions", what) or {},
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class TriageRecord:
-    """triage.json: every new red of the night and the bisect plan."""
+    """triage.json: the releases new since last night, tonight's cases by class (contract.CASE_CLASSES), every new red
+    of the night, the cases fixed upstream and those not built, and the bisect plan. A file written before the release
+    view was kept reads with `releases` and the case lists empty and `cases` None."""
 
     reds: list[TriageRed] = field(default_factory=list)
     bisect: list[BisectJob] = field(default_factory=list)
+    releases: list[ReleaseRecord] = field(default_factory=list)
+    cases: CaseCounts | None = None
+    fixed_upstream: list[CaseRecord] = field(default_factory=list)
+    not_built: list[CaseRecord] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"reds": [red.to_json() for red in self.reds], "bisect": [job.to_json() for job in self.bisect]}
+        return {
+            "new_since_last_night": [release.to_json() for release in self.releases],
+            "cases": self.cases.to_json() if self.cases is not None else None,
+            "reds": [red.to_json() for red in self.reds],
+            "fixed_upstream": [case.to_json() for case in self.fixed_upstream],
+            "not_built": [case.to_json() for case in self.not_built],
+            "bisect": [job.to_json() for job in self.bisect],
+        }
 
     def github_matrix(self) -> dict[str, Any]:
         """The plan as the {'include': [...]} object strategy.matrix takes."""
@@ -256,5 +319,13 @@ class TriageRecord:
         reds = document.get("reds")
         if not isinstance(reds, list) or not all(isinstance(red, dict) for red in reds):
             raise ValueError("'reds' must be a list of objects")
-        return cls(reds=[TriageRed.from_json(red) for red in reds],
-                   bisect=[BisectJob.from_json(job) for job in _objects(document, "bisect", "the bisect plan")])
+        cases = document.get("cases")
+        return cls(
+            reds=[TriageRed.from_json(red) for red in reds],
+            bisect=[BisectJob.from_json(job) for job in _objects(document, "bisect", "the bisect plan")],
+            releases=[ReleaseRecord.from_json(release)
+                      for release in _objects(document, "new_since_last_night", "the releases")],
+            cases=None if cases is None else CaseCounts.from_json(cases),
+            fixed_upstream=[CaseRecord.from_json(case) for case in _objects(document, "fixed_upstream", "triage")],
+            not_built=[CaseRecord.from_json(case) for case in _objects(document, "not_built", "triage")],
+        )

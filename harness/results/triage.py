@@ -3,8 +3,9 @@ bisect plan (last night's versions good, tonight's bad) for a job on the same ru
 
 A red is classified by structure: what harness and the suite recorded as data, never a failure's words. Classes:
   flaky               passed on a rerun in the same job (pytest-rerunfailures), or when the bisect ran it again
-  known upstream bug  a covered case of the suite's known-bugs table that passed: it carries the table's
-                      KNOWN_BUG_FIXED property naming the entries (contract.KNOWN_BUG_FIXED)
+  known upstream bug  a covered case of the suite's known-bugs table that passed: it failed carrying the table's
+                      KNOWN_BUG_FIXED property naming the entries (contract.KNOWN_BUG_FIXED), the release view's
+                      "fixed upstream" (results.case_class)
   infrastructure      a typed event of harness's own: env.json's error_kind of the machine or the job (an install
                       failure, busy GPUs, a lost host, an interruption), for the cell or the test it stopped; the
                       ranks fixture's lost host (contract.LAUNCH_FAILED); or, for a crash or hang, the bisect's
@@ -13,6 +14,11 @@ A red is classified by structure: what harness and the suite recorded as data, n
                       or gloo timeout a hang of the code under test: real, whatever they say.
 A failure's words (its exception and `E` lines, the frames and source lines of any traceback left out) only label a
 red: `labels` gives "looks like an OOM" beside the class, as a field of the record, never the class.
+
+Only a real failure is bisected: a case fixed upstream is a known upstream bug, and a case still failing as its
+known-bugs entry says (an xfail) or not built (a skip) is never a red. triage.json carries, beside the reds, the
+night's release view: the releases new since last night (results.compare.new_releases), tonight's cases by class,
+and the cases fixed upstream and not built.
 """
 
 from __future__ import annotations
@@ -24,13 +30,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from harness import contract
-from harness.results import CellResult, Outcome, ResultSet, TestResult
-from harness.results.compare import new_reds
+from harness.results import CellResult, Outcome, ResultSet, TestResult, case_class, natural_key
+from harness.results.compare import RELEASE_PACKAGES, new_reds, new_releases
 from harness.results.labels import LABELS, failure_text, label_text
-from harness.results.nightly_records import BisectJob, BisectRecord, TriageRed
+from harness.results.nightly_records import (
+    BisectJob,
+    BisectRecord,
+    CaseRecord,
+    ReleaseRecord,
+    TriageRecord,
+    TriageRed,
+)
 
-__all__ = ["LABELS", "Red", "Triage", "Verdict", "bisect_plan", "classify_cell", "classify_test", "failure_text",
-           "label_of", "label_text", "load_bisects", "triage", "with_bisects"]
+__all__ = ["LABELS", "Red", "Triage", "Verdict", "bisect_plan", "case_records", "classify_cell", "classify_test",
+           "failure_text", "label_of", "label_text", "load_bisects", "triage", "triage_record", "with_bisects"]
 
 
 class Triage(str, enum.Enum):
@@ -117,10 +130,10 @@ def classify_test(test: TestResult, cell: CellResult | None = None) -> Verdict:
     cell's error_kind; its words decide nothing."""
     if test.outcome is Outcome.FLAKY:
         return Verdict(Triage.FLAKY, f"passed on attempt {test.attempts}")
-    if test.known_bug_fixed:
+    if case_class(test) == contract.CASE_FIXED_UPSTREAM:
         keys = ", ".join(test.known_bug_fixed)
-        return Verdict(Triage.KNOWN_UPSTREAM, f"passed though known-bugs entry {keys} covers it: fixed upstream, "
-                       "remove the entry")
+        return Verdict(Triage.KNOWN_UPSTREAM, f"passed though known-bugs entry {keys} covers it: "
+                       f"{contract.FIXED_UPSTREAM}")
     if test.launch_failed in LAUNCH_CAUSES:
         return LAUNCH_CAUSES[test.launch_failed]
     if test.stopped and cell is not None:  # the test pytest was running when the cell stopped: the cell's why
@@ -170,7 +183,8 @@ def bisect_plan(
     reds: Iterable[Red], labels: Mapping[str, Sequence[str]], gpu_of: Mapping[str, str]
 ) -> list[BisectJob]:
     """One bisect job per cell with real failures: `strategy.matrix.include` entries. `labels`: each GPU type's
-    runner labels (runners.yaml, which the command reads); `gpu_of`: each cell's GPU type."""
+    runner labels (runners.yaml, which the command reads); `gpu_of`: each cell's GPU type. A red has versions to
+    bisect between only where `triage` found it real, so no case fixed upstream, known or not built is planned."""
     jobs: dict[str, tuple[Red, list[str | None]]] = {}
     for red in reds:
         if red.good is None or red.bad is None:
@@ -214,6 +228,35 @@ def _fails_at_good(red: Red, answer: BisectRecord) -> bool:
     """The bisect's good end failed as this red did: the same test among those failing there (BisectRecord's typed
     list), or, for a cell that errored without a failing test, the good end of its whole suite failing too."""
     return red.test_id is None or red.test_id in answer.failing_at_good
+
+
+def triage_record(tonight: ResultSet, baseline: ResultSet | None, reds: Sequence[Red],
+                  bisects: Mapping[str, BisectRecord], plan: list[BisectJob]) -> TriageRecord:
+    """triage.json: the night's release view, its new reds with their bisects' answers, and the bisect plan."""
+    return TriageRecord(
+        releases=[ReleaseRecord(package=change.package, before=list(change.before), after=list(change.after))
+                  for change in new_releases(tonight, baseline)],
+        cases=tonight.case_counts,
+        reds=with_bisects(reds, bisects),
+        fixed_upstream=case_records(tonight, contract.CASE_FIXED_UPSTREAM),
+        not_built=case_records(tonight, contract.CASE_NOT_BUILT),
+        bisect=plan,
+    )
+
+
+def case_records(tonight: ResultSet, case: str) -> list[CaseRecord]:
+    """Tonight's cases of one class (contract.CASE_*), cell by cell in id order, each with the releases it ran on: a
+    fixed-upstream case names the entries to close, a not-built one why it was not built."""
+    rows = []
+    for cell in sorted(tonight.cells, key=lambda found: natural_key(found.id)):
+        versions = {package: release for package in RELEASE_PACKAGES if (release := cell.installed(package))}
+        rows.extend(
+            CaseRecord(cell=cell.id, test=test.test_id, versions=versions,
+                       keys=list(test.known_bug_fixed) if case == contract.CASE_FIXED_UPSTREAM else [],
+                       reason=test.not_built if case == contract.CASE_NOT_BUILT else None)
+            for test in cell.tests if case_class(test) == case
+        )
+    return rows
 
 
 def load_bisects(folder: str | Path | None) -> dict[str, BisectRecord]:

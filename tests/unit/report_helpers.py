@@ -1,7 +1,9 @@
 """Result values for the report's tests: a test with properties, a cell holding tests (shared by test_report.py
-and test_report_training.py)."""
+and test_report_training.py), and junit.xml cases as pytest writes them, for folders written to disk."""
 
 from __future__ import annotations
+
+from xml.sax.saxutils import escape, quoteattr
 
 from harness.results import (
     CellInfo,
@@ -46,3 +48,25 @@ def cell(cell_id: str, *tests: TestResult, status: CellStatus | None = None, rea
     info = CellInfo(id=cell_id, gpu=gpu, gpus=len(peaks) or 2, torch=torch, transformers="5.18.0")
     return CellResult(info=info, status=status, reason=reason, tests=tests, memory=memory, suite=suite or SuiteInfo(),
                       duration_s=61.0, reproduce=f"harness run --cell '{cell_id}'")
+
+
+def junit_xml(*cases: str) -> str:
+    """A junit.xml (xunit1, as pytest writes it) holding `cases` (case_xml's)."""
+    return ('<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">' + "".join(cases)
+            + "</testsuite></testsuites>")
+
+
+def case_xml(name: str, outcome: str, message: str = "", attempts: int = 1, **properties: str) -> str:
+    """One test as pytest's junitxml writes it: passed, failed (a strict XPASS too), errored, skipped or xfailed,
+    with its properties (record_property); pytest-rerunfailures leaves one empty testcase per earlier attempt."""
+    head = f'<testcase classname="tests.gpu.test_ep" name={quoteattr(name)} file="tests/gpu/test_ep.py" time="1.0"'
+    recorded = "".join(f"<property name={quoteattr(key)} value={quoteattr(value)}/>"
+                       for key, value in properties.items())
+    body = (f"<properties>{recorded}</properties>" if recorded else "") + {
+        "passed": "",
+        "failed": f"<failure message={quoteattr(message)}>E   {escape(message)}</failure>",
+        "errored": f"<error message={quoteattr(message)}>E   {escape(message)}</error>",
+        "skipped": f'<skipped type="pytest.skip" message={quoteattr(message)}>{escape(message)}</skipped>',
+        "xfailed": f'<skipped type="pytest.xfail" message={quoteattr(message)} />',
+    }[outcome]
+    return f"{head} />" * (attempts - 1) + f"{head}>{body}</testcase>"

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 from fake_github import BOT, HEAD, MARKER, OLD_HEAD, REPO, TOKEN, FakeGitHub, comment_event
+from report_helpers import case_xml
+from triage_helpers import GRAD
+from triage_helpers import write_cell as write_night_cell
 
 from harness import cli
 from harness.errors import GitHubError
@@ -749,7 +752,9 @@ def test_a_regression_opens_one_labelled_issue(fake, nightly_env, tmp_path, caps
     [issue] = fake.issues.values()
     assert issue["title"] == "Nightly regression: nightly"
     assert issue["labels"] == [{"name": "nightly-regression"}]
-    assert issue["body"].startswith("<!-- harness-nightly -->\nNightly `nightly` on `6dcb09b5b578` "
+    assert issue["body"].startswith("<!-- harness-nightly -->\n"
+                                    "New since last night: transformers 5.24.0 (unchanged); torch 2.13.0 "
+                                    "(unchanged)\n\nNightly `nightly` on `6dcb09b5b578` "
                                     f"([run](https://github.com/{REPO}/actions/runs/4242)): "
                                     # 2 GPUs (env.json lists none: the cell's own count) x 20 min; no job timings
                                     "1 cell, 0.7 GPU-hours; compared with the night before:")
@@ -763,7 +768,7 @@ def test_a_flaky_test_is_no_regression_but_one_that_stays_red_is(fake, nightly_e
     now = cells(tmp_path, "now", flaky_one="flaky", red_one="red")
     assert nightly(tmp_path, now, before) == 0
     [issue] = fake.issues.values()
-    listing = issue["body"].split("\n\n")[1]
+    listing = issue["body"].split("\n\n")[2]  # after the release line and the head line
     assert listing == f"- `{CELL}` `tests/gpu/test_ep.py::red_one` failed"
 
 
@@ -786,6 +791,44 @@ def test_the_issue_lists_triages_new_reds_so_a_floating_release_is_one_story(fak
     [issue] = fake.issues.values()
     assert f"- `h200-2gpu-torch2.13.0-tf5.20.0` `{T}` real failure\n" in issue["body"]
     assert "no result the night before" not in issue["body"]
+
+
+@pytest.mark.parametrize("with_triage", [True, False])
+def test_the_issue_opens_with_the_new_release_then_its_new_reds_then_the_cases_by_class(fake, nightly_env, tmp_path,
+                                                                                         with_triage):
+    """transformers 5.25.0 came out: the issue says so first, then the new reds (each with its bisect's line), then
+    tonight's cases by class and the known-bugs entries to close. A case fixed upstream is no regression, with
+    triage.json or without (the same rules over the results)."""
+    before, now = tmp_path / "before", tmp_path / "now"
+    names = ("test_real[2]", "test_known[2]", "test_fixed[2]", "test_not_built[2]")
+    write_night_cell(before, "2.13.0", "5.24.0", [case_xml(name, "passed") for name in names], status="passed")
+    write_night_cell(now, "2.13.0", "5.25.0", [
+        case_xml("test_real[2]", "failed", GRAD),
+        case_xml("test_known[2]", "xfailed", "known upstream bug: x", known_bug="qwen3-eager-bias"),
+        case_xml("test_fixed[2]", "failed", "[XPASS(strict)] fixed upstream", known_bug_fixed="mixtral-half-gradients"),
+        case_xml("test_not_built[2]", "skipped", "not built: no layout", not_built="no layout"),
+    ])
+    options = []
+    if with_triage:
+        triage_json, bisects = tmp_path / "triage.json", tmp_path / "bisects"
+        bisects.mkdir()
+        line = "first bad: transformers 5.25.0 (last good 5.24.0) · test_real[2]"
+        (bisects / "bisect.json").write_text(json.dumps({"cell": "h200-2gpu-torch2.13.0-tf5.25.0", "line": line}))
+        assert cli.main(["triage", "--results", str(now), "--baseline", str(before), "--bisects", str(bisects),
+                         "-o", str(triage_json)]) == 0
+        options = ["--triage-json", str(triage_json)]
+    assert nightly(tmp_path, now, before, *options) == 0
+    [issue] = fake.issues.values()
+    release, head, listing, cases, close = issue["body"].split("\n\n")[:5]
+    assert release == ("<!-- harness-nightly -->\n"
+                       "New since last night: transformers 5.24.0 → 5.25.0; torch 2.13.0 (unchanged)")
+    assert head.startswith("Nightly `nightly` on `6dcb09b5b578`")
+    red = "- `h200-2gpu-torch2.13.0-tf5.25.0` `tests/gpu/test_ep.py::test_real[2]` "
+    assert listing == red + ("real failure · first bad: transformers 5.25.0 (last good 5.24.0) · test\\_real\\[2\\]"
+                             if with_triage else "failed")
+    assert cases == ("Tonight's 4 cases: 1 new red · 1 known, still present · 1 fixed upstream · 1 not built · "
+                     "0 not run · 0 passed")
+    assert close == "Fixed upstream, close the range of known-bugs entry `mixtral-half-gradients`."
 
 
 def test_without_triage_the_issue_reads_the_same_rule_as_triage(fake, nightly_env, tmp_path):

@@ -11,17 +11,21 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from report_helpers import case_xml, junit_xml
 
+from harness import contract
 from harness.errors import ConfigError
 from harness.results import (
     DIGEST_TAG,
     BaselineUnreadable,
+    CaseCounts,
     CellResult,
     CellStatus,
     NotRun,
     Outcome,
     ResultSet,
     TestResult,
+    case_class,
     compare,
     decode_digest,
     digest,
@@ -165,6 +169,79 @@ def test_not_run_comes_from_the_typed_properties(tmp_path, env_status, exit_code
     folder = write_cell(tmp_path / "ada-1gpu-torch2.11.0-tf5.9.0", junit=junit_of(*cases),
                         env=env_json(status=env_status, exit_code=exit_code))
     assert read_cell(folder).status.value == status
+
+
+# (outcome, message, properties, attempts, the case's class). The class comes from the outcome and the typed
+# properties only; each row's words say the opposite of its class where they could.
+CASE_CLASSES = [
+    ("passed", "", {}, 1, contract.CASE_PASSED),
+    ("passed", "", {"not_built": "a case that passed was built"}, 1, contract.CASE_PASSED),
+    ("passed", "", {}, 2, contract.CASE_PASSED),  # flaky: failed, then passed on a rerun
+    ("failed", "routing differs: layer 1", {}, 1, contract.CASE_NEW_RED),
+    ("failed", "[XPASS(strict)] fixed upstream: close the range", {}, 1, contract.CASE_NEW_RED),  # words alone
+    ("failed", "[XPASS(strict)] known upstream bug: x", {"known_bug_fixed": "ep-eager-bias"}, 1,
+     contract.CASE_FIXED_UPSTREAM),
+    ("failed", "passed", {"known_bug_fixed": "ep-eager-bias,fsdp-mask"}, 1, contract.CASE_FIXED_UPSTREAM),
+    ("failed", "passed", {"known_bug_fixed": "Not A Key"}, 1, contract.CASE_NEW_RED),  # names no entry
+    ("failed", "boom", {"known_bug": "ep-eager-bias"}, 1, contract.CASE_NEW_RED),  # an xfail's key on a failure
+    ("errored", "failed on teardown", {"known_bug_fixed": "ep-eager-bias"}, 1, contract.CASE_NEW_RED),
+    ("errored", "failed on setup", {}, 1, contract.CASE_NEW_RED),
+    ("xfailed", "known upstream bug: x", {"known_bug": "ep-eager-bias"}, 1, contract.CASE_KNOWN_PRESENT),
+    ("xfailed", "known upstream bug: x", {}, 1, contract.CASE_PASSED),  # a plain xfail mark: no entry names it
+    ("xfailed", "known upstream bug: x", {"known_bug": "<b>x</b>"}, 1, contract.CASE_PASSED),
+    ("skipped", "not built: the config class refuses it", {"not_built": "the config class refuses it"}, 1,
+     contract.CASE_NOT_BUILT),
+    ("skipped", "needs 4 GPUs", {"not_built": ""}, 1, contract.CASE_NOT_BUILT),  # the property, whatever its value
+    ("skipped", "not built: the config class refuses it", {}, 1, contract.CASE_NOT_RUN),  # words alone
+    ("skipped", "needs 4 GPUs", {"needs_world_size": "4", "host_ranks": "2", "host_rank_unit": "GPUs"}, 1,
+     contract.CASE_NOT_RUN),
+    ("skipped", "needs torch>=2.14", {}, 1, contract.CASE_NOT_RUN),
+]
+
+
+@pytest.mark.parametrize(("outcome", "message", "properties", "attempts", "expected"), CASE_CLASSES)
+def test_each_case_has_one_class_from_its_outcome_and_typed_properties(tmp_path, outcome, message, properties,
+                                                                        attempts, expected):
+    junit = junit_xml(case_xml("test_x[2]", outcome, message, attempts, **properties))
+    cell = read_cell(write_cell(tmp_path / "h200-2gpu-torch2.13.0-tf5.25.0", junit=junit))
+    [test] = cell.tests
+    assert case_class(test) == expected
+    assert cell.case_counts.by_class() == tuple((case, int(case == expected)) for case in contract.CASE_CLASSES)
+
+
+def test_every_class_is_counted_per_cell_and_per_run_in_the_contracts_order(tmp_path):
+    cases = [case_xml(f"test_{index}", outcome, message, attempts, **properties)
+             for index, (outcome, message, properties, attempts, _) in enumerate(CASE_CLASSES)]
+    first = read_cell(write_cell(tmp_path / "a", junit=junit_xml(*cases)))
+    second = read_cell(write_cell(tmp_path / "b", junit=junit_xml(*cases[:4])))
+    expected = CaseCounts(new_red=6, known_present=1, fixed_upstream=2, not_built=2, not_run=3, passed=5)
+    assert first.case_counts == expected and first.case_counts.total == len(CASE_CLASSES)
+    assert ResultSet((first, second)).case_counts == CaseCounts(new_red=7, known_present=1, fixed_upstream=2,
+                                                                not_built=2, not_run=3, passed=8)
+    assert [case for case, _ in expected.by_class()] == list(contract.CASE_CLASSES)
+    assert CaseCounts.from_json(json.loads(json.dumps(expected.to_json()))) == expected
+
+
+@pytest.mark.parametrize("document", [[], {"new red": -1}, {"new red": 1.5}, {"new red": True}, {"red": 1}])
+def test_case_counts_of_another_shape_are_refused(document):
+    with pytest.raises(ValueError, match="case count"):
+        CaseCounts.from_json(document)
+
+
+def test_a_not_built_reason_is_bounded_text_whatever_it_holds(tmp_path):
+    hostile = "<script>alert(1)</script>\n| x |\n" + "y" * 10_000  # XML carries no escape character: pytest drops it
+    junit = junit_xml(case_xml("test_x[2]", "skipped", "not built: x", not_built=hostile))
+    [test] = read_cell(write_cell(tmp_path / "c", junit=junit)).tests
+    assert case_class(test) == contract.CASE_NOT_BUILT
+    assert len(test.not_built) == contract.NOT_BUILT_CHARS and test.not_built.startswith("<script>")
+
+
+def test_reproduce_selects_the_new_reds_and_leaves_cases_fixed_upstream_out(tmp_path):
+    junit = junit_xml(case_xml("test_red", "failed", "boom"),
+                      case_xml("test_fixed", "failed", "passed", known_bug_fixed="ep-eager-bias"))
+    cell = read_cell(write_cell(tmp_path / "c", junit=junit, env=env_json(status="failed", exit_code=1,
+                                                                          pytest_args=[])))
+    assert cell.reproduce_command() == "harness run --matrix pr --cell 'ada-2gpu-torch2.11.0-tf5.9.0' -- -k test_red"
 
 
 def test_crashed_cell_without_junit_is_errored_with_the_log_tail():

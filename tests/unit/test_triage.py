@@ -8,12 +8,13 @@ import dataclasses
 import json
 
 import pytest
+from report_helpers import case_xml
 from triage_helpers import GRAD, junit_case, write_cell
 
 from harness import contract
 from harness.cli import main
-from harness.results import Outcome, TestResult, load_results, triage
-from harness.results.nightly_records import BisectRecord, TriageRecord
+from harness.results import CaseCounts, Outcome, TestResult, load_results, triage
+from harness.results.nightly_records import BisectRecord, CaseRecord, ReleaseRecord, TriageRecord
 from harness.results.triage import Triage, label_text
 
 KNOWN_WORDS = "says it is a known upstream bug, but no known-bugs entry matched"
@@ -414,7 +415,8 @@ def test_harness_triage_writes_the_plan_the_table_and_folds_in_bisect_answers(ni
     rows = {row["name"]: row for row in json.loads(out.read_text())["reds"]}
     assert rows["test_fsdp_ep_moe[2-float32]"]["bisect"] == line
     table = capsys.readouterr().out
-    assert table.startswith("### Triage: 5 new reds\n")
+    assert table.startswith("New since last night: transformers 5.19.0 → 5.20.0; torch 2.13.0 (unchanged)\n\n"
+                            "### Triage: 5 new reds\n")
     assert "| real failure |" in table and "first bad: transformers 5.20.0 (last good 5.19.0)" in table
     assert "| infrastructure (looks like an install failure) |" in table and "| known upstream bug |" in table
     assert "| flaky |" in table and "| real failure (looks like an OOM) |" in table
@@ -442,3 +444,128 @@ def test_escapes_what_came_from_results(tmp_path, capsys):
     assert main(["triage", "--results", str(after)]) == 0
     table = capsys.readouterr().out
     assert "<b>" not in table and "[x](" not in table and "@team" not in table
+
+
+# --------------------------------------------------------------------------- the release view
+
+
+def release_night(tmp_path, before: dict[str, str] | None, after: dict[str, str]):
+    """The night before every case passing; tonight a real failure, a case a known-bugs entry explains, one it covers
+    that passed, one the suite could not build, and a pass. `before`/`after`: torch and transformers."""
+    names = ("test_real[2]", "test_known[2]", "test_fixed[2]", "test_not_built[2]", "test_ok[2]")
+    old, new = tmp_path / "before", tmp_path / "after"
+    if before is not None:
+        write_cell(old, before["torch"], before["transformers"], [case_xml(name, "passed") for name in names],
+                   status="passed")
+    write_cell(new, after["torch"], after["transformers"], [
+        case_xml("test_real[2]", "failed", GRAD),
+        case_xml("test_known[2]", "xfailed", "known upstream bug: x", known_bug="qwen3-eager-bias"),
+        case_xml("test_fixed[2]", "failed", "[XPASS(strict)] fixed upstream: close the range",
+                 known_bug_fixed="mixtral-half-gradients"),
+        case_xml("test_not_built[2]", "skipped", "not built: no router registry entry",
+                 not_built="no router registry entry"),
+        case_xml("test_ok[2]", "passed"),
+    ])
+    return old if before is not None else None, new
+
+
+def harness_triage(tmp_path, before, after) -> tuple[dict, dict]:
+    """triage.json and the bisect plan `harness triage` writes."""
+    out, plan = tmp_path / "triage.json", tmp_path / "plan.json"
+    argv = ["triage", "--results", str(after), "-o", str(out), "--github-matrix", str(plan)]
+    assert main([*argv, *(["--baseline", str(before)] if before else [])]) == 0
+    return json.loads(out.read_text()), json.loads(plan.read_text())
+
+
+TORCH_13 = {"torch": "2.13.0", "transformers": "5.24.0"}
+TONIGHT = {"torch": "2.13.0", "transformers": "5.25.0"}
+CELL_25 = "h200-2gpu-torch2.13.0-tf5.25.0"
+
+
+def test_triage_json_carries_the_release_view_and_bisects_the_real_failure_only(tmp_path, capsys):
+    before, after = release_night(tmp_path, TORCH_13, TONIGHT)
+    document, plan = harness_triage(tmp_path, before, after)
+    assert list(document) == ["new_since_last_night", "cases", "reds", "fixed_upstream", "not_built", "bisect"]
+    assert document["new_since_last_night"] == [
+        {"package": "transformers", "before": ["5.24.0"], "after": ["5.25.0"]},
+        {"package": "torch", "before": ["2.13.0"], "after": ["2.13.0"]},
+    ]
+    assert document["cases"] == {"new red": 1, "known, still present": 1, "fixed upstream": 1, "not built": 1,
+                                 "not run": 0, "passed": 1}
+    versions = {"transformers": "5.25.0", "torch": "2.13.0"}
+    assert document["fixed_upstream"] == [{"cell": CELL_25, "test": "tests/gpu/test_ep.py::test_fixed[2]",
+                                           "keys": ["mixtral-half-gradients"], "reason": None, "versions": versions}]
+    assert document["not_built"] == [{"cell": CELL_25, "test": "tests/gpu/test_ep.py::test_not_built[2]", "keys": [],
+                                      "reason": "no router registry entry", "versions": versions}]
+    # The case still failing as its entry says and the one not built are no reds; the fixed one is known, never
+    # bisected: the plan holds the real failure alone.
+    assert {red["name"]: red["class"] for red in document["reds"]} == {
+        "test_real[2]": "real failure", "test_fixed[2]": "known upstream bug"}
+    assert [json.loads(job["tests"]) for job in plan["include"]] == [["tests/gpu/test_ep.py::test_real[2]"]]
+    table = capsys.readouterr().out
+    assert table.startswith("New since last night: transformers 5.24.0 → 5.25.0; torch 2.13.0 (unchanged)\n\n"
+                            "### Triage: 2 new reds\n")
+    assert ("\nTonight's 5 cases: 1 new red · 1 known, still present · 1 fixed upstream · 1 not built · 0 not run · "
+            "1 passed\n") in table
+    assert (f"- `{CELL_25}` `tests/gpu/test_ep.py::test_fixed[2]`: known-bugs entry `mixtral-half-gradients`, passed "
+            "on transformers 5.25.0, torch 2.13.0\n") in table
+    assert "Not built, by reason:\n- no router registry entry: 1 case in 1 cell\n" in table
+
+
+@pytest.mark.parametrize(("before", "after", "line"), [
+    ([TORCH_13], [TONIGHT], "transformers 5.24.0 → 5.25.0; torch 2.13.0 (unchanged)"),
+    ([TONIGHT], [TONIGHT], "transformers 5.25.0 (unchanged); torch 2.13.0 (unchanged)"),
+    ([{"torch": "2.12.0", "transformers": "5.9.0"}], [{"torch": "2.13.0", "transformers": "5.10.0"}],
+     "transformers 5.9.0 → 5.10.0; torch 2.12.0 → 2.13.0"),
+    # a matrix of releases: each package's, oldest first (5.9 before 5.10)
+    ([{"torch": "2.12.0", "transformers": "5.9.0"}, {"torch": "2.13.0", "transformers": "5.9.0"}],
+     [{"torch": "2.12.0", "transformers": "5.10.0"}, {"torch": "2.13.0", "transformers": "5.9.0"}],
+     "transformers 5.9.0 → 5.9.0, 5.10.0; torch 2.12.0, 2.13.0 (unchanged)"),
+    # a package the night before did not record
+    ([{"torch": "2.13.0", "transformers": ""}], [TONIGHT],
+     "transformers 5.25.0 (no results from the night before); torch 2.13.0 (unchanged)"),
+    (None, [TONIGHT], None),  # no night before: nothing to be new against, and the heading says so
+])
+def test_the_release_new_since_last_night_opens_the_table(tmp_path, capsys, before, after, line):
+    old, new = tmp_path / "before", tmp_path / "after"
+    for root, cells in ((old, before or []), (new, after)):
+        for versions in cells:
+            write_cell(root, versions["torch"], versions["transformers"], [junit_case("test_x[2]", "passed")],
+                       status="passed")
+    assert main(["triage", "--results", str(new), *(["--baseline", str(old)] if before else [])]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == (f"New since last night: {line}" if line else "### Triage: no new reds")
+
+
+def test_the_release_line_escapes_what_came_from_results(tmp_path, capsys):
+    before, after = tmp_path / "b", tmp_path / "a"
+    write_cell(before, "2.13.0", "5.24.0", [junit_case("test_x[2]", "passed")], status="passed")
+    write_cell(after, "2.13.0", "5.25.0<b>x</b>@team", [junit_case("test_x[2]", "passed")], status="passed")
+    assert main(["triage", "--results", str(after), "--baseline", str(before)]) == 0
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.startswith("New since last night: transformers 5.24.0 → 5.25.0\\<b\\>x")
+    assert "<b>" not in line and "@team" not in line
+
+
+def test_an_errored_case_carrying_the_fixed_property_is_no_known_bug():
+    """A strict XPASS is reported failed; an error (a setup or teardown breaking) is one no entry explains."""
+    errored = TestResult(test_id="tests/gpu/test_ep.py::test_x[2]", name="test_x[2]", outcome=Outcome.ERRORED,
+                         message="failed on teardown", properties=((contract.KNOWN_BUG_FIXED, "ep-eager-bias"),))
+    assert triage.classify_test(errored) == triage.Verdict(Triage.REAL, triage.NO_EVENT)
+    failed = dataclasses.replace(errored, outcome=Outcome.FAILED)
+    assert triage.classify_test(failed).triage is Triage.KNOWN_UPSTREAM
+
+
+def test_triage_json_reads_back_its_release_view_and_a_file_written_without_one():
+    record = TriageRecord(
+        releases=[ReleaseRecord(package="transformers", before=["5.24.0"], after=["5.25.0"])],
+        cases=CaseCounts(new_red=1, not_built=2, passed=3),
+        fixed_upstream=[CaseRecord(cell="c", test="t", keys=["k"], versions={"torch": "2.13.0"})],
+        not_built=[CaseRecord(cell="c", test="u", reason="no layout")],
+    )
+    assert TriageRecord.from_json(json.loads(json.dumps(record.to_json()))) == record
+    assert TriageRecord.from_json({"reds": [], "bisect": []}) == TriageRecord()  # no release view: none known
+    with pytest.raises(ValueError, match="case count"):
+        TriageRecord.from_json({"reds": [], "cases": {"new red": "1"}})
+    with pytest.raises(ValueError, match="'keys' must be list"):
+        TriageRecord.from_json({"reds": [], "fixed_upstream": [{"cell": "c", "test": "t", "keys": "k"}]})

@@ -33,6 +33,9 @@ HOST_MEMORY_JSON = "memory.host{index}.json"  # host I's own memory.json; harnes
 # through RUNNING_TEST_ENV.
 RUNNING_TEST = "running-test.txt"
 RUNNING_TEST_ENV = "HARNESS_RUNNING_TEST_FILE"
+# `harness repro TEST_ID` runs pytest on that test with this option (the suite's repro_writer.py takes it): the case's
+# standalone reproducer is written to the option's FILE in place of launching its ranks, and the test skips.
+WRITE_REPRO_OPTION = "--harness-write-repro"
 # What the ranks wrote outside any test's call (the zygote's imports, a pool's start); what they write in a call
 # is that test's, in junit.xml (harness.ranks.sections).
 RANKS_LOG = "ranks.log"

@@ -29,6 +29,13 @@ Checkpoint = checkpoint_fixtures.Checkpoint
 checkpoints = checkpoint_fixtures.checkpoints
 checkpoint = checkpoint_fixtures.checkpoint
 
+# `harness repro TEST_ID`: --harness-write-repro=FILE writes the selected case's standalone script in place of
+# launching its ranks (repro_writer.py, called at the start of _run_phases).
+import repro_writer  # noqa: E402
+
+pytest_addoption = repro_writer.pytest_addoption
+pytest_collection_finish = repro_writer.pytest_collection_finish
+
 # The ranks fixture and its rank pool (HARNESS_RANKS_POOL=0 turns the pool off). An installed harness
 # registers the plugin through its pytest11 entry point, `harness run` with `-p`; this covers a checkout
 # on PYTHONPATH alone (where its options, such as --no-ranks-pool, arrive too late to be parsed).
@@ -186,6 +193,8 @@ def _run_phases(request, ranks, tmp_path, checkpoint: Checkpoint, case,
     import tf_adapter
 
     from harness import contract
+
+    repro_writer.write_if_requested(request, checkpoint, case, phases)  # skips the test where it writes
 
     # Every phase's world size before any launch: a host too small for one skips the case whole. The family before
     # the launch, as ranks.run records the world size: a case that ran and failed (even before any rank wrote its

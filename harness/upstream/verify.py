@@ -82,7 +82,8 @@ def sightings(cells: Iterable[CellResult]) -> tuple[list[Sighting], list[Sightin
 
 
 def read_table(path: Path) -> dict[str, dict[str, str]]:
-    """The verified-releases file: {"schema": 1, "entries": {key: {"transformers": V, "torch": V}}}."""
+    """The verified-releases file: {"schema": 1, "entries": {key: {"transformers": V, "torch": V}}}; a new entry's
+    record starts empty ({}), for this command to fill from the first results that show it."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -85,7 +85,7 @@ def _draw_expert_stacks(model, family: families.Family, std: float) -> None:
     for layer in family.moe_layers:
         experts = model.get_submodule(f"{family.block_path(layer)}.{family.experts}")
         for name in family.expert_params:
-            getattr(experts, name).normal_(0.0, std)
+            experts.get_parameter(name).normal_(0.0, std)  # a stack may sit in a child (`post_expert_norm.weight`)
 
 
 def _zero_code_outputs(model, family: families.Family) -> None:
@@ -100,7 +100,7 @@ def _zero_code_outputs(model, family: families.Family) -> None:
     for layer in family.moe_layers:
         experts = model.get_submodule(f"{family.block_path(layer)}.{family.experts}")
         for name in family.expert_params:
-            stack = getattr(experts, name)
+            stack = experts.get_parameter(name)
             if not name.startswith("down_proj"):
                 continue
             if stack.dim() == 2:  # a bias [experts, hidden]

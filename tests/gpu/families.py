@@ -228,6 +228,12 @@ OVERRIDES: Mapping[str, dict] = MappingProxyType(
         # defaults leave these None (the modeling code reads them unconditionally)
         "deepseek_ocr2_text": {"mlp_layer_types": ["dense", "sparse", "sparse"]},
         "hunyuan_v1_moe": {"head_dim": 8},
+        # its validator: NVFP4 rounding of keys and values needs a head_dim that is a multiple of 16, and at most as
+        # many index heads as query heads share a key head (16 of them over 8)
+        "kolibri1_1": {"head_dim": 16, "index_num_heads": 2},
+        # zero-computation experts (identity rows of the router) off: the routing code scores the routed experts only;
+        # its rotary embedding is sized by head_dim, which MLA leaves at the default: the tiny rope head's
+        "longcat_flash": {"zero_expert_num": 0, "head_dim": 4},
         "lfm2_moe": {"layer_types": ["full_attention", "conv", "full_attention"]},
         # its sliding layers' MLA sizes are constructor aliases absent from to_dict (swa_*; 64 heads, ranks 1024:
         # 38M parameters unshrunk); tiny, and unlike the indexed layers' (4 rope dims there, 8 here), so a reader of
@@ -441,7 +447,7 @@ def tiny_config_kwargs(model_type: str) -> dict:
             tiny[key] = _HEAD_SIZES[key]
         elif "vocab_size" in key and isinstance(value, int):
             tiny[key] = VOCAB_SIZE
-        elif key.endswith("intermediate_size") or key in ("share_expert_dim", "moe_hidden_size"):
+        elif key.endswith(("intermediate_size", "ffn_hidden_size")) or key in ("share_expert_dim", "moe_hidden_size"):
             size = 32 if any(part in key for part in ("moe", "shared", "expert")) else 128
             if isinstance(value, list):
                 tiny[key] = [size] * len(value)
@@ -467,9 +473,10 @@ def accepted_tiny_config(model_type: str, kwargs: Mapping):
             warnings.simplefilter("ignore")
             return cls(**kwargs)
     except Exception as error:  # any refusal: the class's validation raises what it likes
-        first = (str(error).strip().splitlines() or [""])[0]
+        # a validator nests its cause on the lines after the first
+        words = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
         raise NotBuilt(f"{model_type}: {cls.__name__} refuses the suite's tiny config: {type(error).__name__}: "
-                       f"{first}") from error
+                       f"{words}") from error
 
 
 def not_built_reason(model_type: str) -> str | None:

@@ -27,7 +27,7 @@ def test_a_tiny_config_the_class_refuses_is_not_built_with_the_classes_words(mon
     with pytest.raises(families.NotBuilt) as raised:
         families.accepted_tiny_config("alpha_moe", {"num_experts": 8})
     assert str(raised.value) == ("alpha_moe: RefusingConfig refuses the suite's tiny config: ValueError: "
-                                 "`num_experts` (8) must be divisible by `expert_groups` (3)")
+                                 "`num_experts` (8) must be divisible by `expert_groups` (3) more lines")
 
 
 def test_a_registry_lookup_that_fails_is_not_built_and_still_a_lookup_error():

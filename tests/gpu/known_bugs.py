@@ -305,7 +305,7 @@ _INKLING_MUSE_BISECTED = (
 
 _INKLING_BARE_ASSERT = KnownBug(
     key="inkling-dtensor-rmsnorm-bare-assert",
-    transformers=">=5.23",
+    transformers=">=5.23,<5.25",
     torch=TORCH_2_13_ONLY,
     torch_verified=RUN_ON_2_13_ONLY,
     layouts=("ep",),
@@ -320,7 +320,12 @@ _INKLING_BARE_ASSERT = KnownBug(
     reproduced="upstream_repros/sharded_load_errors_5_24.py inkling_text|muse_spark_text ep, 5.24.0, "
     "2 CPU ranks, torch 2.13.0: every rank raised at torch/distributed/tensor/placement_types.py:1703 "
     "_reduce_value, from InklingRMSNorm.forward and MuseSparkRMSNorm._norm (re-run 2026-12-02)",
-    bisected=_INKLING_MUSE_BISECTED,
+    bisected=(
+        _INKLING_MUSE_BISECTED[0],
+        "harness bisect --package transformers --good 5.25.0 --bad 5.24.0 -- -k 'test_training_steps and "
+        "inkling_text-ep-2': first good: transformers 5.25.0 (last bad 5.24.0); 2 probes, 54s (fixed upstream: the "
+        "strict XPASS of 5.25.0's release-day run)",
+    ),
 )
 
 _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
@@ -500,12 +505,14 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
         _INKLING_BARE_ASSERT,
         key="muse-spark-dtensor-rmsnorm-bare-assert",
         families=("muse_spark_text",),
+        transformers=">=5.23",  # live: 5.25.0 fixed inkling_text's, not this one
         torch=TORCH_2_11_AND_2_13,
         torch_verified=RUN_ON_2_11_WITH_5_24,
+        bisected=_INKLING_MUSE_BISECTED,
     ),
     KnownBug(
         key="inkling-dtensor-rmsnorm-mixed",
-        transformers=">=5.23",
+        transformers=">=5.23,<5.25",
         torch=">=2.11,<2.13",  # torch 2.13.0 raises the bare AssertionError of the entry above instead
         torch_verified="2.11.0 only: the GPU host's CPU, transformers 5.24.0, gloo: both inkling_text EP cases "
         "failed with this message, 2026-12-02 (muse_spark_text raised the bare AssertionError there, as on 2.13)",
@@ -523,7 +530,9 @@ _WIDE_SWEEP_BUGS: tuple[KnownBug, ...] = (
         bisected=(
             "lower end: 5.23.0, where the torch 2.13.0 bisects of the entry above find these families first fail "
             "(EP shards their dense weights with the TP plan from there); not bisected on torch 2.11",
-            "upper end: none, the bug is live (5.24.0, the newest release, as above); not bisected on torch 2.11",
+            "upper end: 5.25.0 passes on torch 2.11.0 (the strict XPASS of the release-day replay on the GPU host's "
+            "CPU, 2026-12-06), as the torch 2.13.0 twin above, whose bisect found it first good; not bisected on "
+            "torch 2.11",
         ),
     ),
     KnownBug(
@@ -1170,12 +1179,16 @@ _NO_FOLDER_5_24 = "5.24.0 untestable: pytest collected no tests (no model folder
 _REPRO_5_25 = ("`harness repro 'tests/gpu/test_training.py::test_training_steps[{case}]'`, the script run alone (torch "
                "2.13.0 CPU, 2 gloo ranks, 5.25.0): exit 1, {what}")
 _LIVE_AT_5_25 = "upper end: none, the bug is live (5.25.0, the newest release, fails so)"
+RUN_ON_2_11_WITH_5_25 = (
+    "2.13.0 (the bisects) and 2.11.0 (the GPU host's CPU, transformers 5.25.0, gloo, the release-day replay of "
+    "2026-12-06: every covered case red before the entry existed, those read with this entry's type and message)"
+)
 _NEW_IN_5_25_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
         key="grad-allreduce-training-new-tp-plans",
         transformers=">=5.25",
-        torch=TORCH_2_13_ONLY,
-        torch_verified=RUN_ON_2_13_ONLY,
+        torch=TORCH_2_11_AND_2_13,
+        torch_verified=RUN_ON_2_11_WITH_5_25,
         layouts=("ep",),
         checks=("train",),
         families=("afmoe", "hunyuan_v1_moe", "lfm2_moe"),
@@ -1204,8 +1217,8 @@ _NEW_IN_5_25_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
         key="dots3-vision-tp-plan-dropped",
         transformers=">=5.25",
-        torch=TORCH_2_13_ONLY,
-        torch_verified=RUN_ON_2_13_ONLY,
+        torch=TORCH_2_11_AND_2_13,
+        torch_verified=RUN_ON_2_11_WITH_5_25,
         layouts=("ep",),
         checks=("load", "gradients"),
         families=("dots3_note_vision_encoder",),
@@ -1226,8 +1239,8 @@ _NEW_IN_5_25_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
         key="param2moe-fused-qkv-split",
         transformers=">=5.25",
-        torch=TORCH_2_13_ONLY,
-        torch_verified=RUN_ON_2_13_ONLY,
+        torch=TORCH_2_11_AND_2_13,
+        torch_verified=RUN_ON_2_11_WITH_5_25,
         layouts=("ep", "fsdp_ep"),
         checks=("load", "gradients"),
         families=("param2moe",),
@@ -1250,8 +1263,8 @@ _NEW_IN_5_25_BUGS: tuple[KnownBug, ...] = (
     KnownBug(
         key="ergo-fsdp-ep-shard-shapes",
         transformers=">=5.25",
-        torch=TORCH_2_13_ONLY,
-        torch_verified=RUN_ON_2_13_ONLY,
+        torch=TORCH_2_11_AND_2_13,
+        torch_verified=RUN_ON_2_11_WITH_5_25,
         layouts=("fsdp_ep",),
         checks=("load",),
         families=("ergo",),

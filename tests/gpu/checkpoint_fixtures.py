@@ -43,7 +43,7 @@ def built_checkpoint(request, checkpoints, model_type: str) -> Checkpoint:
     import families
     import tf_adapter
 
-    from harness.contract import NOT_BUILT, NOT_BUILT_CHARS, NOT_BUILT_PREFIX
+    from harness.contract import FAMILY, NOT_BUILT, NOT_BUILT_CHARS, NOT_BUILT_PREFIX
 
     try:
         below = tf_adapter.below_ep_floor(families.family(model_type))
@@ -52,5 +52,6 @@ def built_checkpoint(request, checkpoints, model_type: str) -> Checkpoint:
         return checkpoints(model_type)
     except families.NotBuilt as error:
         reason = str(error)[:NOT_BUILT_CHARS]
-        request.node.user_properties.append((NOT_BUILT, reason))
+        # the family too, so coverage says which family was not built (a skip never counts it as covered)
+        request.node.user_properties += [(FAMILY, families.split_variant(model_type)[0]), (NOT_BUILT, reason)]
         pytest.skip(f"{NOT_BUILT_PREFIX}{reason}")

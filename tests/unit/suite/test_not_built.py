@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ElementTree
 import families
 import pytest
 
-from harness.contract import NOT_BUILT, NOT_BUILT_PREFIX
+from harness.contract import FAMILY, NOT_BUILT, NOT_BUILT_PREFIX
 
 pytest_plugins = ["pytester"]
 
@@ -84,4 +84,5 @@ def test_a_case_whose_family_is_not_built_is_a_skip_with_the_property_and_a_tran
     cases = {case.get("name"): case for case in ElementTree.parse(junit).getroot().iter("testcase")}
     properties = {prop.get("name"): prop.get("value") for prop in cases["test_case[unreadable_moe]"].iter("property")}
     assert properties[NOT_BUILT] == "unreadable_moe: expected one router beside mlp.experts, found none"
+    assert properties[FAMILY] == "unreadable_moe"  # coverage names the family it could not build
     assert not any(prop.get("name") == NOT_BUILT for prop in cases["test_case[crashing_moe]"].iter("property"))

@@ -283,21 +283,27 @@ def _reasons(value: str | None) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((name, reason) for name, reason in parsed.items() if isinstance(reason, str)))
 
 
+class _Tally:
+    """A count per kind, its fields all ints: their total, and the sum of two (a run's, from its cells')."""
+
+    __slots__ = ()
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, name) for name in self.__slots__)
+
+    def __add__(self, other):
+        return type(self)(**{name: getattr(self, name) + getattr(other, name) for name in self.__slots__})
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Counts:
+class Counts(_Tally):
     passed: int = 0
     failed: int = 0
     errored: int = 0
     skipped: int = 0
     xfailed: int = 0
     flaky: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.passed + self.failed + self.errored + self.skipped + self.xfailed + self.flaky
-
-    def __add__(self, other: Counts) -> Counts:
-        return Counts(**{name: getattr(self, name) + getattr(other, name) for name in self.__slots__})
 
     @classmethod
     def of(cls, tests: Iterable[TestResult]) -> Counts:
@@ -313,7 +319,7 @@ _CASE_FIELDS = {CASE_NEW_RED: "new_red", CASE_KNOWN_PRESENT: "known_present", CA
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CaseCounts:
+class CaseCounts(_Tally):
     """How many cases of each class (case_class): a cell's, or a run's (their sum)."""
 
     new_red: int = 0
@@ -322,13 +328,6 @@ class CaseCounts:
     not_built: int = 0
     not_run: int = 0
     passed: int = 0
-
-    @property
-    def total(self) -> int:
-        return sum(getattr(self, name) for name in self.__slots__)
-
-    def __add__(self, other: CaseCounts) -> CaseCounts:
-        return CaseCounts(**{name: getattr(self, name) + getattr(other, name) for name in self.__slots__})
 
     def by_class(self) -> tuple[tuple[str, int], ...]:
         """(class, count) for every class, in the order of contract.CASE_CLASSES."""

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +25,7 @@ from packaging.version import InvalidVersion, Version
 from harness.errors import ConfigError
 from harness.project import find_project_root
 from harness.results import CellResult, Outcome, load_results
+from harness.results.files import write_json_whole
 
 DEFAULT_TABLE = Path("tests") / "gpu" / "known_bugs_verified.json"
 PACKAGES = ("transformers", "torch")
@@ -104,18 +103,9 @@ def read_table(path: Path) -> dict[str, dict[str, str]]:
 
 
 def write_table(path: Path, entries: Mapping[str, Mapping[str, str]]) -> None:
-    """Whole or not at all: a reader never sees half a table."""
-    text = json.dumps({"schema": TABLE_SCHEMA, "entries": {key: dict(sorted(entries[key].items()))
-                                                          for key in sorted(entries)}}, indent=2) + "\n"
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    """Whole or not at all (results.files.write_json_whole): a reader never sees half a table."""
+    write_json_whole(path, {"schema": TABLE_SCHEMA,
+                            "entries": {key: dict(sorted(entries[key].items())) for key in sorted(entries)}})
 
 
 def advance(entries: Mapping[str, Mapping[str, str]], present: Iterable[Sighting]) -> tuple[dict, list[Change]]:

@@ -16,10 +16,12 @@ a lowered rlimit, a narrowed affinity) ends with them, whatever it is: nothing i
 - After a call that failed on some ranks but was answered by all, a probe collective decides: the pool is
   kept when it succeeds. A rank that died, a hang, or an interrupt (pytest-timeout, Ctrl-C) replaces it.
 - Ranks are forked from the zygote (harness.ranks.zygote), which imports torch, the modules of the
-  functions called and the modules the ranks went on to import. A zygote whose imports make forking unsafe
-  is replaced by one importing less (the functions' modules, then torch alone); if even that is refused,
-  or the first forked pool cannot start where a spawned one can, ranks are spawned for the rest of the
-  session; `summary()` says why.
+  functions called and the modules the ranks went on to import: of those, installed code only (the stdlib and
+  installed distributions, harness.ranks.preload), so what a test wrote never runs in the template; `summary()`
+  names what was left out. A zygote whose imports make forking unsafe, or rebind what verdicts rest on
+  (harness.ranks.fingerprint), is replaced by one importing less (the functions' modules, then torch alone); if
+  even that is refused, or the first forked pool cannot start where a spawned one can, ranks are spawned for
+  the rest of the session; `summary()` says why.
 - What ranks hand on to later tests' ranks on purpose goes through `store_dir`, a 0700 folder of the session
   (harness.ranks.handover), never through a process.
 
@@ -33,6 +35,7 @@ import atexit
 import json
 import os
 import shutil
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -42,6 +45,7 @@ from harness.ranks import handover
 from harness.ranks.failures import DistributedError, RankFailedError, RankTimeoutError
 from harness.ranks.hosts import HostsConfig, Hub, Placement
 from harness.ranks.launcher import RankSet, pickle_call, to_results
+from harness.ranks.preload import words
 from harness.ranks.protocol import (
     BOOTSTRAP_TIMEOUT_S,
     COLLECTIVE_TIMEOUT_MARGIN_S,
@@ -63,6 +67,7 @@ class PoolLauncher:
         self.capture = capture  # each call's output in its results; outside calls to capture.log
         self.preload_refused: str | None = None  # why the zygote imports less than it could
         self.fork_refused: str | None = None  # why ranks are spawned: the zygote could not fork even bare
+        self.not_preloaded: dict[str, None] = {}  # modules the zygotes left out, as no installed code
         self._fork_proven = False  # a forked pool has formed its process group this session
         self.calls = 0
         self.pools_started = 0
@@ -202,6 +207,10 @@ class PoolLauncher:
             if self.preload_refused:
                 imports = "the functions' modules" if self._preload_level == 1 else "torch alone"
                 how += f" importing {imports} ({self.preload_refused})"
+        if self.not_preloaded:
+            count = len(self.not_preloaded)
+            how += (f"; not preloaded, as no installed code: {count} module{'s' if count > 1 else ''} "
+                    f"({words(list(self.not_preloaded))})")
         return (f"{self.calls} calls, {self.pools_started} pools started ({self.pools_renewed} ended with their test, "
                 f"{self.pools_started_ahead} started ahead of theirs), "
                 f"{self.pools_replaced} replaced after a dead rank, a hang or a broken failure, {self.pools_retired} "
@@ -320,7 +329,8 @@ class PoolLauncher:
 
     def _start_zygote(self) -> None:
         self._retire_zygote()
-        self._zygote = Zygote(log=self.capture.log if self.capture is not None else None)
+        self._zygote = Zygote(log=self.capture.log if self.capture is not None else None,
+                              not_preloaded=self.not_preloaded)
         if self._preload_level >= 2 and self._rank_modules:
             self._zygote.preload(list(self._rank_modules))
 
@@ -368,5 +378,9 @@ def _record_timing(world_size: int, device: str, fn: Callable[..., Any], outcome
               "device": device, "fn": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}",
               "outcome": outcome, "work_s": max(known) if known else None, "rank_work_s": work,
               "call_s": round(call_s, 6), "pool_start_s": round(pool_start_s, 6)}
-    with open(path, "a") as timing:
+    # Appended to a regular file only, never through a link: the path comes from the environment.
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with open(descriptor, "a") as timing:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise OSError(f"{TIMING_ENV}={path}: not a regular file")
         timing.write(json.dumps(record) + "\n")

@@ -4,13 +4,16 @@ forks ranks on request, so a fresh pool costs a fork and a process-group init, n
 Which process runs what:
 
     launcher (pytest)  --Preload/Fork-->  zygote  --fork-->  rank (harness.ranks.rank.serve)
-                       <--Forked/Refused/Exited--
+                       <--Forked/Refused/Exited/NotPreloaded--
 
 Its output, and that of the ranks it forks outside their calls, goes to the rank log (harness.ranks.output).
-The zygote never touches CUDA. Imports that start a thread or initialize the CUDA driver make forking
-unsafe: the zygote then answers Refused (and forks no more), and the launcher starts another importing
-less. The zygote reaps the ranks it forked and reports their exit codes. It dies with the launcher, and the
-ranks it forked die with it (PR_SET_PDEATHSIG), so a refused zygote is kept, idle, while its ranks serve.
+The zygote never touches CUDA. Imports that start a thread or initialize the CUDA driver make forking unsafe:
+the zygote then answers Refused (and forks no more), and the launcher starts another importing less. So does
+a preload that rebinds what verdicts rest on (torch.allclose, Tensor.sum: harness.ranks.fingerprint). It
+imports installed code only (harness.ranks.preload; <--NotPreloaded names what it left out): a module a test
+wrote never reaches the template that later tests' ranks are forked from. The zygote reaps the ranks it forked
+and reports their exit codes. It dies with the launcher, and the ranks it forked die with it (PR_SET_PDEATHSIG),
+so a refused zygote is kept, idle, while its ranks serve.
 Needs only the standard library here; torch in the zygote.
 """
 
@@ -18,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import importlib
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -32,7 +34,10 @@ from pathlib import Path
 
 from harness.ranks import lifecycle
 from harness.ranks.failures import RankTimeoutError, describe_exit
+from harness.ranks.fingerprint import Fingerprint
+from harness.ranks.installed import InstalledLocations
 from harness.ranks.output import send_to_log
+from harness.ranks.preload import NotPreloaded, Preloader, words
 from harness.ranks.protocol import BOOTSTRAP_TIMEOUT_S, Exited, Fork, Forked, Preload, RankSpec, Refused
 from harness.ranks.rank import serve
 
@@ -51,8 +56,9 @@ class ForkRefused(Exception):
 class Zygote:
     """The launcher's handle on the zygote process."""
 
-    def __init__(self, log: str | None = None):
-        """`log`: where the zygote, and the ranks it forks, write outside calls (None: where its fds point)."""
+    def __init__(self, log: str | None = None, not_preloaded: dict[str, None] | None = None):
+        """`log`: where the zygote, and the ranks it forks, write outside calls (None: where its fds point);
+        `not_preloaded`: where the names it left out as no installed code are added (harness.ranks.preload)."""
         context = multiprocessing.get_context("spawn")
         self._connection, child_end = context.Pipe()
         self._process = context.Process(target=_zygote_main, args=(child_end, os.getpid(), log), daemon=True,
@@ -60,6 +66,7 @@ class Zygote:
         self._process.start()
         child_end.close()
         self._exit_codes: dict[int, int] = {}
+        self.not_preloaded = {} if not_preloaded is None else not_preloaded
         self.refused: str | None = None
 
     @property
@@ -111,7 +118,7 @@ class Zygote:
         return dict(self._exit_codes)
 
     def _receive(self, timeout: float) -> object | None:
-        """The next message other than an exit report (those are kept), or None."""
+        """The next message other than an exit report or the names of modules left out (those are kept), or None."""
         try:
             if not self._connection.poll(timeout):
                 return None
@@ -121,6 +128,9 @@ class Zygote:
             raise ForkRefused(f"the zygote exited {describe_exit(self._process.exitcode)}") from None
         if isinstance(message, Exited):
             self._exit_codes[message.pid] = message.exit_code
+            return None
+        if isinstance(message, NotPreloaded):
+            self.not_preloaded.update(dict.fromkeys(message.modules))
             return None
         return message
 
@@ -147,6 +157,10 @@ def _zygote_main(connection: multiprocessing.connection.Connection, launcher_pid
     if hazard is not None:
         connection.send(Refused(hazard, bare=True))
         os._exit(0)
+    # What the template holds before the first test: anything a preload changes of what verdicts rest on, or
+    # imports from outside installed code, refuses every later fork.
+    fingerprint = Fingerprint()
+    preloader = Preloader(InstalledLocations.of_this_interpreter())
     refused: Refused | None = None
     while os.getppid() == launcher_pid:
         _report_exits(connection)
@@ -157,11 +171,10 @@ def _zygote_main(connection: multiprocessing.connection.Connection, launcher_pid
         except (EOFError, OSError):
             break
         if isinstance(request, Preload) and refused is None:
-            sys.path[:] = request.sys_path
-            for module in request.modules:
-                with contextlib.suppress(BaseException):  # the rank imports it again and reports the error
-                    importlib.import_module(module)
-            hazard = fork_hazard(torch)
+            outcome = preloader.run(request.modules, request.sys_path)
+            if outcome.left_out:
+                connection.send(NotPreloaded(outcome.left_out))
+            hazard = outcome.unfit or template_changed(fingerprint) or fork_hazard(torch)
             if hazard is not None:
                 refused = Refused(hazard, bare=False)
         elif isinstance(request, Fork):
@@ -172,6 +185,14 @@ def _zygote_main(connection: multiprocessing.connection.Connection, launcher_pid
             gc.freeze()  # the ranks' collections skip all that was imported here
             connection.send(Forked([_fork_rank(spec, connection) for spec in request.specs]))
     os._exit(0)
+
+
+def template_changed(fingerprint: Fingerprint) -> str | None:
+    """Why the template's preloads made it unfit to fork from: they rebound what verdicts rest on."""
+    changed = fingerprint.changes()
+    if not changed:
+        return None
+    return f"the zygote's preloads changed {words(changed)}, which every later test's ranks would inherit"
 
 
 def fork_hazard(torch) -> str | None:

@@ -232,7 +232,7 @@ import time
 
 import pytest
 
-# A forked pool's zygote imports this module outside any call; a spawned rank imports it in its first call.
+# Each test's ranks import this module in their first call: a zygote imports installed code only.
 print("imported by", os.getpid())
 
 
@@ -371,10 +371,9 @@ def test_each_ranks_output_is_its_own_tests_in_junit_and_shows_only_with_a_failu
     # How each launch failed, as the launcher saw it: the property triage reads (a rank's own exception is none).
     assert launch_failures(pytester.path / "junit.xml") == {"crashes": "rank_died", "hangs": "timed_out"}
     if how == "forked pool":
-        quiet = cases["quiet"][0] + cases["quiet"][1]
-        assert "--- rank" not in quiet and "imported by" not in terminal
-        assert "imported by" in log.read_text()  # the zygote's import, outside any call
-        result.stdout.fnmatch_lines([f"rank log: what the ranks wrote outside test calls (* bytes) is in {log}"])
+        # The suite is no installed code: the zygote never imports it (harness.ranks.preload), so nothing of it
+        # runs, or writes, outside a call.
+        assert not log.exists() or "imported by" not in log.read_text()
 
 
 def assert_each_test_holds_its_own_output(terminal: str, cases: dict[str, tuple[str, str]]) -> None:
@@ -426,7 +425,7 @@ def test_a_rank_on_another_host_sends_its_output_through_its_agent(pytester, mon
         host1 = host1_log.read()
     assert "4 failed, 2 passed" in leader.stdout, leader.stdout[-3000:]
     assert_each_test_holds_its_own_output(leader.stdout + leader.stderr, junit_outputs(junit))
-    assert "imported by" in host1  # host 1's zygote imported the suite outside any call
+    assert "imported by" not in host1  # host 1's zygote never imports the suite: rank 1 does, in its call
 
 
 def test_with_s_the_ranks_write_to_the_terminal_as_they_go(pytester, monkeypatch):

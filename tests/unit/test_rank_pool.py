@@ -4,7 +4,6 @@ a fresh pool after a crash or a hang, the spawn fallback, and the pytest plugin 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import random
@@ -19,6 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from installed_module import import_installed_module
 from process_helpers import is_alive, sleep_forever
 
 from harness.ranks import RankFailedError, RankTimeoutError, zygote
@@ -489,11 +489,9 @@ def test_bad_arguments_are_refused(launcher, world_size, device):
         launcher(world_size, identify, timeout=60, device=device)
 
 
-def _import_written(tmp_path, monkeypatch, name: str, source: str):
-    """A module written to tmp_path and imported from there, as the ranks will import it by name."""
-    (tmp_path / f"{name}.py").write_text(source)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    return importlib.import_module(name)
+def _import_written(request, name: str, source: str):
+    """A module installed (the zygote imports no other) and imported, as the ranks will import it by name."""
+    return import_installed_module(request, name, source)
 
 
 THREAD_AT_IMPORT = """
@@ -509,8 +507,8 @@ def identify():
 """
 
 
-def test_a_module_that_makes_forking_unsafe_is_not_imported_by_the_zygote(tmp_path, monkeypatch):
-    starts_a_thread = _import_written(tmp_path, monkeypatch, "starts_a_thread", THREAD_AT_IMPORT)
+def test_a_module_that_makes_forking_unsafe_is_not_imported_by_the_zygote(request):
+    starts_a_thread = _import_written(request, "starts_a_thread", THREAD_AT_IMPORT)
     launcher = PoolLauncher()
     try:
         first = [result.value for result in launcher(2, starts_a_thread.identify, timeout=60, device="cpu")]
@@ -560,8 +558,8 @@ def identify():
 """
 
 
-def test_when_forked_ranks_cannot_start_but_spawned_ones_can_the_session_spawns(tmp_path, monkeypatch):
-    children_die_at_fork = _import_written(tmp_path, monkeypatch, "children_die_at_fork", CHILDREN_DIE_AT_FORK)
+def test_when_forked_ranks_cannot_start_but_spawned_ones_can_the_session_spawns(request):
+    children_die_at_fork = _import_written(request, "children_die_at_fork", CHILDREN_DIE_AT_FORK)
     launcher = PoolLauncher()
     try:
         first = [result.value for result in launcher(2, children_die_at_fork.identify, timeout=60, device="cpu")]

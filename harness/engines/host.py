@@ -80,7 +80,8 @@ def run_leader(args, count: int, address: str, credentials: Path, containment: C
     log = Path(args.pytest_log).open("wb") if args.pytest_log else None  # noqa: SIM115 - closed below
     with containment.born_inside():
         # tethered: a SIGKILLed `harness host` (Slurm's last word after KillWait) takes pytest with it
-        process = subprocess.Popen(tethered(command, signal.SIGKILL), env=environ, cwd=args.cwd or None,
+        process = subprocess.Popen(containment.confined(tethered(command, signal.SIGKILL)), env=environ,
+                                   cwd=args.cwd or None,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     containment.spare(process.pid)  # its exit status is Popen's to read
     reader = threading.Thread(target=_copy, args=(process.stdout, log), daemon=True)

@@ -1,15 +1,19 @@
 """A cell's own cgroup (cgroup v2, Linux): every process the cell starts is born in it, and no fork, new session
-or clean environment takes a process out, so killing the group ends everything the cell started.
+or clean environment takes a process out (only a write to another cgroup's cgroup.procs does), so killing the
+group ends everything the cell started that stayed in it.
 
 Made below the cgroup harness runs in (`/proc/self/cgroup` on the cgroup2 mount in `/proc/self/mountinfo`:
 /sys/fs/cgroup, or /sys/fs/cgroup/unified on a hybrid host), where harness's user may make one: root, or a
 user whose cgroup was delegated to it (systemd `Delegate=yes`). Harness moves itself in while it starts the
 cell's first process and back out at once, so that process and all it starts are born inside, and harness
-never is. Ending it: `cgroup.kill` (Linux 5.14+) kills every member at once, with no window for a fork to slip
-through; before that kernel, each member is killed in rounds (harness.ranks.pidkill). Then the cgroup is removed.
+never is. Where harness runs as root, that process starts where the cell's cgroup is the root of every cgroup2
+mount it sees (harness.ranks.confine), so none of the cell moves itself out by writing to the root's cgroup.procs
+by the mount's path; a process that still leaves (root going around that) is ended as a descendant of harness.
+Ending it: first the whole cgroup is frozen (`cgroup.freeze`, Linux 5.2+), so that no member forks or moves itself
+out meanwhile, then `cgroup.kill` (Linux 5.14+) kills every member at once; before that kernel, each member is
+killed in rounds (harness.ranks.pidkill). Then the cgroup is removed.
 
 `HARNESS_CELL_CGROUP=off` leaves cgroups alone (the child subreaper then ends the cell: harness.ranks.reaper).
-Standard library only.
 """
 
 from __future__ import annotations
@@ -18,14 +22,17 @@ import contextlib
 import dataclasses
 import os
 import sys
+import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
 from harness.errors import ConfigError
+from harness.ranks import pidkill
 
 CGROUP_ENV = "HARNESS_CELL_CGROUP"
 CGROUP_CHOICES = ("auto", "off")
+_FREEZE_POLL_S = 0.01
 
 
 class CgroupUnavailable(Exception):
@@ -74,6 +81,28 @@ class CellCgroup:
         except OSError:  # removed
             return []
         return [int(pid) for pid in text.split() if int(pid) != os.getpid()]
+
+    def freeze(self) -> bool:
+        """Freeze every member (cgroup.freeze): a frozen process neither forks nor moves itself to another cgroup,
+        and one born meanwhile is born frozen. True once cgroup.events says it is frozen; False where the kernel has
+        no freezer or a member did not freeze within ROUND_EXIT_WAIT_S (one in an uninterruptible wait freezes when
+        the wait ends): the kill goes ahead either way, and kills frozen processes as well."""
+        try:
+            _write(self.path / "cgroup.freeze", "1")
+        except OSError:  # before Linux 5.2, or removed
+            return False
+        end = time.monotonic() + pidkill.ROUND_EXIT_WAIT_S
+        while not self._frozen():
+            if time.monotonic() > end:
+                return False
+            time.sleep(_FREEZE_POLL_S)
+        return True
+
+    def _frozen(self) -> bool:
+        try:
+            return "frozen 1" in (self.path / "cgroup.events").read_text().splitlines()
+        except OSError:
+            return False
 
     @property
     def can_kill_whole(self) -> bool:

@@ -5,23 +5,27 @@ each host of a cell across hosts (host 0 around its pytest, every other host aro
 
     containment = Containment(use_cgroup=cgroup.wanted(os.environ))
     with containment.born_inside():            # the cell's first process starts here
-        process = subprocess.Popen(..., env={**environ, **containment.environ})
+        process = subprocess.Popen(containment.confined(command), env={**environ, **containment.environ})
     containment.spare(process.pid)             # the caller reaps it (Popen reads its exit status)
     ...
     record = containment.end()                 # env.json's "cleanup"
 
 Three layers, each for what the one before cannot cover, all ended in `end()`:
 
-1. The cell's own cgroup where the host offers one (harness.ranks.cgroup): killed whole.
+1. The cell's own cgroup where the host offers one (harness.ranks.cgroup): frozen, then killed whole. Where
+   harness runs as root, the cell starts where that cgroup is the root of every cgroup2 mount it sees
+   (harness.ranks.confine), so that none of it moves itself out by the mount's path.
 2. harness as the child subreaper of the cell's processes (harness.ranks.reaper), on every Linux host: it
-   kills every descendant that was not there before the cell, one that left the cgroup (a process of the
-   cell's user may write itself into another cgroup it can reach) included. Where there is no cgroup this
-   is what ends the cell.
+   ends every descendant that was not there before the cell, one that left the cgroup (a process may write
+   itself into another cgroup it can reach; root, into any) included. Where there is no cgroup this is what
+   ends the cell.
 3. A token in the environment of every process of the cell (harness.ranks.lifecycle): what carries it dies,
    a process another service started with the cell's environment included.
 
-Each layer kills through pidfds in rounds (harness.ranks.pidkill): no stranger that inherited a pid is hit,
-and no clock gives up while something of the cell still runs.
+Each layer stops what it finds before it kills it, and kills through pidfds in rounds (harness.ranks.pidkill): a
+process that forks and exits over and over is caught stopped, no stranger that inherited a pid is hit, and no
+clock gives up while something of the cell still runs. After the last layer every layer's scan looks again: what
+one still finds goes through the layers once more, and what is left after _PASSES passes is a survivor.
 """
 
 from __future__ import annotations
@@ -29,12 +33,14 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from harness.contract import CLEANUP_CGROUP, CLEANUP_SUBREAPER, CLEANUP_TOKEN, CleanupRecord
-from harness.ranks import pidkill, reaper
+from harness.ranks import confine, pidkill, reaper
 from harness.ranks.cgroup import CGROUP_ENV, CellCgroup, CgroupUnavailable
 from harness.ranks.lifecycle import CELL_TOKEN_ENV, cell_processes
+
+_PASSES = 3  # runs through every layer while the scans after one still find a process of the cell
 
 
 class Containment:
@@ -82,6 +88,11 @@ class Containment:
                     self.cgroup.leave()
                     self._inside = False
 
+    def confined(self, command: list[str]) -> list[str]:
+        """`command`, for the cell's first process (started in born_inside): where the cell has a cgroup, it starts
+        where that cgroup is the root of every cgroup2 mount it sees (harness.ranks.confine; as root only)."""
+        return list(command) if self.cgroup is None else confine.confined(command)
+
     def spare(self, pid: int) -> None:
         """A child of this process that its caller reaps itself (a Popen): killed with the cell, never reaped here."""
         self._spared.add(pid)
@@ -92,31 +103,47 @@ class Containment:
         if self._ended is not None:
             return self._ended
         killed: set[int] = set()
-        survivors: set[int] = set()
-        if self.cgroup is not None:
-            cgroup = self.cgroup
-            whole = cgroup.kill_whole if cgroup.can_kill_whole and not self._inside else None
-            swept = pidkill.sweep(cgroup.pids, whole)
-            killed.update(swept.killed)
-            survivors.update(swept.survivors)
-        if self._subreaper:
-            swept = pidkill.sweep(self._new_descendants)
-            killed.update(swept.killed)
-            survivors.update(swept.survivors)
-        swept = pidkill.sweep(lambda: cell_processes(self.token))
-        killed.update(swept.killed)
-        survivors.update(swept.survivors)
+        survivors: list[int] = []
+        for _ in range(_PASSES):
+            killed.update(self._end_once())
+            # Only after the last layer's kills does anything count as survived: one layer's kills may end what
+            # another's scan found (the rest of a stopped chain), and no scan may miss what still runs.
+            scans = ([self.cgroup.pids] if self.cgroup is not None else []) + self._process_scans()
+            survivors = sorted({pid for scan in scans for pid in scan() if pidkill.start_time(pid) is not None})
+            if not survivors:
+                break
         if self.cgroup is not None and not self._inside:
             self.cgroup.remove()
         if self._subreaper:
             reaper.reap_orphans(self._spared | self._children_before)
             reaper.adopt_orphans(False)
         self._ended = CleanupRecord(mechanism=self.mechanism, fallback=self.fallback, killed=len(killed),
-                                    survivors=sorted(survivors),
+                                    survivors=survivors,
                                     cgroup=None if self.cgroup is None else str(self.cgroup.path))
         return self._ended
 
+    def _end_once(self) -> set[int]:
+        """Every layer's sweep, in turn; the pids they killed."""
+        killed: set[int] = set()
+        if self.cgroup is not None:
+            cgroup = self.cgroup
+            # Frozen, nothing in it forks or moves itself out while it is killed; never while this process is in it.
+            frozen = not self._inside and cgroup.freeze()
+            whole = cgroup.kill_whole if cgroup.can_kill_whole and not self._inside else None
+            killed.update(pidkill.sweep(cgroup.pids, whole, stop_first=not frozen).killed)
+        for scan in self._process_scans():
+            killed.update(pidkill.sweep(scan).killed)
+        return killed
+
+    def _process_scans(self) -> list[Callable[[], Iterable[int]]]:
+        """The scans of the layers after the cgroup: the new descendants (where this process is their subreaper),
+        then the processes carrying the token."""
+        scans: list[Callable[[], Iterable[int]]] = [self._new_descendants] if self._subreaper else []
+        return [*scans, lambda: cell_processes(self.token)]
+
     def _new_descendants(self) -> list[int]:
+        # The cell's dead first: a chain of forks leaves a zombie here at every copy, which would slow every scan.
+        reaper.reap_orphans(self._spared | self._children_before)
         return [pid for pid in reaper.descendants(os.getpid())
                 if pid not in self._before or pidkill.start_time(pid) != self._before[pid]]
 

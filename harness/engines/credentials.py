@@ -21,6 +21,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from harness import safedir
+
 CREDENTIALS_FILE = "cell.pem"
 # A cell longer than this cannot start a new connection: far above any cell's timeout.
 VALID_FOR = datetime.timedelta(days=30)
@@ -58,16 +60,16 @@ def pem(cell_id: str) -> bytes:
 
 
 def write(folder: Path, cell_id: str) -> Path:
-    """The cell's credentials file in `folder` (made 0700, or refused when it exists with other permissions):
-    created 0600 and exclusively, so no one can have opened it before."""
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if folder.stat().st_mode & 0o077:
-        os.chmod(folder, 0o700)
-    path = folder / CREDENTIALS_FILE
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(descriptor, "wb") as file:
-        file.write(pem(cell_id))
-    return path
+    """The cell's credentials file in `folder` (this user's, made 0700; a link or another user's folder is
+    refused, harness.safedir): created 0600 and exclusively in the folder's descriptor, so no one can have opened
+    it before and it lands in no other folder."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with safedir.private(folder, "the folder of a cell's credentials") as folder_descriptor:
+        descriptor = os.open(CREDENTIALS_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             0o600, dir_fd=folder_descriptor)
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(pem(cell_id))
+    return folder / CREDENTIALS_FILE
 
 
 @contextlib.contextmanager

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import re
 import shlex
 import subprocess
@@ -30,7 +29,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from harness import contract
+from harness import contract, safedir
 from harness.contract import HOST_LOG, HOST_LOST_JSON, HOST_MEMORY_JSON, JOB_SCRIPT, PYTEST_LOG
 from harness.engines import hostmemory
 from harness.engines.base import (
@@ -49,6 +48,7 @@ from harness.errors import ConfigError
 from harness.plan.cells import Cell, SubmitOptions
 from harness.plan.files import positive_int
 from harness.ranks.hosts import port_outside_ephemeral_range
+from harness.ranks.output import printable
 
 POLL_S = 0.5
 PRIVATE_FOLDER = ".harness-private"  # in the project: each job's credentials, 0700, gone when the job ends
@@ -206,7 +206,7 @@ class LogStreamer:
                 if final and self.partial[index]:
                     lines.append(self.partial.pop(index))
                 for line in lines:
-                    self.echo(f"[{hosts[index]}] {line}")
+                    self.echo(f"[{hosts[index]}] {printable(line)}")  # the tested code's: shown, not played
 
 
 def run_job(cell: Cell, *, folder: Path, pytest_command: list[str], environ: dict[str, str], project: Path,
@@ -223,11 +223,8 @@ def private_folder(project: Path) -> Path:
     """Where a job's credentials are kept while it runs: in the project, which every host shares, and not in the
     results folder, which is uploaded as it is (an artifact anyone who reads the repository may read)."""
     folder = project / PRIVATE_FOLDER
-    folder.mkdir(mode=0o700, exist_ok=True)
-    if folder.is_symlink() or not folder.is_dir():
-        raise ConfigError(f"{folder}: expected a folder of harness's own, found a link or a file")
-    os.chmod(folder, 0o700)
-    return folder
+    with safedir.private(folder, "harness's private folder"):  # a link, a file or another user's: refused
+        return folder
 
 
 def _run_job(cell: Cell, *, folder: Path, pytest_command: list[str], environ: dict[str, str], project: Path,

@@ -60,6 +60,9 @@ ERROR_BUSY_GPUS = "busy_gpus"  # its GPUs were in use before it began
 ERROR_TIMEOUT = "timeout"  # ran past the cell's timeout and was killed: a hang, or too slow
 ERROR_SIGNAL = "signal"  # pytest itself died of a signal (a crash, the OOM killer)
 ERROR_INTERRUPTED = "interrupted"  # harness or pytest was interrupted (SIGTERM, Ctrl-C, a cancelled job)
+# The code under test sent harness SIGTERM or SIGINT (a process of the cell, or a sender gone before harness could
+# tell whose it was): a red of that code, not an interruption (harness.engines.interruption)
+ERROR_SIGNALLED_HARNESS = "signalled_harness"
 ERROR_COLLECTION = "collection"  # the suite could not be collected
 ERROR_NO_TESTS = "no_tests"  # nothing was collected
 ERROR_NO_JUNIT = "no_junit"  # pytest ended without writing junit.xml
@@ -71,7 +74,8 @@ ERROR_ENGINE = "engine"  # a multi-host cell's engine ended it and cannot say wh
 ERROR_HOST_LOST = "host_lost"
 ERRORS_BEFORE_PYTEST = (ERROR_ENVIRONMENT, ERROR_BUSY_GPUS)  # pytest never started: no junit.xml or pytest.log
 ERROR_KINDS = (ERROR_ENGINE, ERROR_HOST_LOST, ERROR_ENVIRONMENT, ERROR_BUSY_GPUS, ERROR_TIMEOUT, ERROR_SIGNAL,
-               ERROR_INTERRUPTED, ERROR_COLLECTION, ERROR_NO_TESTS, ERROR_NO_JUNIT, ERROR_PYTEST, ERROR_HARNESS)
+               ERROR_INTERRUPTED, ERROR_SIGNALLED_HARNESS, ERROR_COLLECTION, ERROR_NO_TESTS, ERROR_NO_JUNIT,
+               ERROR_PYTEST, ERROR_HARNESS)
 
 # env.json "cleanup": how the cell's processes were ended when it ended (harness.ranks.containment), and whether
 # any survived. The mechanism is the strongest one the host offered:
@@ -222,6 +226,10 @@ class CleanupRecord:
         return dataclasses.asdict(self)
 
 
+# env.json's `matrix_reference` of a run of the embedded default matrix (no --matrix); a cell's "matrix" too.
+EMBEDDED_MATRIX = "local"
+
+
 @dataclass(frozen=True, kw_only=True)
 class EnvRecord:
     """env.json: how one cell ran. `harness run` writes it on every exit path; a folder without it
@@ -246,9 +254,13 @@ class EnvRecord:
     start: str | None = None  # ISO 8601, UTC
     end: str | None = None
     duration_s: float | None = None
-    reproduce: str | None = None  # `harness run --matrix M --cell ID`: reruns the cell, its pytest arguments apart
-    # The run's own arguments after `--`, as pytest got them; None: written before this field existed, when
-    # `reproduce` ended with ` -- ARGS`.
+    # What reruns the cell is typed fields, never a command line: a report rebuilds `harness run [--matrix M] --cell
+    # ID -- ARGS` from `matrix_reference`, cell["id"] and `pytest_args`, each checked against a strict pattern and
+    # shell-quoted (harness.results.records.reproduce), since the folder is written by the code under test.
+    # `--matrix` as the run was given it (Matrix.reference: a name under matrices/ or a path; "local": the embedded
+    # default, no --matrix). A folder written before this field has `reproduce` (a whole command), never read.
+    matrix_reference: str | None = None
+    # The run's own arguments after `--`, as pytest got them; None: written before this field existed.
     pytest_args: list[str] | None = None
     engine: str | None = None  # local, slurm, jobset (None: written before engines existed)
     job_id: str | None = None  # the engine's job (Slurm job id, JobSet name)

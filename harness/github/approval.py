@@ -1,11 +1,12 @@
 """Who may start GPU jobs, and on which commit: the trust rules of `/ok to test <sha>`.
 
 Only a user the API says has write, maintain or admin access (never `author_association`), only on an
-open pull request, only for its head; a short sha only where no twin can have been pushed unseen."""
+open pull request, only for its head, named by its full 40-character sha: the pull request's author writes
+every commit of it, so two sharing a short prefix are a birthday search away (12 characters in ~2**24 SHA-1
+tries, about a minute), and whichever the branch points at when the job runs would carry the approval."""
 
 from __future__ import annotations
 
-import datetime
 import re
 import urllib.parse
 from dataclasses import dataclass
@@ -13,10 +14,11 @@ from dataclasses import dataclass
 from harness.errors import ConfigError, GitHubError, NotAuthorizedError
 from harness.github.actions_io import dig, read_json
 from harness.github.api import ApiError, GitHub
-from harness.results import utc_moment
 
 TRUSTED_PERMISSIONS = frozenset({"admin", "maintain", "write"})
-OK_TO_TEST = re.compile(r"/ok to test +([0-9a-f]{7,40})", re.IGNORECASE)  # 7-11: refused, saying why
+FULL_SHA = 40
+# A short sha is taken apart from other text only to be refused with the head's full sha to copy.
+OK_TO_TEST = re.compile(r"/ok to test +([0-9a-f]{7,40})", re.IGNORECASE)
 
 
 def quoted(login: str) -> str:
@@ -41,7 +43,6 @@ class CommentEvent:
     comment_id: int
     body: str
     login: str
-    created_at: str  # the server's timestamp of the comment, ISO 8601 ("" where the event lacks it)
 
     @classmethod
     def load(cls, path: str) -> CommentEvent:
@@ -56,7 +57,6 @@ class CommentEvent:
             comment_id=dig(event, "comment.id", int, source),
             body=dig(event, "comment.body", str, source),
             login=dig(event, "comment.user.login", str, source),
-            created_at=str((event.get("comment") or {}).get("created_at") or ""),
         )
 
 
@@ -67,8 +67,8 @@ def requested_sha(body: str) -> str:
     if not match:
         # Never echo the comment: it is the commenter's text, not ours.
         raise NotAuthorizedError(
-            f"the first line must be `/ok to test <sha>` alone, with the full or a {MIN_SHORT_SHA}+ character "
-            "short sha of the pull request's head commit")
+            f"the first line must be `/ok to test <sha>` alone, with the full {FULL_SHA}-character sha of the pull "
+            "request's head commit")
     return match.group(1).lower()
 
 
@@ -112,66 +112,10 @@ def authorize(gh: GitHub, event: CommentEvent, matrix: str) -> Approval:
         raise NotAuthorizedError(
             f"`{prefix}` is not the head of #{event.number}, which is now `{head}`: "
             f"review the new commits, then comment `/ok to test {head}`")
-    if len(prefix) < MIN_SHORT_SHA:
+    if len(prefix) < FULL_SHA:
+        # Both twins would be the author's own: a birthday search, 2**(2 * characters) tries, not a preimage.
         raise NotAuthorizedError(
-            f"`{prefix}` is {len(prefix)} characters, and a commit sharing that many can be made in hours: a short "
-            f"sha needs {MIN_SHORT_SHA} or more. If you reviewed the head, comment `/ok to test {head}`")
-    if len(prefix) < 40:
-        unproven = short_sha_doubt(gh, event, prefix, head)
-        if unproven:
-            raise NotAuthorizedError(
-                f"`{prefix}` may not name the commit you reviewed: {unproven}. A full sha is always enough: "
-                f"if you reviewed the head, comment `/ok to test {head}`")
+            f"`{prefix}` is a short sha: its {len(prefix)} characters can be shared by a second commit the pull "
+            f"request's author made (about 2**{2 * len(prefix)} SHA-1 tries), so only the full sha names one commit. "
+            f"If `{head}` is the commit you reviewed, comment `/ok to test {head}`")
     return Approval(sha=head, pr=event.number, matrix=matrix)
-
-
-# Timeline events that move the head without adding a commit the PR's commit list would show twice.
-HEAD_MOVES = frozenset({"head_ref_force_pushed", "head_ref_restored", "head_ref_deleted"})
-MAX_PR_COMMITS = 250  # GitHub lists at most this many commits of a pull request
-# A twin of a 7-character prefix takes about 2**28 SHA-1 tries (minutes); of 12 characters, 2**48.
-MIN_SHORT_SHA = 12
-# A head moved this shortly before the comment may be a twin the reviewer never saw: a short sha then
-# does not count (the full sha always does).
-QUIET_BEFORE_COMMENT = datetime.timedelta(hours=1)
-
-
-def short_sha_doubt(gh: GitHub, event: CommentEvent, prefix: str, head: str) -> str | None:
-    """Why a short sha cannot be shown to name only the commit the reviewer saw, or None when it can.
-
-    A contributor can make a commit sharing a short prefix, and push it between the review and this job.
-    So a prefix of MIN_SHORT_SHA or more characters counts only where it matches exactly one commit of
-    the pull request, that commit is the head, and the timeline shows no force-push from
-    QUIET_BEFORE_COMMENT before the comment on (by the server's timestamps; commit dates are the
-    contributor's to choose). A plain push of a twin leaves both commits in the list, which the first
-    rule catches."""
-    try:
-        commits = list(gh.paginate(gh.repo_path(f"pulls/{event.number}/commits")))
-        events = list(gh.paginate(gh.repo_path(f"issues/{event.number}/timeline")))
-    except GitHubError as error:
-        return f"GitHub did not give the pull request's commits and timeline ({_first_line(str(error))})"
-    if len(commits) >= MAX_PR_COMMITS:
-        return f"the pull request has {MAX_PR_COMMITS} commits or more, more than GitHub lists"
-    matching = [str(commit.get("sha") or "") for commit in commits if str(commit.get("sha") or "").startswith(prefix)]
-    if len(matching) != 1:
-        return f"it matches {len(matching)} commits of the pull request"
-    if matching[0] != head:
-        return "the commit it matches is not the head"
-    commented = utc_moment(event.created_at)
-    if commented is None:
-        return "the event gives no time for the comment"
-    for entry in events:
-        if not isinstance(entry, dict) or entry.get("event") not in HEAD_MOVES:
-            continue
-        moved = utc_moment(entry.get("created_at"))
-        if moved is None:
-            return f"a {entry.get('event')} event has no time"
-        if moved >= commented:
-            return f"the branch was force-pushed at {moved.isoformat()}, after the comment"
-        if moved >= commented - QUIET_BEFORE_COMMENT:
-            return (f"the branch was force-pushed at {moved.isoformat()}, less than "
-                    f"{QUIET_BEFORE_COMMENT.total_seconds() / 3600:.0f} hour before the comment")
-    return None
-
-
-def _first_line(text: str) -> str:
-    return text.splitlines()[0][:200] if text else ""

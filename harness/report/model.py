@@ -361,10 +361,10 @@ def build_report(
         metrics=metrics,
         coverage=tuple(Coverage.of(cell) for cell in cells if cell.suite.ep_families_declared is not None),
         # A cell that ran nothing distributed has nothing to reproduce here: it needs a larger host; nor one whose only
-        # failures are fixed upstream: its red is the known-bugs table's.
+        # failures are fixed upstream: its red is the known-bugs table's; nor one whose id harness would not build.
         reproductions=tuple(
             Reproduction(cell_id=cell.id, command=cell.reproduce_command())
-            for cell in cells if shown_status(cell) in (CellStatus.FAILED, CellStatus.ERRORED)
+            for cell in cells if shown_status(cell) in (CellStatus.FAILED, CellStatus.ERRORED) and cell.reproduce
         ),
         comparison=compare(result_set, baseline) if baseline is not None else None,
         notes=tuple(Note(cell_id=cell.id, text=str(problem))

@@ -52,7 +52,7 @@ from harness.results.training import TrainingCurve, training_curve
 from harness.results.values import Labelled, Number, clean_text, number, whole_number
 
 # `-k` accepts these characters in one identifier (pytest's mark expression grammar).
-_K_IDENT = re.compile(r"^[\w:+\-.\[\]\\/]+$")
+_K_IDENT = re.compile(r"[\w:+\-.\[\]\\/]+\Z", re.ASCII)
 _K_KEYWORDS = {"and", "or", "not", "True", "False", "None"}
 _K_NAME_CHARS = 200  # longer names make a command nobody pastes
 _K_NAMES = 8
@@ -414,7 +414,9 @@ class CellResult:
     host: str | None = None
     runner: str | None = None
     driver: str | None = None
-    reproduce: str = ""  # `harness run ... --cell ID`; with the run's pytest arguments where pytest_args is None
+    # `harness run [--matrix M] --cell ID`, rebuilt from typed fields by the reader (records.reproduce), never a
+    # command read from the folder; "" where the cell's id is not one harness builds (nothing to paste)
+    reproduce: str = ""
     pytest_args: tuple[str, ...] | None = None  # the run's own (None: a folder written before env.json had them)
     log_tail: str | None = None  # end of pytest.log, kept for errored cells
     problems: tuple[Problem, ...] = ()
@@ -445,12 +447,14 @@ class CellResult:
     def reproduce_command(self) -> str:
         """`harness run ... --cell ID -- ARGS`: the run's own pytest arguments, with this cell's new reds (its failing
         tests but those fixed upstream) added to their -k (`-k '(X) and (a or b)'`, or `-k 'a or b'` where the run had
-        none)."""
+        none). Every part is a checked word, shell-quoted; "" where there is no command (`reproduce` is "")."""
+        if not self.reproduce:
+            return ""
         names = sorted({_k_name(test.name) for test in self.failing_tests if case_class(test) == CASE_NEW_RED})
         selection = " or ".join(names)
-        if not names or len(names) > _K_NAMES or any(len(name) > _K_NAME_CHARS for name in names):
-            selection = ""  # too many or too long to paste: the run's own selection, whole
-        if self.pytest_args is None:  # written before pytest_args: `reproduce` already ends with them, if any
+        if not names or len(names) > _K_NAMES or not all(name and len(name) <= _K_NAME_CHARS for name in names):
+            selection = ""  # too many, too long or not -k words: the run's own selection, whole
+        if self.pytest_args is None:  # written before pytest_args (or they were not plain words): the cell whole
             return f"{self.reproduce} -- -k {shlex.quote(selection)}" if selection else self.reproduce
         args = with_selection(self.pytest_args, selection) if selection else list(self.pytest_args)
         return f"{self.reproduce} -- {shlex.join(args)}" if args else self.reproduce
@@ -510,10 +514,12 @@ def with_selection(pytest_args: Iterable[str], selection: str) -> list[str]:
 
 
 def _k_name(test_name: str) -> str:
-    """A `-k` term for one test: its full name where the grammar allows it, else the function."""
+    """A `-k` term for one test: its full name where the grammar allows it, else the function; "" where neither is
+    a -k word (a name is the tested code's to choose: nothing else goes into a command to paste)."""
     if _K_IDENT.match(test_name) and test_name not in _K_KEYWORDS:
         return test_name
-    return test_name.split("[", 1)[0]
+    function = test_name.split("[", 1)[0]
+    return function if _K_IDENT.match(function) and function not in _K_KEYWORDS else ""
 
 
 def _only(values: set[str | None]) -> str | None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import datetime
+import re
 import shlex
 from collections.abc import Mapping
 
-from harness.contract import MEMORY_JSON
+from harness.contract import EMBEDDED_MATRIX, ENV_JSON, MEMORY_JSON
 from harness.results.files import ID_CHARS
 from harness.results.model import CellInfo, GpuMemory, Problem
 from harness.results.values import Number, capped, clean_text, number, utc_moment
@@ -15,7 +16,16 @@ MAX_GPUS = 64  # per cell; a runner has at most 8, MIG slices included a few doz
 
 # The run's pytest arguments go into a command shown in a shell block: a few plain, short strings.
 PYTEST_ARGS_MAX = 32
-PYTEST_ARGS_CHARS = 400  # all of them together; `reproduce` bounds the recorded command likewise
+PYTEST_ARGS_CHARS = 400  # all of them together
+# What each part of that command may be: letters, digits and a few marks no shell treats specially, shell-quoted
+# as well. A cell id as Cell.id builds it (runner name, shape, PEP 440 versions); `--matrix` as a name or a path of
+# plain names (none starting with a dot: no `..`); a pytest argument (a -k or -m expression, a test id, an option).
+CELL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
+CELL_ID_WORDS = "a cell id of at most 200 letters, digits and . _ + -"
+MATRIX_REFERENCE = re.compile(r"(?=.{1,300}\Z)/?[A-Za-z0-9_][A-Za-z0-9._-]*(?:/[A-Za-z0-9_][A-Za-z0-9._-]*)*")
+MATRIX_WORDS = "a matrix name or path of at most 300 letters, digits and . _ - / (no part starting with a dot)"
+PYTEST_WORD = re.compile(r"[A-Za-z0-9_.:/=,+()\[\] -]+")
+PYTEST_WORD_WORDS = "letters, digits, spaces and . _ : / = , + ( ) [ ] -"
 
 
 def cell_info(cell: Mapping[str, object], folder_name: str, problems: list[Problem]) -> CellInfo:
@@ -33,18 +43,29 @@ def cell_info(cell: Mapping[str, object], folder_name: str, problems: list[Probl
     )
 
 
-def reproduce(recorded: str | None, info: CellInfo) -> str:
-    # Shown in a shell block: trust env.json's command only when it is one plain, short line.
-    if (
-        recorded
-        and recorded.startswith("harness run ")
-        and recorded.isprintable()
-        and "`" not in recorded
-        and len(recorded) < 500
-    ):
-        return recorded
-    matrix = f" --matrix {shlex.quote(info.matrix)}" if info.matrix else ""
-    return f"harness run{matrix} --cell {shlex.quote(info.id)}"
+def reproduce(recorded_matrix: str | None, info: CellInfo, problems: list[Problem]) -> str:
+    """`harness run [--matrix M] --cell ID`, the line a report hands a maintainer to paste: rebuilt from typed
+    fields, each matching a strict pattern and shell-quoted, never a command line read from the folder (the pull
+    request's code writes it; an older folder's `reproduce` string is ignored). `recorded_matrix`: env.json's
+    `matrix_reference`, else (an older folder) the cell's matrix name. "" where the cell's id is not one harness
+    builds: nothing to paste, and a Problem says why."""
+    cell_id = _plain(info.id, CELL_ID, "cell id", CELL_ID_WORDS, problems)
+    if cell_id is None:
+        return ""
+    matrix = _plain(recorded_matrix, MATRIX_REFERENCE, "key 'matrix_reference'", MATRIX_WORDS, problems)
+    matrix = matrix or _plain(info.matrix, MATRIX_REFERENCE, "cell: key 'matrix'", MATRIX_WORDS, problems)
+    option = f" --matrix {shlex.quote(matrix)}" if matrix and matrix != EMBEDDED_MATRIX else ""
+    return f"harness run{option} --cell {shlex.quote(cell_id)}"
+
+
+def _plain(value: str | None, pattern: re.Pattern[str], what: str, expected: str,
+           problems: list[Problem]) -> str | None:
+    """`value` where the whole of it matches `pattern`; else None, and (where there was one) a Problem."""
+    if value is None or pattern.fullmatch(value):
+        return value
+    problems.append(Problem(ENV_JSON, f"{what} {_short_repr(value)} is left out of the reproduce command: "
+                                      f"expected {expected}"))
+    return None
 
 
 def read_memory(document: Mapping[str, object], problems: list[Problem]) -> tuple[tuple[GpuMemory, ...], str | None]:
@@ -136,18 +157,19 @@ class Fields:
         return value
 
     def command_words(self, key: str, max_words: int, max_chars: int) -> tuple[str, ...] | None:
-        """A list of words for a command shown in a shell block: printable strings without a backtick, at most
-        `max_words` of `max_chars` in all. None where absent, or (a Problem) where it is anything else."""
+        """A list of words for a command shown in a shell block: each all PYTEST_WORD's characters (no quote, no
+        `;`, `|`, `$`, `#`, backtick...), at most `max_words` of `max_chars` in all. None where absent, or (a
+        Problem) where it is anything else."""
         words = self._get(key, (list,), "a list")
         if words is None:
             return None
         if (
             len(words) <= max_words
-            and all(isinstance(word, str) and word.isprintable() and "`" not in word for word in words)
+            and all(isinstance(word, str) and PYTEST_WORD.fullmatch(word) for word in words)
             and sum(len(word) for word in words) <= max_chars
         ):
             return tuple(words)
-        self._wrong(key, words, f"at most {max_words} printable strings without a backtick, {max_chars} characters")
+        self._wrong(key, words, f"at most {max_words} words of {PYTEST_WORD_WORDS}, {max_chars} characters in all")
         return None
 
     def string_map(self, key: str) -> dict[str, str | None]:

@@ -176,7 +176,7 @@ def _outcome(cell: Cell, exit_code: int | None, plan: Plan, started: float) -> C
 def _write_lost_record(cell: Cell, folder: Path, exit_code: int | None, plan: Plan, started: float) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     env = prepare.start_record(cell, plan.host, [], started, project=plan.matrix.root,
-                               reproduce=prepare.reproduce_command(cell, plan.matrix.reference),
+                               matrix_reference=plan.matrix.reference,
                                pytest_args=plan.pytest_args)
     ended = time.time()
     words = f"its harness run (packed) exited {exit_code} before writing {contract.ENV_JSON}"

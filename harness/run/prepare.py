@@ -1,9 +1,9 @@
 """The prepare stage of `harness run`: the results folder, and each cell's folder, env.json and environment.
 
-`prepare_run(plan)` checks once that the results folder takes files and clears what an earlier run left
-there. `prepare_cell` takes one cell of the plan: it empties and makes the cell's folder, begins its env.json
-(the cell, this machine, the commit, the start: an `EnvRecord` that says errored until the record stage says
-otherwise), builds or finds the cell's environment (install.log) and refuses GPUs other processes hold. It
+`prepare_run(plan)` checks once that the results folder takes files and keeps what an earlier run left there
+aside (earlier.py). `prepare_cell` takes one cell of the plan: it empties and makes the cell's folder, begins its
+env.json (the cell, this machine, the commit, the start: an `EnvRecord` that says errored until the record stage
+says otherwise), builds or finds the cell's environment (install.log) and refuses GPUs other processes hold. It
 hands on `Prepared`: the record so far and, when the cell can run, the engine's `Launch` and its GPUs' locks
 (harness.cell.gpulock: no other harness run on this host uses them meanwhile); when it cannot, the
 record says why; when harness was interrupted or failed here, `raised` carries it on to be recorded.
@@ -15,7 +15,6 @@ import contextlib
 import dataclasses
 import datetime
 import os
-import shlex
 import shutil
 import socket
 import tempfile
@@ -32,6 +31,7 @@ from harness.envs import cache as env_cache
 from harness.envs.build import EnvironmentBuildError
 from harness.plan.cells import Cell
 from harness.project import git
+from harness.run import earlier
 from harness.run.plan import Host, Plan
 
 # Memory other processes may hold on a cell's GPUs before the cell refuses to start.
@@ -51,12 +51,15 @@ class Prepared:
     gpu_locks: gpulock.GpuLocks | None = None  # its GPUs' locks, held until the execute stage ends
 
 
-def prepare_run(plan: Plan, results_option: str, *, clear_others: bool = True) -> None:
-    """Before any cell: the results folder takes files, and what an earlier run of these cells left is gone.
-    `clear_others` False: a cell of a pack, whose neighbours write their folders beside its own."""
+def prepare_run(plan: Plan, results_option: str, *, keep_others: bool = True) -> earlier.KeptRun:
+    """Before any cell: the results folder takes files, and what an earlier run left there is kept aside
+    (harness.run.earlier). `keep_others` False: a cell of a pack, whose neighbours write their folders beside its
+    own (the run that started the pack kept the earlier run aside)."""
     preflight.prepare_results(plan.results_root, results_option)
-    if clear_others:
-        preflight.clear_earlier_run(plan.results_root, [cell.id for cell in plan.cells], list(plan.pytest_args))
+    if not keep_others:
+        return earlier.KeptRun(results_root=plan.results_root)
+    return earlier.keep_aside(plan.results_root, [cell.id for cell in plan.cells], list(plan.pytest_args),
+                              results_option)
 
 
 def prepare_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytest_args: list[str] | tuple[str, ...],
@@ -72,7 +75,7 @@ def prepare_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, p
     # An engine's hosts are not this machine: each samples its own GPUs, merged when the job ends.
     gpus = tuple(host.gpus[: cell.gpus]) if not cell.is_cpu and engine(cell.engine).runs_here else ()
     record = start_record(cell, host, list(gpus), started, project=project,
-                          reproduce=reproduce_command(cell, matrix_reference), pytest_args=pytest_args)
+                          matrix_reference=matrix_reference, pytest_args=pytest_args)
     log(f"== {cell.id}: results in {folder}")
     prepared = Prepared(cell=cell, folder=folder, started=started, record=record, launch=None)
     try:
@@ -105,25 +108,20 @@ def _cannot_run(prepared: Prepared, error: str, kind: str) -> Prepared:
     return dataclasses.replace(prepared, record=dataclasses.replace(prepared.record, error=error, error_kind=kind))
 
 
-def start_record(cell: Cell, host: Host, gpus: list, started: float, *, project: Path, reproduce: str,
+def start_record(cell: Cell, host: Host, gpus: list, started: float, *, project: Path, matrix_reference: str,
                  pytest_args: list[str] | tuple[str, ...]) -> EnvRecord:
-    """env.json as a cell starts (status errored until it says otherwise)."""
+    """env.json as a cell starts (status errored until it says otherwise). What reruns the cell goes in as typed
+    fields (the matrix as it was named, the cell, pytest's arguments), never as a command line: a report rebuilds
+    that from them, checked, since the folder also holds what the code under test wrote."""
     return EnvRecord(
         cell=cell.to_json(),
         versions={"python": None, "torch": None, "transformers": None, "accelerate": None, "cuda": None,
                   "harness": __version__},
         gpus=[gpu.to_json() for gpu in gpus], driver=host.driver, host=socket.gethostname(),
         runner=os.environ.get("RUNNER_NAME"), git_sha=git_sha(project), git_dirty=git_dirty(project),
-        trigger_sha=os.environ.get("GITHUB_SHA") or None, start=iso(started), reproduce=reproduce,
+        trigger_sha=os.environ.get("GITHUB_SHA") or None, start=iso(started), matrix_reference=matrix_reference,
         pytest_args=list(pytest_args), engine=cell.engine,
     )
-
-
-def reproduce_command(cell: Cell, matrix_reference: str) -> str:
-    """What reruns this cell alone, from the project root: the matrix as it was named. pytest's arguments are
-    env.json's `pytest_args`, so a report adds its failing tests to them instead of to a string."""
-    matrix = f"--matrix {shlex.quote(matrix_reference)} " if matrix_reference != "local" else ""
-    return f"harness run {matrix}--cell {shlex.quote(cell.id)}"
 
 
 def git_sha(project: Path) -> str | None:

@@ -54,13 +54,13 @@ def test_trusted_user_with_the_head_sha_is_accepted(fake, env, tmp_path, capsys,
     assert outputs(env) == {"sha": HEAD, "pr": "7", "matrix": "pr"}
     assert "accepted" in capsys.readouterr().out
     assert not fake.requests("POST") and not fake.requests("PATCH")  # deciding posts nothing
+    assert not fake.requests("GET", r"/timeline|/commits")  # the full sha alone names the commit
 
 
-@pytest.mark.parametrize("given", [HEAD[:12], HEAD[:12].upper(), HEAD[:20]])
-def test_short_sha_prefix_of_the_head_is_accepted_and_expanded(fake, env, tmp_path, given):
+def test_the_full_sha_in_capitals_is_the_head(fake, env, tmp_path):
     fake.add_pull(7)
     fake.permissions["maintainer"] = ("write", "write")
-    assert authorize(comment_event(tmp_path, f"/ok to test {given}"), tmp_path) == 0
+    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD.upper()}"), tmp_path) == 0
     assert outputs(env)["sha"] == HEAD
 
 
@@ -68,7 +68,7 @@ def test_member_shown_as_contributor_is_trusted_for_the_api_permission(fake, env
     # Write access through a team: the comment says CONTRIBUTOR, the API says write.
     fake.add_pull(7)
     fake.permissions["teammate"] = ("write", "write")
-    event = comment_event(tmp_path, f"/ok to test {HEAD[:12]}", "teammate", association="CONTRIBUTOR")
+    event = comment_event(tmp_path, f"/ok to test {HEAD}", "teammate", association="CONTRIBUTOR")
     assert authorize(event, tmp_path) == 0
     assert fake.requests("GET", r"/collaborators/teammate/permission$")
 
@@ -76,85 +76,25 @@ def test_member_shown_as_contributor_is_trusted_for_the_api_permission(fake, env
 def test_windows_line_endings_and_more_text_after_the_first_line(fake, env, tmp_path):
     fake.add_pull(7)
     fake.permissions["maintainer"] = ("admin", "admin")
-    event = comment_event(tmp_path, f"  /ok to test {HEAD[:12]}  \r\nLooks good to me.\r\n")
+    event = comment_event(tmp_path, f"  /ok to test {HEAD}  \r\nLooks good to me.\r\n")
     assert authorize(event, tmp_path) == 0
 
 
 # --------------------------------------------------------------------------- authorize: short shas
 
-TWIN = HEAD[:12] + "f" * 28  # a commit an attacker made to share the head's 12-character prefix
 
-
-@pytest.mark.parametrize("length", [7, 11])
-def test_a_short_sha_under_12_characters_is_refused_with_the_full_head(fake, env, tmp_path, length):
-    """A 7-character twin is about 2**28 SHA-1 tries: the prefix alone never counts."""
+@pytest.mark.parametrize("length", [7, 11, 12, 20, 39])
+def test_a_short_sha_of_the_head_is_refused_with_the_full_head(fake, env, tmp_path, length):
+    """The pull request's author can make two commits sharing a short prefix (a birthday search: 12 characters in
+    ~2**24 tries), so no prefix names one commit (test_hostile_approval.py plays the twin); the reply quotes the
+    full sha to copy once the head is the commit reviewed."""
     fake.add_pull(7, head=HEAD)
     fake.permissions["maintainer"] = ("write", "write")
     assert authorize(comment_event(tmp_path, f"/ok to test {HEAD[:length]}"), tmp_path) == 5
     reason = refusal(tmp_path)
-    assert f"is {length} characters" in reason and f"/ok to test {HEAD}`" in reason
+    assert f"is a short sha: its {length} characters" in reason and f"/ok to test {HEAD}`" in reason
     assert "sha" not in outputs(env)
-
-
-def test_a_twin_force_pushed_between_the_review_and_the_comment_is_refused(fake, env, tmp_path):
-    """The maintainer reviewed OLD_HEAD's twin-to-be and typed its prefix a minute after the contributor
-    force-pushed the twin: the head starts with the prefix and is not what was reviewed."""
-    fake.add_pull(7, head=OLD_HEAD)
-    fake.force_push(7, HEAD, at="2026-11-30T02:59:00Z")  # one minute before the comment
-    fake.permissions["maintainer"] = ("write", "write")
-    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD[:12]}"), tmp_path) == 5
-    reason = refusal(tmp_path)
-    assert "force-pushed at 2026-11-30T02:59:00+00:00, less than 1 hour before the comment" in reason
-    assert f"/ok to test {HEAD}`" in reason
-
-
-def test_a_force_pushed_twin_with_the_same_prefix_is_refused(fake, env, tmp_path):
-    """The maintainer reviewed HEAD and typed its short sha; the contributor force-pushed a twin with the
-    same prefix before the authorize job ran. The head now starts with the prefix, and it is not what
-    was reviewed."""
-    fake.add_pull(7, head=HEAD)
-    fake.permissions["maintainer"] = ("write", "write")
-    fake.force_push(7, TWIN, at="2026-11-30T03:00:05Z")  # five seconds after the comment
-    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD[:12]}"), tmp_path) == 5
-    reason = refusal(tmp_path)
-    assert "force-pushed at 2026-11-30T03:00:05+00:00, after the comment" in reason
-    assert f"/ok to test {TWIN}`" in reason  # the full sha to copy, once the new head was reviewed
-    assert "sha" not in outputs(env)
-
-
-def test_a_force_push_long_before_the_comment_leaves_the_short_sha_good(fake, env, tmp_path):
-    fake.add_pull(7, head=OLD_HEAD)
-    fake.force_push(7, HEAD, at="2026-11-30T01:59:00Z")  # an hour and a minute before the comment
-    fake.permissions["maintainer"] = ("write", "write")
-    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD[:12]}"), tmp_path) == 0
-    assert outputs(env)["sha"] == HEAD
-
-
-def test_a_second_pushed_commit_sharing_the_prefix_is_refused(fake, env, tmp_path):
-    fake.add_pull(7, head=HEAD)
-    fake.push(7, TWIN)  # a plain push: both commits are in the pull request now, the twin on top
-    fake.permissions["maintainer"] = ("write", "write")
-    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD[:12]}"), tmp_path) == 5
-    assert "it matches 2 commits of the pull request" in refusal(tmp_path)
-
-
-@pytest.mark.parametrize("path", [r"/issues/7/timeline", r"/pulls/7/commits"])
-def test_a_short_sha_is_refused_when_the_api_will_not_tell(fake, env, tmp_path, path):
-    fake.add_pull(7)
-    fake.permissions["maintainer"] = ("write", "write")
-    fake.fail("GET", path, 404, body={"message": "Not Found"})
-    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD[:12]}"), tmp_path) == 5
-    reason = refusal(tmp_path)
-    assert "GitHub did not give the pull request's commits and timeline" in reason
-    assert f"/ok to test {HEAD}`" in reason
-
-
-def test_a_full_sha_needs_no_timeline(fake, env, tmp_path):
-    fake.add_pull(7, head=HEAD)
-    fake.permissions["maintainer"] = ("write", "write")
-    fake.fail("GET", r"/issues/7/timeline", 404, body={"message": "Not Found"})
-    assert authorize(comment_event(tmp_path, f"/ok to test {HEAD}"), tmp_path) == 0
-    assert not fake.requests("GET", r"/timeline|/commits")
+    assert not fake.requests("GET", r"/timeline|/commits")  # the full sha alone decides: nothing else is asked
 
 
 # --------------------------------------------------------------------------- authorize: refused

@@ -94,7 +94,7 @@ def test_from_a_subfolder_every_file_of_a_cell_lands_in_the_project_root(adopter
     assert {"junit.xml", "env.json", "pytest.log", "memory.json"} <= {p.name for p in folder.iterdir()}
     env = json.loads((folder / "env.json").read_text())
     assert env["status"] == "passed" and env["git_sha"] == head(adopter)
-    assert env["reproduce"] == f"harness run --matrix mine --cell {folder.name}"
+    assert env["matrix_reference"] == "mine" and env["cell"]["id"] == folder.name
     out = capsys.readouterr().out
     assert f"results in {folder}" in out
     assert out.rstrip().endswith(f"render:  harness report {adopter / 'results'} -o harness-report.html")

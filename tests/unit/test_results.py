@@ -241,7 +241,7 @@ def test_reproduce_selects_the_new_reds_and_leaves_cases_fixed_upstream_out(tmp_
                       case_xml("test_fixed", "failed", "passed", known_bug_fixed="ep-eager-bias"))
     cell = read_cell(write_cell(tmp_path / "c", junit=junit, env=env_json(status="failed", exit_code=1,
                                                                           pytest_args=[])))
-    assert cell.reproduce_command() == "harness run --matrix pr --cell 'ada-2gpu-torch2.11.0-tf5.9.0' -- -k test_red"
+    assert cell.reproduce_command() == "harness run --matrix pr --cell ada-2gpu-torch2.11.0-tf5.9.0 -- -k test_red"
 
 
 def test_crashed_cell_without_junit_is_errored_with_the_log_tail():
@@ -522,14 +522,18 @@ def test_pytest_args_that_harness_would_not_write_fall_back_to_the_recorded_comm
     cell = read_cell(write_cell(tmp_path / "c", env=env, junit=JUNIT_OK))
     assert cell.pytest_args is None
     assert [problem for problem in cell.problems if "pytest_args" in str(problem)]
-    assert cell.reproduce_command() == "harness run --matrix pr --cell 'ada-2gpu-torch2.11.0-tf5.9.0'"
+    assert cell.reproduce_command() == "harness run --matrix pr --cell ada-2gpu-torch2.11.0-tf5.9.0"
 
 
 @pytest.mark.parametrize("recorded", ["rm -rf /", "harness run --cell `id`", "harness run\n--cell x", None])
-def test_a_suspicious_recorded_command_is_rebuilt(tmp_path, recorded):
+def test_a_recorded_command_is_never_read_the_line_is_rebuilt(tmp_path, recorded):
+    """An older folder's `reproduce` string is ignored; the line comes from the cell's checked id and matrix
+    (test_hostile_approval.py plays the rest)."""
+    cell = read_cell(write_cell(tmp_path / "c", env=env_json(reproduce=recorded, cell={"id": "x", "matrix": "pr"})))
+    assert cell.reproduce == "harness run --matrix pr --cell x"
     env = env_json(reproduce=recorded, cell={"id": "x'; rm -rf ~", "matrix": "pr"})
-    cell = read_cell(write_cell(tmp_path / "c", env=env))
-    assert cell.reproduce == "harness run --matrix pr --cell 'x'\"'\"'; rm -rf ~'"
+    hostile = read_cell(write_cell(tmp_path / "d", env=env))
+    assert hostile.reproduce == "" and [problem for problem in hostile.problems if "cell id" in str(problem)]
 
 
 # ---------------------------------------------------------------------------------------------

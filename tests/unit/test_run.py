@@ -35,7 +35,7 @@ def test_passing_cell_leaves_a_complete_folder(tmp_path):
     assert env["cell"]["id"] == folder.name
     assert env["versions"]["torch"].startswith(TORCH) and env["versions"]["python"]
     assert env["start"] <= env["end"] and env["duration_s"] >= 0
-    assert "--cell" in env["reproduce"] and env["pytest_args"] == []
+    assert env["matrix_reference"] and env["pytest_args"] == []
     assert env["git_dirty"] in (True, False, None) and "git_sha" in env
     assert 'name="max_rel_grad_error"' in (folder / "junit.xml").read_text()
     assert "2 passed" in (folder / "pytest.log").read_text()
@@ -72,7 +72,7 @@ def test_git_sha_is_the_commit_checked_out_and_the_trigger_sha_is_recorded_apart
     cell = load_matrix(write_matrix(tmp_path, "passing")).cells[0]
     host = harness.run.plan.Host(gpus=(), gpu_type=None, driver=None)
     record = harness.run.prepare.start_record(
-        cell, host, [], 0.0, project=repo, reproduce="harness run", pytest_args=[]
+        cell, host, [], 0.0, project=repo, matrix_reference="local", pytest_args=[]
     )
     assert (record.git_sha, record.trigger_sha, record.git_dirty) == (head, "0" * 40, False)
 
@@ -147,7 +147,7 @@ def test_a_run_with_pytest_args_records_them_and_its_reproduce_line_has_one_sepa
     folder = cell_folder(tmp_path / "results")
     env = read_env(folder)
     assert env["pytest_args"] == ["-k", "test_ok or test_broken", "-p", "no:cacheprovider"]
-    assert env["reproduce"] == f"harness run --matrix {matrix} --cell {folder.name}"
+    assert env["matrix_reference"] == str(matrix) and "reproduce" not in env  # typed fields, no command line
     (cell,) = load_results([tmp_path / "results"]).cells
     assert cell.reproduce_command() == (
         f"harness run --matrix {matrix} --cell {folder.name} -- -k '(test_ok or test_broken) and (test_broken)' "

@@ -7,21 +7,19 @@
   install (cells that use this interpreter or a cached environment ask nothing, so they run offline).
 - The suites: a path a matrix names that is not there would make every cell "pytest exited 4 (usage
   error)" with the cause only in pytest.log.
-- The results folder: it must take files, and it holds one run's cells only. Cell folders of an earlier
-  run are removed (a report of the folder would mix them in) and a cell re-run with a test selection
-  does not replace a full run's results without a word.
+- The results folder: it must take files. (It holds one run's cells only: harness.run.earlier keeps an
+  earlier run's aside, and `earlier_was_full_run` tells it when a selection takes a full run's place.)
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from harness.contract import CONTRACT_FILES, ENV_JSON
+from harness.contract import ENV_JSON
 from harness.envs.build import Environment, EnvironmentBuildError, EnvSpec, ensure_environment, plan_environment
 from harness.errors import ConfigError
 from harness.plan.cells import Cell
@@ -98,30 +96,6 @@ def prepare_results(results_root: Path, option: str) -> None:
             pass
     except OSError as error:
         raise ConfigError(f"{option}: cannot write to {results_root}: {error.strerror or error}") from None
-
-
-def is_cell_folder(path: Path) -> bool:
-    return path.is_dir() and not path.is_symlink() and any((path / name).exists() for name in CONTRACT_FILES)
-
-
-def clear_earlier_run(results_root: Path, cell_ids: Iterable[str], pytest_args: list[str],
-                      say: Callable[[str], None] = print) -> None:
-    """Remove the cell folders this run will not write (another run's), saying which; say when a selection
-    (`-- -k ...`) replaces the results of a full run. Anything else in the folder stays."""
-    cell_ids = set(cell_ids)
-    earlier = sorted(path.name for path in results_root.iterdir() if is_cell_folder(path) and path.name not in cell_ids)
-    for name in earlier:
-        shutil.rmtree(results_root / name)
-    if earlier:
-        shown = ", ".join(earlier[:5]) + (f" and {len(earlier) - 5} more" if len(earlier) > 5 else "")
-        say(f"cleared {len(earlier)} cell folder{'s' if len(earlier) != 1 else ''} of an earlier run from "
-            f"{results_root}: {shown} (a results folder holds one run)")
-    if not pytest_args:
-        return
-    for cell_id in sorted(cell_ids):
-        if earlier_was_full_run(results_root / cell_id):
-            say(f"{cell_id}: its full results in {results_root / cell_id} are replaced by this run of "
-                f"pytest {' '.join(pytest_args)}; give --results another folder to keep them")
 
 
 def earlier_was_full_run(folder: Path) -> bool:

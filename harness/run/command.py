@@ -1,9 +1,9 @@
 """`harness run`: run the suite for each selected cell and leave its results folder.
 
-The command plans once (plan.py), prepares the results folder, then walks each cell down the stages (the cells of a
-pack, runners.yaml `pack: true`, at once: each a harness run of its own, packed.py):
-prepare (its folder, env.json begun, its environment) -> execute (its engine runs pytest) -> record (env.json,
-memory.json); then renders the cells in the terminal (render.py). A cell always leaves
+The command plans once (plan.py), prepares the results folder (an earlier run's cells kept aside: earlier.py),
+then walks each cell down the stages (the cells of a pack, runners.yaml `pack: true`, at once: each a harness run
+of its own, packed.py): prepare (its folder, env.json begun, its environment) -> execute (its engine runs pytest)
+-> record (env.json, memory.json); then renders the cells in the terminal (render.py). A cell always leaves
 ``results/<cell-id>/`` with ``env.json`` saying how it ended, whatever went wrong (environment, busy GPU,
 crash, timeout), and one cell's failure never stops the next.
 """
@@ -18,7 +18,7 @@ from harness.cell import preflight
 from harness.contract import STATUS_NOT_RUN, STATUS_PASSED
 from harness.engines import Interrupted, interruptible
 from harness.plan.cells import Cell
-from harness.run import execute, packed, plan, prepare, record, render
+from harness.run import earlier, execute, packed, plan, prepare, record, render
 from harness.run.plan import Host
 from harness.run.record import CellOutcome
 
@@ -32,10 +32,13 @@ def command(args) -> int:
     if args.dry_run:
         render.print_plan(planned)
         return 0
-    prepare.prepare_run(planned, f"--results {args.results}", clear_others=not args.in_pack)
+    kept = prepare.prepare_run(planned, f"--results {args.results}", keep_others=not args.in_pack)
     outcomes: list[CellOutcome] = []
     try:
-        with interruptible(), prepare.harness_import_path() as import_path:
+        # Stopped before any cell has a folder: the earlier run goes back where it was (a second signal is ignored
+        # meanwhile, so putting_back sits inside interruptible).
+        with interruptible(), earlier.putting_back(kept, [cell.id for cell in planned.cells]), \
+                prepare.harness_import_path() as import_path:
             for cells in packed.rounds(planned):
                 if len(cells) > 1:  # runners.yaml pack: each a harness run of its own, at once
                     outcomes += packed.run_pack(cells, planned, matrix_argument=args.matrix or planned.matrix.reference,
@@ -50,7 +53,7 @@ def command(args) -> int:
         print(f"harness: {interrupted}; the cell's folder says so", file=sys.stderr, flush=True)
         return 128 + interrupted.signum
     if not args.in_pack:  # the run that started the pack shows every cell's row
-        render.print_outcomes(outcomes, planned.results_root)
+        render.print_outcomes(outcomes, planned.results_root, kept=kept.folder)
     return exit_status([outcome.status for outcome in outcomes])
 
 

@@ -2,8 +2,8 @@
 
 Takes the `CellOutcome`s (from record) and prints the cells' table, as `harness report` renders the terminal
 format from their folders, then where the results are and how to render them. For a dry run it takes the
-`Plan` (from plan) instead and prints what each cell would do. `progress` is harness's own lines while the
-cells run (the `log` every stage is given).
+`Plan` (from plan) instead and prints what each cell would do, and what of an earlier run would be kept aside.
+`progress` is harness's own lines while the cells run (the `log` every stage is given).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from harness.cell import preflight
 from harness.engines.base import pytest_command
 from harness.envs import cache as env_cache
 from harness.envs.build import EnvironmentBuildError, plan_environment
-from harness.run import packed
+from harness.run import earlier, packed
 from harness.run.plan import Plan, summarize_refusals
 from harness.run.record import CellOutcome
 
@@ -27,9 +27,9 @@ def progress(line: str) -> None:
     print(line, flush=True)
 
 
-def print_outcomes(outcomes: Sequence[CellOutcome], results_root: Path) -> None:
+def print_outcomes(outcomes: Sequence[CellOutcome], results_root: Path, kept: Path | None = None) -> None:
     print_table([outcome.folder for outcome in outcomes])
-    print_where(results_root)
+    print_where(results_root, kept)
 
 
 def print_plan(plan: Plan) -> None:
@@ -57,6 +57,9 @@ def print_plan(plan: Plan) -> None:
     for pack in packed.rounds(plan):
         if len(pack) > 1:
             print(f"at once on this machine (runners.yaml pack): {', '.join(cell.id for cell in pack)}")
+    kept = earlier.describe_plan(results_root, [cell.id for cell in cells])
+    if kept:
+        print(kept)
     if refused:
         print(f"this machine cannot host {len(refused)} of {len(cells)} cells: {summarize_refusals(refused)}; "
               "harness run would stop with exit 3 (pick others with --cell, or pass --force)")
@@ -70,9 +73,13 @@ def print_table(folders: list[Path]) -> None:
     print(render(load_results([str(folder) for folder in folders]), "terminal", color=wants_color(sys.stdout)))
 
 
-def print_where(results_root: Path) -> None:
+def print_where(results_root: Path, kept: Path | None = None) -> None:
+    """`kept`: where this run kept the earlier run aside (earlier.py), if it did."""
     print(f"results: {results_root}")
     print(f"render:  {shlex.quote(this_command())} report {shlex.quote(str(results_root))} -o harness-report.html")
+    if kept is not None:
+        print(f"kept:    {kept} (the earlier run; {shlex.quote(this_command())} report {shlex.quote(str(kept))} "
+              "renders it)")
 
 
 def this_command() -> str:

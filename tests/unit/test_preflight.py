@@ -1,5 +1,6 @@
 """`harness run` before any cell: the project root and its suites, a results folder that takes files and
-holds one run only. Each mistake is one line and exit 2, before anything is built or run."""
+holds one run only (an earlier run kept aside: test_keep_results.py). Each mistake is one line and exit 2, before
+anything is built or run."""
 
 from __future__ import annotations
 
@@ -85,17 +86,19 @@ def test_the_embedded_gpu_cell_is_said_to_come_from_the_default_not_from_runners
     )
 
 
-def test_cells_of_an_earlier_run_are_cleared_and_said_other_folders_stay(tmp_path, capsys):
+def test_cells_of_an_earlier_run_are_kept_aside_and_said_other_folders_stay(tmp_path, capsys):
     results = tmp_path / "results"
     earlier = results / "cpu-4rank-torch2.0.0-tf5.0.0"
     earlier.mkdir(parents=True)
     (earlier / "env.json").write_text('{"status": "errored"}')
-    (results / "bisect" / "transformers5.20.0").mkdir(parents=True)  # not a cell folder: kept
+    (results / "bisect" / "transformers5.20.0").mkdir(parents=True)  # not a cell folder: stays
     assert run(tmp_path, write_matrix(tmp_path, "passing")) == 0
-    assert sorted(path.name for path in results.iterdir()) == ["bisect", cell_folder(results).name]
+    assert sorted(path.name for path in results.iterdir()) == [".earlier", "bisect", cell_folder(results).name]
+    [kept] = (results / ".earlier").iterdir()  # env.json names no start: the folder's time names the run
+    assert (kept / earlier.name / "env.json").read_text() == '{"status": "errored"}'
     out = capsys.readouterr().out
-    assert f"cleared 1 cell folder of an earlier run from {results}: {earlier.name} (a results folder holds one run)" \
-        in out
+    assert f"kept 1 folder of an earlier run aside in {kept}/: {earlier.name} (a results folder holds one run; " \
+        f"rm -r {results / '.earlier'} removes every kept run)" in out
 
 
 @pytest.mark.parametrize(("first", "said"), [((), True), (("--", "-k", "test_two"), False)])
@@ -105,7 +108,7 @@ def test_a_selection_replacing_a_full_run_says_so(tmp_path, capsys, first, said)
     capsys.readouterr()
     assert run(tmp_path, matrix, "--", "-k", "test_one") == 0
     folder = cell_folder(tmp_path / "results")
-    message = f"{folder.name}: its full results in {folder} are replaced by this run of pytest -k test_one"
+    message = f"{folder.name}: this run of pytest -k test_one takes the place of its full results, kept in "
     assert (message in capsys.readouterr().out) is said
 
 

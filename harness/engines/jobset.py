@@ -36,6 +36,7 @@ from harness.engines.credentials import CREDENTIALS_FILE, private_credentials
 from harness.errors import ConfigError
 from harness.plan.cells import Cell, SubmitOptions
 from harness.plan.files import positive_int
+from harness.ranks.output import printable
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 REPLICATED_JOB = "hosts"
@@ -251,7 +252,7 @@ class JobSetDriver:
             with contextlib.suppress(OSError):
                 (self.folder / HOST_LOG.format(index=index)).write_text(text)
             for line in text.splitlines():
-                self.log(f"[host{index}] {line}")
+                self.log(f"[host{index}] {printable(line)}")  # the tested code's: shown, not played
 
 
 def run_job(cell: Cell, *, folder: Path, pytest_command: list[str], log: Callable[[str], None], record: JobFields,

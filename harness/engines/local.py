@@ -28,6 +28,7 @@ from harness.errors import ConfigError
 from harness.plan.cells import Cell, SubmitOptions
 from harness.ranks import cgroup
 from harness.ranks.containment import Containment, describe
+from harness.ranks.output import PrintableStream
 from harness.ranks.tether import tethered
 
 # After the cell's timeout pytest gets SIGINT (it still writes junit.xml), then this long before SIGKILL.
@@ -79,8 +80,8 @@ def run_pytest(cell: Cell, python: Path, folder: Path, gpus: list, pytest_args: 
             with containment.born_inside():
                 # Its own group: a timeout kills every rank. Tethered: if this run is SIGKILLed, pytest dies too
                 # (and its zygote and ranks with it), rather than run on with nobody to end it.
-                process = subprocess.Popen(tethered(command, signal.SIGKILL), cwd=project, env=environ,
-                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                process = subprocess.Popen(containment.confined(tethered(command, signal.SIGKILL)), cwd=project,
+                                           env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                            start_new_session=True)
             containment.spare(process.pid)  # its exit status is Popen's to read
             reader = threading.Thread(target=stream_output,
@@ -109,14 +110,16 @@ def run_pytest(cell: Cell, python: Path, folder: Path, gpus: list, pytest_args: 
 
 def stream_output(source, log_file, echo: Callable[[bytes], None]) -> None:
     """Copies pytest's output as it arrives, not a line at a time: its progress dots for one test file
-    are one line, which on a long GPU cell would leave the terminal silent for minutes."""
+    are one line, which on a long GPU cell would leave the terminal silent for minutes. pytest.log gets the
+    bytes as they are; `echo` gets them printable (the tested code's escape sequences shown, not played)."""
     terminal_open = True
+    shown = PrintableStream()
     while chunk := os.read(source.fileno(), 65536):
         log_file.write(chunk)
         log_file.flush()
         if terminal_open:
             try:
-                echo(chunk)
+                echo(shown(chunk))
             except OSError:
                 terminal_open = False  # the terminal went away; pytest.log still gets everything
 

@@ -9,6 +9,7 @@ reads as it does in the report.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import threading
@@ -23,12 +24,15 @@ from harness.history.rows import NightCell, night_test, wanted_property
 from harness.results import Outcome, paused_gc
 from harness.results.files import read_json, read_regular, read_running_test
 from harness.results.junit import (
+    MAX_DEPTH,
+    MAX_ELEMENTS,
     RefusedMarkup,
     attempts_outcome,
     attempts_time,
     grouped_attempts,
     guarded_parser,
     is_named,
+    too_large,
 )
 from harness.results.reader import cell_folders
 from harness.results.records import Fields, cell_info
@@ -66,6 +70,9 @@ def _read_cells(folders: list[Path]) -> list[NightCell]:
 
 
 def read_cell_tests(folder: Path) -> NightCell:
+    with contextlib.suppress(OSError):  # an lstat that fails: the reads below say nothing either
+        if folder.is_symlink():  # never followed: the report's errored row for it, and no tests here
+            return NightCell(cell=cell_info({}, folder.name, []).id, tests=())
     problems: list = []  # the report shows them; the history keeps numbers only
     env = Fields(ENV_JSON, read_json(folder / ENV_JSON, problems), problems)
     cell = cell_info(env.mapping("cell"), folder.name, problems).id
@@ -93,9 +100,14 @@ def _testcases(data: bytes) -> tuple[list[ET.Element], dict[ET.Element, dict[str
     case_properties: list[dict[str, str]] = []  # those of each open <testcase>
     path: list[str] = []  # the open elements' tags
     open_cases: list[ET.Element] = []
+    opened = 0  # elements in all: with len(path), held to junit's limits as the report's reader is
     parser = guarded_parser()
 
     def start(tag: str, attributes: dict[str, str]) -> None:
+        nonlocal opened
+        opened += 1
+        if opened > MAX_ELEMENTS or len(path) >= MAX_DEPTH:
+            raise RefusedMarkup(too_large(len(path) + 1, opened))
         # By frequency: a case's properties, then its other children, then the cases themselves.
         if tag == "property":
             if open_cases and path[-1] == "properties" and path[-2] == "testcase":

@@ -4,10 +4,16 @@ The schema is the SQL files in `migrations/` (NNNN_name.sql), applied in order, 
 also sets `PRAGMA user_version` to its number: a database is either at a version or at the one before it. A
 migration that moves data (3: rows repacked per cell) has its step in `repack.DATA_STEPS`, run in that
 transaction after its SQL; a database that held rows is vacuumed after it (the old tables' pages are freed).
+
+Before any row is read or written, the schema's objects must be exactly those the migrations create at the file's
+version (`schema`): a view or trigger planted in the artifact would run inside harness's own statements. SQLite's
+`trusted_schema` is off, so nothing in a schema may call a function that is not innocuous. `read_history` opens
+the file read-only (SQLite's `mode=ro`, and `query_only`) for a command that only reads it.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import sqlite3
 from dataclasses import dataclass
@@ -16,6 +22,7 @@ from pathlib import Path
 
 from harness.errors import ConfigError
 from harness.history.repack import DATA_STEPS
+from harness.history.schema import SchemaObject, check_objects, objects
 
 _MIGRATION_NAME = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 # Every SQLite file starts with these 16 bytes; an empty file is a database not yet written.
@@ -48,17 +55,37 @@ def schema_version() -> int:
 
 
 def open_history(path: str | Path, *, create: bool) -> sqlite3.Connection:
-    """The database at `path` at the code's schema version (migrated where older). A file that is not an SQLite
-    database, or one of a newer version than this code knows, is a `ConfigError` naming it; so is a missing file
-    unless `create`."""
+    """The database at `path` at the code's schema version (migrated where older), to read and write. A file that
+    is not an SQLite database, one of a newer version than this code knows, or one whose schema holds anything the
+    migrations do not make, is a `ConfigError` naming it; so is a missing file unless `create`."""
     path = Path(path)
     _check_file(path, create=create)
-    try:
-        connection = sqlite3.connect(path, isolation_level=None)  # transactions are explicit below
+    return _opened(path, read_only=False)
+
+
+def read_history(path: str | Path) -> sqlite3.Connection:
+    """The database at `path`, opened read-only: nothing of the file is ever written (an older version than the
+    code's is refused, not migrated: `harness history append` migrates it). Refused as `open_history` refuses."""
+    path = Path(path)
+    _check_file(path, create=False)
+    return _opened(path, read_only=True)
+
+
+def _opened(path: Path, *, read_only: bool) -> sqlite3.Connection:
+    try:  # transactions are explicit below
+        if read_only:
+            connection = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, isolation_level=None)
+        else:
+            connection = sqlite3.connect(path, isolation_level=None)
     except sqlite3.Error as error:
         raise ConfigError(f"history database {path}: cannot open it: {error}") from None
     try:
-        _migrate(connection, path)
+        connection.execute("PRAGMA trusted_schema = OFF")
+        if read_only:
+            connection.execute("PRAGMA query_only = ON")
+            _check_current(connection, path)
+        else:
+            _migrate(connection, path)
     except sqlite3.DatabaseError as error:
         connection.close()
         raise ConfigError(f"history database {path}: not a usable SQLite database: {error}") from None
@@ -84,7 +111,8 @@ def _check_file(path: Path, *, create: bool) -> None:
         raise ConfigError(f"history database {path} is not an SQLite database (its first bytes are {header[:8]!r})")
 
 
-def _migrate(connection: sqlite3.Connection, path: Path) -> None:
+def _checked_version(connection: sqlite3.Connection, path: Path) -> int:
+    """The file's schema version, once its schema is checked to be exactly what the migrations make at it."""
     known = migrations()
     version = connection.execute("PRAGMA user_version").fetchone()[0]
     if version > len(known):
@@ -94,6 +122,32 @@ def _migrate(connection: sqlite3.Connection, path: Path) -> None:
         raise ConfigError(f"history database {path} has schema version {version}, which no harness writes")
     if version == 0 and _has_tables(connection):
         raise ConfigError(f"history database {path} holds tables but no schema version: not a harness history")
+    check_objects(connection, path, expected_objects(version))
+    return version
+
+
+@functools.cache
+def expected_objects(version: int) -> frozenset[SchemaObject]:
+    """The schema's objects the first `version` migrations make, as an empty database in memory holds them."""
+    connection = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        for migration in migrations()[:version]:
+            _apply(connection, migration)
+        return objects(connection)
+    finally:
+        connection.close()
+
+
+def _check_current(connection: sqlite3.Connection, path: Path) -> None:
+    version = _checked_version(connection, path)
+    if version < schema_version():
+        raise ConfigError(f"history database {path} has schema version {version}; this command reads version "
+                          f"{schema_version()} and never writes the file: `harness history append` migrates it")
+
+
+def _migrate(connection: sqlite3.Connection, path: Path) -> None:
+    known = migrations()
+    version = _checked_version(connection, path)
     moved = False
     for migration in known[version:]:
         _apply(connection, migration)

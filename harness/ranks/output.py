@@ -11,15 +11,18 @@ Which process does what, when the launch captures (`Launch.capture`; pytest -s t
     launcher  a rank that died or hung sends nothing: the launcher reads its files (an agent, on its host)
 
 Files, not pipes: nothing has to drain them while a call runs, and what a rank wrote before it died is still
-there. Standard library only.
+there. What harness shows of the tested code's output (the ranks' sections, pytest's output relayed to the
+terminal) goes through `printable`: an escape sequence is shown as text, never played. Standard library only.
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import ctypes
 import functools
 import os
+import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -29,6 +32,30 @@ from harness.ranks.protocol import RankOutput
 # What one rank's output may take in a call's result (both streams together): the head and the tail are kept.
 RANK_OUTPUT_BYTES = 64 * 1024
 STANDARD_FDS = (1, 2)
+# C0 and C1 controls but newline and tab, and the bidirectional overrides: a terminal plays an escape sequence (it
+# can retitle the window, move the cursor over earlier lines, set the clipboard) and reorders text around them.
+_UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` with each control character (ESC, CR, BEL...) but newline and tab shown as its escape: `\\x1b`."""
+    return _UNPRINTABLE.sub(_shown, text)
+
+
+def _shown(control: re.Match[str]) -> str:
+    code = ord(control.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+class PrintableStream:
+    """A byte stream's chunks, each made `printable` as UTF-8: a character split between two chunks (a C1 control
+    is two bytes) is decoded whole; bytes that are not UTF-8 show as U+FFFD."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def __call__(self, chunk: bytes) -> bytes:
+        return printable(self._decoder.decode(chunk)).encode()
 
 
 def output_paths(workdir: str | Path, rank: int) -> tuple[Path, Path]:
@@ -66,7 +93,8 @@ class CallCapture:
     def start(self) -> None:
         flush_streams()
         for path, standard in zip(self.paths, STANDARD_FDS, strict=True):
-            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+            # Never through a link planted at the name: the call's files are written, then read back into results.
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_NOFOLLOW, 0o600)
             os.dup2(descriptor, standard)
             os.close(descriptor)
 

@@ -5,9 +5,10 @@ harness.ranks.plugin's hooks (`output_capture` tells its launchers how to treat 
   the test's report, `Captured stdout (rank R) call` and `Captured stderr (rank R) call` (setup and teardown
   alike), each text starting with a `--- rank R stdout ---` line. pytest shows them with a failure as it shows
   its own captured output, and junitxml writes them into the testcase's system-out / system-err (with
-  `-o junit_logging=all`, as harness run passes). A rank's text is capped per test (head and tail kept), and
-  the reports of one session take at most RANK_OUTPUT_JUNIT_BYTES of it, passing tests half, so a junit.xml
-  stays readable.
+  `-o junit_logging=all`, as harness run passes). Control characters show as their escapes (`\\x1b`): the text
+  is the tested code's, and pytest writes a section to the terminal as it is. A rank's text is capped per test
+  (head and tail kept), and the reports of one session take at most RANK_OUTPUT_JUNIT_BYTES of it, passing tests
+  half, so a junit.xml stays readable.
 - With `-s` (`--capture=no`) nothing is captured: the ranks write to the terminal as they go.
 - What ranks write outside any call (the zygote's imports, a pool's start, the clean-up after a call) goes to
   the rank log: `--ranks-log PATH` (ini `ranks_log`; harness run gives results/<cell>/ranks.log), else
@@ -27,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from harness.contract import RANK_OUTPUT_JUNIT_BYTES, RANKS_LOG
-from harness.ranks.output import RANK_OUTPUT_BYTES, merge
+from harness.ranks.output import RANK_OUTPUT_BYTES, merge, printable
 from harness.ranks.protocol import OutputCapture, RankOutput
 
 RANKS_LOG_HELP = ("where ranks write outside test calls (a zygote's imports, a pool's start); default: ranks.log "
@@ -102,7 +103,7 @@ def rank_sections(calls: list[dict[int, RankOutput]]) -> list[tuple[str, str]]:
     sections = []
     for rank, outputs in sorted(by_rank.items()):
         merged = merge(outputs, RANK_OUTPUT_BYTES)
-        for stream, text in (("stdout", merged.stdout), ("stderr", merged.stderr)):
+        for stream, text in (("stdout", printable(merged.stdout)), ("stderr", printable(merged.stderr))):
             if text:
                 ending = "" if text.endswith("\n") else "\n"
                 sections.append((f"{stream} (rank {rank})", f"--- rank {rank} {stream} ---\n{text}{ending}"))

@@ -21,6 +21,13 @@ _ZERO_WIDTH_SPACE = "&#8203;"  # after '@', so `@team` in a message is text, not
 # space after the scheme's ':' and inside `www.` leaves the text as it reads and matches no autolink rule.
 _AUTOLINK_SCHEME = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*):(?=//)")
 _AUTOLINK_WWW = re.compile(r"(?i)\b(www)(?=\.)")
+# GitHub links `#1`, `owner/repo#1` and `GH-1` to issues after Markdown is rendered, so a backslash before the '#'
+# stops nothing; a zero-width space after the '#' or the 'GH' does. It goes into the text before it is escaped
+# (as the character: no entity of the escaping can be split), and leaves as the entity.
+_ISSUE_REFERENCE = re.compile(r"(?i)(#|\bgh(?=-))(?=-?\d)")
+# GitHub renders `$x$` and `$$x$$` as math, and a backslash does not stop it either: each '$' becomes an entity in
+# a <span> of its own, GitHub's documented way to show a '$' as itself.
+_DOLLAR = "<span>&#36;</span>"
 
 
 def clean_block(text: str | None, max_lines: int | None = None) -> str:
@@ -38,14 +45,21 @@ def one_line(text: object, max_chars: int = 300) -> str:
 
 def markdown_text(text: object, max_chars: int = 300) -> str:
     """Inline Markdown (table cells, list items): every character that could start markup is escaped."""
-    escaped = _MARKDOWN_SPECIAL.sub(r"\\\1", one_line(text, max_chars))
+    escaped = _MARKDOWN_SPECIAL.sub(r"\\\1", _no_references(one_line(text, max_chars)))
     return _no_autolinks(escaped) or "—"
 
 
+def _no_references(text: str) -> str:
+    """Plain text with a zero-width space wherever GitHub would see an issue reference."""
+    return _ISSUE_REFERENCE.sub("\\1\u200b", text)
+
+
 def _no_autolinks(escaped: str) -> str:
-    """Text already escaped for Markdown or HTML, with nothing GitHub would link or mention."""
+    """Text already escaped for Markdown or HTML (and through `_no_references`), with nothing GitHub would link,
+    mention or render as math."""
     escaped = _AUTOLINK_SCHEME.sub(r"\1:" + _ZERO_WIDTH_SPACE, escaped)
     escaped = _AUTOLINK_WWW.sub(r"\1" + _ZERO_WIDTH_SPACE, escaped)
+    escaped = escaped.replace("\u200b", _ZERO_WIDTH_SPACE).replace("$", _DOLLAR)
     return escaped.replace("@", "@" + _ZERO_WIDTH_SPACE)
 
 
@@ -65,7 +79,7 @@ def code_span(text: object, max_chars: int = 300, *, table: bool = False) -> str
 def html_text(text: object, max_chars: int = 300) -> str:
     """Text inside raw HTML in Markdown (a <summary>): escaped, one line, no mentions. GitHub does not
     read Markdown there; '[' is encoded all the same, so no renderer can see a link in it."""
-    return _no_autolinks(str(markupsafe.escape(one_line(text, max_chars))).replace("[", "&#91;"))
+    return _no_autolinks(str(markupsafe.escape(_no_references(one_line(text, max_chars)))).replace("[", "&#91;"))
 
 
 def fence_for(text: str | None) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import ConfigError
-from harness.history import METRICS, PLOTTED_TESTS, build_trend, open_history
+from harness.history import METRICS, PLOTTED_TESTS, build_trend, read_history
 from harness.history.rule import BASELINE_NIGHTS, CONFIRM_NIGHTS
 from harness.report.templates import render_template
 from harness.report.trend_plots import trend_plots
@@ -19,7 +19,7 @@ LARGEST_NIGHTS = 365
 def command(args: Any) -> int:
     if not 1 <= args.nights <= LARGEST_NIGHTS:
         raise ConfigError(f"--nights {args.nights}: give 1 to {LARGEST_NIGHTS}")
-    connection = open_history(args.db, create=False)
+    connection = read_history(args.db)  # read-only: the trend never writes the artifact
     try:
         trend = build_trend(connection, args.nights)
     finally:

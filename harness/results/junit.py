@@ -12,6 +12,11 @@ from harness.results.model import Outcome, Problem, TestResult
 from harness.results.values import Number, capped, clean_text, finite, number
 
 EXCERPT_LINES = 30
+# Beyond its byte cap, what one junit.xml may hold: pytest nests five deep (testsuites, testsuite, testcase,
+# properties, property) and writes some twenty elements a test. 32 MiB of tiny nested elements (`<a><a>...`) is
+# 4.8 million of them, 1.4 GB as a tree: past either limit the file is refused before it grows that large.
+MAX_DEPTH = 32
+MAX_ELEMENTS = 500_000
 # pytest's messages that say where a test broke but not why; the traceback's `E` line says why.
 _GENERIC_MESSAGES = {"", "collection failure"}
 _RESULT_TAGS = ("failure", "error", "skipped")
@@ -56,12 +61,37 @@ def guarded_parser() -> expat.XMLParserType:
     return parser
 
 
+def too_large(depth: int, elements: int) -> str | None:
+    """Why a document with `depth` elements open and `elements` opened in all is refused, or None."""
+    if depth > MAX_DEPTH:
+        return f"elements nested deeper than {MAX_DEPTH} (pytest nests 5)"
+    if elements > MAX_ELEMENTS:
+        return f"more than {MAX_ELEMENTS:,} elements"
+    return None
+
+
 def parse_xml(data: bytes) -> ET.Element:
-    """A tree from expat with no DTD (so no entity of any kind) and no recursion, whatever is installed."""
+    """A tree from expat with no DTD (so no entity of any kind) and no recursion, whatever is installed; at most
+    MAX_DEPTH deep and MAX_ELEMENTS large (`RefusedMarkup` past either, before the tree grows past them)."""
     builder = ET.TreeBuilder()
     parser = guarded_parser()
-    parser.StartElementHandler = builder.start
-    parser.EndElementHandler = builder.end
+    depth = elements = 0
+
+    def start(tag: str, attributes: dict[str, str]) -> None:
+        nonlocal depth, elements
+        depth += 1
+        elements += 1
+        if depth > MAX_DEPTH or elements > MAX_ELEMENTS:
+            raise RefusedMarkup(too_large(depth, elements))
+        builder.start(tag, attributes)
+
+    def end(tag: str) -> None:
+        nonlocal depth
+        depth -= 1
+        builder.end(tag)
+
+    parser.StartElementHandler = start
+    parser.EndElementHandler = end
     parser.CharacterDataHandler = builder.data
     parser.Parse(data, True)
     return builder.close()
@@ -100,7 +130,7 @@ def read_junit(path: Path) -> Junit:
     for suite in suites:  # record_testsuite_property: <testsuite><properties><property .../>
         suite_properties.update(_properties(suite))
     times = [finite(number(suite.get("time"))) for suite in suites]
-    entries = list(root.iter("testcase"))  # iterative: nested suites of any depth cost no recursion
+    entries = list(root.iter("testcase"))  # iterative: nested suites (up to MAX_DEPTH) cost no recursion
     # A <testcase> with no name is the test pytest was running when it was interrupted: not a test result.
     named = [entry for entry in entries if is_named(entry)]
     bad_times = [

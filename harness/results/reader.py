@@ -2,15 +2,17 @@
 
 Every file in a cell folder may be missing, empty, malformed, huge or hostile: what cannot be read becomes
 a `Problem` value on its cell (and, for junit.xml or an unreadable folder, an *errored* cell), never an
-exception. Only regular files are opened, each read up to its size cap (`files`); numbers are normalized and
-texts capped and made valid UTF-8 (`values`); junit.xml is parsed by `junit`, env.json and memory.json by
-`records`. Only bad input from the user (a path that does not exist, a folder that holds no cells) raises
-`ConfigError`.
+exception. Only regular files are opened, each read up to its size cap (`files`), and no link below the paths
+given is followed (a cell or artifact folder that is a symbolic link is an errored row naming it); numbers are
+normalized and texts capped and made valid UTF-8 (`values`); junit.xml is parsed by `junit`, env.json and
+memory.json by `records`. Only bad input from the user (a path that does not exist, a folder that holds no
+cells) raises `ConfigError`.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -108,20 +110,26 @@ def _flag_duplicate_ids(cells: list[CellResult]) -> list[CellResult]:
 
 
 def find_cell_folders(path: Path) -> list[Path]:
+    """`path` where it is a cell folder; else the cell folders in it and in its artifact folders. A symbolic link
+    at either level is listed as it is, never followed: read_cell makes it an errored row naming it."""
     if _is_cell_folder(path):
         return [path]
     found = []
     for child in _subfolders(path):
-        if _is_cell_folder(child):
+        if child.is_symlink() or _is_cell_folder(child):
             found.append(child)
         else:  # an artifact folder holding cell folders
-            found.extend(grandchild for grandchild in _subfolders(child) if _is_cell_folder(grandchild))
+            found.extend(grandchild for grandchild in _subfolders(child)
+                         if grandchild.is_symlink() or _is_cell_folder(grandchild))
     return found
 
 
 def _subfolders(path: Path) -> list[Path]:
+    """The folders and the symbolic links in `path`, by lstat: a link to a folder is not taken for one."""
     try:
-        return sorted(child for child in path.iterdir() if child.is_dir())
+        with os.scandir(path) as entries:
+            return sorted(Path(entry.path) for entry in entries
+                          if entry.is_symlink() or entry.is_dir(follow_symlinks=False))
     except OSError:
         return []  # an artifact folder nobody may list: _is_cell_folder made it a row already
 
@@ -139,18 +147,26 @@ def _is_cell_folder(path: Path) -> bool:
 
 def read_cell(folder: Path) -> CellResult:
     try:
+        if folder.is_symlink():  # checked again here, by lstat: whatever listed the folder
+            # The folder is the tested code's: a link would lend its row files from anywhere on the machine.
+            return _unread_cell(folder, "the cell folder is a symbolic link; not followed")
         return _read_cell(folder)
     except (OSError, RecursionError, MemoryError, ValueError) as error:
         # What the per-file reads below do not foresee still costs one row, never the report.
         why = f"unreadable folder: {type(error).__name__}: {getattr(error, 'strerror', None) or error}"
-        info = cell_info({}, folder.name, [])
-        return CellResult(
-            info=info,
-            status=CellStatus.ERRORED,
-            reason=clean_text(why),
-            folder=clean_text(str(folder), len(str(folder))),
-            reproduce=reproduce(None, info),
-        )
+        return _unread_cell(folder, why)
+
+
+def _unread_cell(folder: Path, why: str) -> CellResult:
+    """The errored row of a folder none of whose files were read: named by the folder, saying why."""
+    info = cell_info({}, folder.name, [])
+    return CellResult(
+        info=info,
+        status=CellStatus.ERRORED,
+        reason=clean_text(why),
+        folder=clean_text(str(folder), len(str(folder))),
+        reproduce=reproduce(None, info, []),
+    )
 
 
 def _read_cell(folder: Path) -> CellResult:
@@ -194,7 +210,7 @@ def _read_cell(folder: Path) -> CellResult:
         host=env_fields.text("host"),
         runner=env_fields.text("runner"),
         driver=env_fields.text("driver"),
-        reproduce=reproduce(env_fields.text("reproduce"), info),
+        reproduce=reproduce(env_fields.text("matrix_reference"), info, problems),
         pytest_args=env_fields.command_words("pytest_args", PYTEST_ARGS_MAX, PYTEST_ARGS_CHARS),
         log_tail=read_log_tail(folder / errored_log, problems) if errored_log else None,
         problems=tuple(problems),

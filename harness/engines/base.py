@@ -8,18 +8,16 @@ is interrupted and the engine raises `Interrupted` on the way out.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
-import signal
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from harness import contract
 from harness.contract import HOST_LOST_JSON, JUNIT_XML, RANKS_LOG, CleanupRecord
+from harness.engines.interruption import Interrupted, interruptible  # noqa: F401 (engines raise it; runs open it)
 from harness.errors import ConfigError
 from harness.plan.files import reject_unknown_keys
 
@@ -46,34 +44,6 @@ def word(value: object, where: str) -> str:
     if not isinstance(value, str) or not value or any(ch.isspace() for ch in value):
         raise ConfigError(f"{where}: expected a word without spaces, got {value!r}")
     return value
-
-
-class Interrupted(BaseException):  # a signal, like KeyboardInterrupt: `except Exception` lets it through
-    """harness run got SIGTERM or SIGINT: the cell stops, its folder says so, and harness exits 128+signal."""
-
-    def __init__(self, signum: int):
-        super().__init__(f"interrupted by {signal.Signals(signum).name}")
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def interruptible() -> Iterator[None]:
-    """SIGTERM and SIGINT raise `Interrupted` (once: a second signal waits for the cleanup the first began)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame) -> None:
-        for each in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(each, signal.SIG_IGN)
-        raise Interrupted(signum)
-
-    previous = {each: signal.signal(each, interrupt) for each in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for each, handler in previous.items():
-            signal.signal(each, handler)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

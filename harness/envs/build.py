@@ -26,6 +26,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -33,6 +34,7 @@ from pathlib import Path
 
 from harness.envs import markers
 from harness.plan.index import index_arguments
+from harness.ranks.tether import tethered
 
 # Besides the pinned torch and transformers, what the suite imports in its own environment.
 SUITE_PACKAGES = ("accelerate>=1.10", "pytest>=8", "pytest-rerunfailures>=14", "pytest-timeout>=2.3")
@@ -377,7 +379,11 @@ def _uv_or_fail() -> str:
 def run_logged(command: list[str], log: Callable[[str], None]) -> None:
     lines: list[str] = []
     try:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # Through the tether: the installer dies with harness however harness dies, and it takes SIGTERM and SIGINT
+        # as usual (harness run blocks both to learn their sender; a child inherits the blocked mask). Untethered, it
+        # ignored stop()'s SIGTERM and an interrupted install waited out the grace.
+        process = subprocess.Popen(tethered(command, signal.SIGKILL), stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
     except OSError as error:
         raise EnvironmentBuildError(f"{command[0]}: {error.strerror}") from None
     assert process.stdout is not None

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import signal
 import sys
 
 _PR_SET_PDEATHSIG = 1
@@ -41,7 +42,14 @@ def main(argv: list[str]) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
     if os.getppid() != parent:  # the parent died before the tether held: what it started must not run
         sys.exit(128 + signum)
-    os.execvp(command[0], command)  # the death signal survives exec (cleared only for set-uid programs)
+    # harness run blocks SIGTERM and SIGINT to learn who sends them (harness.engines.interruption); what it starts
+    # takes them as usual.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
+    try:
+        os.execvp(command[0], command)  # the death signal survives exec (cleared only for set-uid programs)
+    except OSError as error:  # as a shell says it: the caller reads the line, and 127 is "not found"
+        print(f"{command[0]}: {error.strerror}", file=sys.stderr)
+        sys.exit(127)
 
 
 if __name__ == "__main__":

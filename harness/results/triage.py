@@ -103,6 +103,8 @@ CELL_CAUSES = {
     contract.ERROR_INTERRUPTED: Verdict(Triage.INFRASTRUCTURE, "interrupted: the job was cancelled or its runner "
                                         "stopped"),
     contract.ERROR_HOST_LOST: Verdict(Triage.INFRASTRUCTURE, "a host of the cell was lost"),
+    contract.ERROR_SIGNALLED_HARNESS: Verdict(Triage.REAL, "the tested code sent harness SIGTERM or SIGINT: not an "
+                                              "interruption"),
     contract.ERROR_HARNESS: Verdict(Triage.INFRASTRUCTURE, "harness itself failed"),
     contract.ERROR_PYTEST: Verdict(Triage.REAL, "pytest's internal or usage error, or an exit the tested code chose"),
     contract.ERROR_TIMEOUT: Verdict(Triage.REAL, f"a hang or a timeout: {CRASH_CAUSE}", crash=True),

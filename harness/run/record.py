@@ -2,7 +2,8 @@
 
 Takes `Executed` (from execute). Decides the cell's status: from the engine's cause where it named one, else
 from how pytest ended (`classify`: passed, failed, not_run, or errored with the kind of error); where harness
-was interrupted or failed, says that instead. Writes memory.json and env.json on every way out, then raises
+was interrupted or failed, says that instead, and where the cell's own processes signalled harness, says that
+above all (harness.engines.interruption). Writes memory.json and env.json on every way out, then raises
 again what an earlier stage caught, or hands on `CellOutcome` for the render stage.
 """
 
@@ -28,6 +29,7 @@ from harness.contract import (
     EnvRecord,
 )
 from harness.engines import Interrupted
+from harness.engines.interruption import CellSignal, signals_from_the_cell
 from harness.plan.cells import Cell
 from harness.results import nothing_distributed_ran, read_junit_tests
 from harness.results.files import write_json_whole
@@ -36,8 +38,8 @@ from harness.run.prepare import iso
 
 JUNIT_SCAN_BYTES = 64 * 1024 * 1024
 # pytest's exit codes past 1: its words, and the kind of error (2 is also a collection error: see classify). pytest's
-# own "interrupted" is not an interruption harness saw (a SIGINT or SIGTERM to harness is, and is recorded as
-# ERROR_INTERRUPTED by `record`): the tested code can raise KeyboardInterrupt or call pytest.exit itself.
+# own "interrupted" is not an interruption harness saw (a SIGINT or SIGTERM to harness from outside the cell is, and
+# is recorded as ERROR_INTERRUPTED by `record`): the tested code can raise KeyboardInterrupt or call pytest.exit itself.
 PYTEST_EXITS = {2: ("interrupted", contract.ERROR_PYTEST), 3: ("internal error", contract.ERROR_PYTEST),
                 4: ("usage error", contract.ERROR_PYTEST), 5: ("no tests collected", contract.ERROR_NO_TESTS)}
 
@@ -55,7 +57,9 @@ def record(executed: Executed, log: Callable[[str], None]) -> CellOutcome:
     prepared = executed.prepared
     cell, folder, env = prepared.cell, prepared.folder, executed.record
     raised = executed.raised
+    from_the_cell: list[CellSignal] = []
     try:
+        from_the_cell = signals_from_the_cell(since=prepared.started)
         if raised is None and executed.ran is not None:
             ran = executed.ran
             if ran.cause is not None:  # the engine knows why, typed (a host lost, scancel, NODE_FAIL, its timeout)
@@ -66,13 +70,15 @@ def record(executed: Executed, log: Callable[[str], None]) -> CellOutcome:
     except BaseException as error:  # interrupted, or harness failed, while classifying: recorded, then raised
         raised = error
     if isinstance(raised, Interrupted):
-        error = str(raised)
+        error = raised.words() if raised.unattributed else str(raised)
         if env.job_id:  # an engine's job: harness cancelled it on the way out
-            error = f"cancelled: harness {raised}; {cell.engine} job {env.job_id} cancelled"
-        env = dataclasses.replace(env, status=STATUS_ERRORED, error=error, error_kind=contract.ERROR_INTERRUPTED)
+            error = f"cancelled: harness {error}; {cell.engine} job {env.job_id} cancelled"
+        kind = contract.ERROR_SIGNALLED_HARNESS if raised.unattributed else contract.ERROR_INTERRUPTED
+        env = dataclasses.replace(env, status=STATUS_ERRORED, error=error, error_kind=kind)
     elif isinstance(raised, Exception):
         env = dataclasses.replace(env, error=f"harness: {type(raised).__name__}: {raised}",
                                   error_kind=contract.ERROR_HARNESS)
+    env = _signalled_by_the_cell(env, from_the_cell)
     ended = time.time()
     env = dataclasses.replace(env, end=iso(ended), duration_s=round(ended - prepared.started, 3))
     memory.write_memory_json(folder / MEMORY_JSON, executed.memory)
@@ -82,6 +88,16 @@ def record(executed: Executed, log: Callable[[str], None]) -> CellOutcome:
     if env.error:
         log(f"   {cell.id}: {env.status}: {env.error}")
     return CellOutcome(cell=cell, folder=folder, status=env.status, error=env.error, duration_s=env.duration_s)
+
+
+def _signalled_by_the_cell(env: EnvRecord, signals: list[CellSignal]) -> EnvRecord:
+    """A cell whose own processes sent harness SIGTERM or SIGINT is a red of the code under test, whatever else
+    happened (a later interruption included): the first such signal leads its words, how the cell ended follows."""
+    if not signals:
+        return env
+    words = signals[0].words() + (" (the first of several)" if len(signals) > 1 else "")
+    return dataclasses.replace(env, status=STATUS_ERRORED, error="; ".join(filter(None, [words, env.error])),
+                               error_kind=contract.ERROR_SIGNALLED_HARNESS)
 
 
 def write_env_json(folder: Path, record: EnvRecord) -> None:

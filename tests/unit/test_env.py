@@ -157,3 +157,43 @@ def test_an_interrupted_build_stops_its_installer(tmp_path):
     harness.send_signal(signal.SIGTERM)
     assert harness.wait(timeout=120) == 143
     assert not is_alive(installer)
+
+
+GRACEFUL_BUILD = """
+import sys
+from harness.engines import Interrupted, interruptible
+from harness.envs.build import run_logged
+
+with interruptible():
+    try:
+        run_logged(["sh", "-c", "trap 'echo took SIGTERM > {seen}; kill $!; exit 143' TERM; echo $$ > {pid_file}; "
+                                "echo started; sleep 600 & wait"], print)
+    except Interrupted:
+        sys.exit(143)
+"""
+
+
+def test_an_interrupted_installer_takes_sigterm_although_harness_blocks_it(tmp_path):
+    """harness run blocks SIGTERM to learn who sends it, and a child inherits the blocked mask: the installer must
+    still take stop()'s SIGTERM (its own cleanup runs), not wait out the grace for a SIGKILL."""
+    import signal
+    import subprocess
+
+    from process_helpers import is_alive
+
+    pid_file, seen = tmp_path / "installer.pid", tmp_path / "seen"
+    harness = subprocess.Popen([sys.executable, "-c", GRACEFUL_BUILD.format(pid_file=pid_file, seen=seen)],
+                               stdout=subprocess.PIPE, text=True)
+    assert harness.stdout.readline().strip() == "started"
+    installer = int(pid_file.read_text())
+    harness.send_signal(signal.SIGTERM)
+    assert harness.wait(timeout=120) == 143
+    assert not is_alive(installer)
+    assert seen.read_text().strip() == "took SIGTERM"
+
+
+def test_an_installer_that_is_not_there_is_named(tmp_path):
+    from harness.envs.build import EnvironmentBuildError, run_logged
+
+    with pytest.raises(EnvironmentBuildError, match="no-such-installer: No such file or directory"):
+        run_logged([str(tmp_path / "no-such-installer"), "install"], print)

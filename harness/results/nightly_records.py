@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Any
+
+from harness.contract import TRIAGE_REAL
 
 from harness.results.model import CaseCounts
 
 # Their file names and values are harness.contract's (BISECT_JSON_GLOB, VERDICT_*, TRIAGE_*); `from_json` raises
 # ValueError, saying why, for what these types did not write.
+
+
+# A test of the product suite as pytest names it: tests/gpu/test_x.py::test_y[parameters]; printable ASCII, no
+# space, no shell or Markdown quoting character, so the command reads the same wherever it is shown.
+SUITE_TEST_ID = re.compile(r"tests/gpu/[A-Za-z0-9_/]+\.py::[A-Za-z0-9_]+(\[[A-Za-z0-9_.+=,:/-]{1,200}\])?")
 
 
 def _typed(document: dict, key: str, types: tuple[type, ...], default: Any, what: str) -> Any:
@@ -190,6 +199,15 @@ class TriageRed:
         return {"cell": self.cell, "test": self.test, "name": self.name, "message": self.message,
                 "class": self.triage_class, "cause": self.cause, "label": self.label, "good": self.good,
                 "bad": self.bad, "crash": self.crash, "bisect": self.bisect}
+
+    @property
+    def repro(self) -> str | None:
+        """`harness repro 'TEST_ID'`, the command that writes this red's standalone reproducer (a script needing
+        torch and transformers alone, for an upstream issue): for a real failure of one of the suite's tests. Built
+        from the test id only where it has a suite test's shape (the id comes from a results folder), and quoted."""
+        if self.triage_class != TRIAGE_REAL or not self.test or not SUITE_TEST_ID.fullmatch(self.test):
+            return None
+        return f"harness repro {shlex.quote(self.test)}"
 
     @classmethod
     def from_json(cls, document: dict) -> TriageRed:

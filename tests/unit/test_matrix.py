@@ -184,4 +184,4 @@ def test_python_dash_m_and_console_script_agree():
 
     done = subprocess.run([sys.executable, "-m", "harness", "matrix", "--matrix", "cpu"], cwd=REPO,
                           capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "cpu-2rank-torch2.13.0-tf5.24.0"
+    assert done.stdout.strip() == "cpu-2rank-torch2.13.0-tf5.25.0"

@@ -9,6 +9,7 @@ bounds are guards against a hang, far above what the work takes."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import signal
@@ -23,7 +24,9 @@ from slurm_cluster import SlurmCluster, why_not_here
 HOSTS = 4
 RANKS_PER_HOST = 2
 SUITE = Path(__file__).parent / "slurm_suite" / "test_across_hosts.py"
-CELL = f"cpu-slurm-{HOSTS}x{RANKS_PER_HOST}rank-torch2.13.0-tf5.24.0"
+# The installed releases: the cell reuses this interpreter (no environment is built on the hosts).
+TORCH, TRANSFORMERS = (importlib.metadata.version(name).split("+")[0] for name in ("torch", "transformers"))
+CELL = f"cpu-slurm-{HOSTS}x{RANKS_PER_HOST}rank-torch{TORCH}-tf{TRANSFORMERS}"
 HANG_GUARD_S = 480  # a cell that has not ended by now is itself the failure
 SLURM_PROCESSES = {"slurmd", "slurmstepd"}
 
@@ -43,7 +46,8 @@ def cluster():
 def start_cell(cluster: SlurmCluster, tmp_path: Path, *pytest_args: str, environ: dict | None = None):
     matrix = tmp_path / "cpu-4host.yaml"
     matrix.write_text(f"""description: the cross-host suite on {HOSTS} Slurm hosts
-axes: {{gpu: [cpu-slurm], hosts: [{HOSTS}], gpus: [{RANKS_PER_HOST}], torch: ["2.13.0"], transformers: ["5.24.0"]}}
+axes: {{gpu: [cpu-slurm], hosts: [{HOSTS}], gpus: [{RANKS_PER_HOST}], torch: ["{TORCH}"],
+       transformers: ["{TRANSFORMERS}"]}}
 suite: [{SUITE}]
 timeout_minutes: 8
 """)

@@ -95,11 +95,13 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     capture = sections.output_capture(config)
     if mode is None:
-        config.stash[LAUNCHER_KEY] = functools.partial(run_distributed, capture=capture)
+        spawning: Launcher = functools.partial(run_distributed, capture=capture)
+        config.stash[LAUNCHER_KEY] = spawning
         return
     launcher = PoolLauncher(fork=mode == "fork", capture=capture)
     config.stash[POOL_KEY] = launcher
-    config.stash[LAUNCHER_KEY] = launcher
+    pooled: Launcher = launcher
+    config.stash[LAUNCHER_KEY] = pooled
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

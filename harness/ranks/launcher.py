@@ -144,6 +144,7 @@ class RankSet:
         self.unfit: list[str] = []  # what the last call left that a fresh rank would not have: retire the set
         self.workdir = Path(tempfile.mkdtemp(prefix="harness-pool-"))
         self._authkey = os.urandom(32)
+        self._address: str | tuple[str, int]  # a Unix socket's name on one host, (address, port) across hosts
         if placement is None:
             # The ranks meet through a FileStore in workdir (rank.rendezvous_store); MASTER_PORT is only for code
             # that builds a store of its own. Below the ephemeral range: a port the kernel hands out (bind to 0)
@@ -153,7 +154,7 @@ class RankSet:
                                  launcher_pid=os.getpid(), capture=capture, handover_dir=handover_dir)
             # Linux: an abstract socket (no path-length limit, no file left behind), so anyone on the host
             # could connect: the HMAC challenge with a key only the ranks hold comes before anything is unpickled.
-            self._address: str | tuple[str, int] = (f"\0harness-ranks-{uuid.uuid4().hex}" if sys.platform.startswith("linux")
+            self._address = (f"\0harness-ranks-{uuid.uuid4().hex}" if sys.platform.startswith("linux")
                              else str(self.workdir / "launcher.sock"))
             self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             self._server.bind(self._address)

@@ -202,9 +202,10 @@ def available_ranks() -> tuple[int, str]:
     try:
         import torch
     except ImportError:
-        torch = None
-    if torch is not None and torch.cuda.is_available():
-        return torch.cuda.device_count(), RANK_UNIT_GPUS
+        pass  # no torch: CPU ranks, as without CUDA
+    else:
+        if torch.cuda.is_available():
+            return torch.cuda.device_count(), RANK_UNIT_GPUS
     value = os.environ.get(CPU_RANKS_ENV, "").strip()
     if not value:
         return DEFAULT_CPU_RANKS, RANK_UNIT_CPU

@@ -281,7 +281,7 @@ class RankSet:
             raise
         except BaseException as error:  # pytest-timeout or Ctrl-C cut the wait short: what the ranks wrote goes along
             with contextlib.suppress(Exception):
-                # Any exception may carry them: RankFailedError declares the attribute, the others get it here.
+                # A DistributedError declares the attribute; any other exception (a timeout, Ctrl-C) gets it here.
                 error.rank_outputs = self.outputs(list(range(self.world_size)))  # type: ignore[attr-defined]
             raise
 

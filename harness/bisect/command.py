@@ -144,8 +144,8 @@ def _bisect(args, cell, prober, good, bad) -> int:
                                                failing_at_good=failing))
         raise
     seconds = clock()
-    if result.set_aside_line():
-        _say(result.set_aside_line())
+    if set_aside := result.set_aside_line():
+        _say(set_aside)
     _say(result.line())
     _say(result.summary(seconds))
     if args.json:

@@ -17,6 +17,7 @@ import subprocess
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal, overload
 
 from harness.bisect.search import BisectResult, Probe, bisect
 from harness.cell.preflight import environment_spec
@@ -29,6 +30,10 @@ MARKER = markers.COMPLETE[markers.BISECT_COMMIT]
 SOURCE = "harness-source"  # the commit's files, inside the folder being built
 
 
+@overload
+def git(repo: str | Path, *arguments: str, binary: Literal[False] = False) -> str: ...
+@overload
+def git(repo: str | Path, *arguments: str, binary: Literal[True]) -> bytes: ...
 def git(repo: str | Path, *arguments: str, binary: bool = False) -> str | bytes:
     done = subprocess.run(["git", "-C", str(repo), *arguments], capture_output=True, timeout=120, text=not binary)
     if done.returncode != 0:
@@ -121,7 +126,10 @@ def build(repo: str | Path, sha: str, base: env.Environment, path: Path, log: Ca
     archive = git(repo, "archive", "--format=tar", sha, binary=True)
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         # git archive of our own checkout; the data filter where this Python has it (3.10.12+, 3.11.4+).
-        tar.extractall(source, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(source, filter="data")
+        else:
+            tar.extractall(source)
     installer = env.choose_installer()
     python = env.new_venv(path, installer, log)
     purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"

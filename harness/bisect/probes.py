@@ -13,6 +13,7 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from harness.bisect.search import Probe, RunOutcome, verdict_of
 from harness.cell.preflight import environment_spec, prepare_environment
@@ -95,7 +96,8 @@ class CellProber:
         started = time.monotonic()
         if pins is None:
             pins = {k: v for k, v in versions.items() if k in ("torch", "transformers")}
-        cell = dataclasses.replace(self.cell, reruns=0, **pins)
+        pinned: dict[str, Any] = dict(pins)  # torch and transformers, as the cell's fields of those names
+        cell = dataclasses.replace(self.cell, reruns=0, **pinned)
         if self.only:  # test ids replace the suite (pytest would run the whole suite beside them)
             cell = dataclasses.replace(cell, suite=self.only)
         will_build = (built or self._will_build)(cell)

@@ -106,7 +106,9 @@ class _Watch:
 
     def __init__(self, *, sees_senders: bool) -> None:
         self.me, self.parent = os.getpid(), os.getppid()
-        self.main = threading.main_thread().ident
+        main = threading.main_thread().ident
+        assert main is not None  # only a thread not yet started has none
+        self.main = main
         self.sees_senders = sees_senders
         self.pending: Interrupted | None = None  # the interruption the main thread is to raise
         self.raised = False  # once: a second signal waits for the cleanup the first began

@@ -25,6 +25,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -63,6 +64,8 @@ class JobSetSettings:
 
     @classmethod
     def parse(cls, options: SubmitOptions | None) -> JobSetSettings:
+        if options is None:  # the runner has no `submit:`
+            return cls()
         values: dict = {}
         for key, value in submitted(options, cls).items():
             where = f"{options.where}.{key}"
@@ -130,7 +133,7 @@ def render(cell: Cell, name: str, host_command: list[str], timeout_s: int, resul
     if submit.results_claim and results_root is not None:
         container["volumeMounts"].append({"name": "results", "mountPath": str(results_root)})
         volumes.append({"name": "results", "persistentVolumeClaim": {"claimName": submit.results_claim}})
-    manifest = {
+    manifest: dict[str, Any] = {
         "apiVersion": API_VERSION,
         "kind": "JobSet",
         "metadata": {"name": name, "labels": {"harness/cell": _label(cell.id)}},
@@ -162,7 +165,7 @@ def render_network_policy(cell: Cell, name: str) -> dict:
     """Ingress to the JobSet's pods from the JobSet's own pods only (JobSet labels each with its name): the hub,
     the ranks' listeners and the collectives' ports, whatever port each took, are the cell's alone."""
     own_pods = {"matchLabels": {JOBSET_NAME_LABEL: name}}
-    policy = {
+    policy: dict[str, Any] = {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": {"name": name, "labels": {"harness/cell": _label(cell.id)}},

@@ -72,6 +72,8 @@ class SlurmSettings:
 
     @classmethod
     def parse(cls, options: SubmitOptions | None) -> SlurmSettings:
+        if options is None:  # the runner has no `submit:`
+            return cls()
         values: dict = {}
         for key, value in submitted(options, cls).items():
             where = f"{options.where}.{key}"

@@ -172,15 +172,15 @@ def _installed_as(entry: str) -> tuple[str, str] | None:
     if len(tokens) != 1 or tokens[0].startswith("-"):
         return None
     if tokens[0].startswith("/"):
-        try:
+        if sys.version_info >= (3, 11):
             import tomllib
-        except ImportError:  # Python 3.10: a build is always correct
-            return None
-        try:
-            name = tomllib.loads((Path(tokens[0]) / "pyproject.toml").read_text())["project"]["name"]
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-        return name, ""
+
+            try:
+                name = tomllib.loads((Path(tokens[0]) / "pyproject.toml").read_text())["project"]["name"]
+            except (OSError, ValueError, KeyError, TypeError):
+                return None
+            return name, ""
+        return None  # Python 3.10 has no tomllib: a build is always correct
     try:
         requirement = Requirement(tokens[0])
     except InvalidRequirement:
@@ -206,12 +206,14 @@ def ensure_environment(spec: EnvSpec, root: Path, log: Callable[[str], None]) ->
                 log(f"environment {path.name} changed since it was built ({changed}); rebuilding it")
                 origin = "build"
         if origin == "build":
+            assert path is not None  # plan_environment names a folder for every origin but "current"
             # Runners on one host share the cache: one run builds, the others wait, then find it cached.
             held.enter_context(build_lock(path, log))
             origin, python, path = plan_environment(spec, root)
-            if origin == "cached" and manifest_difference(path):
+            if origin == "cached" and path is not None and manifest_difference(path):
                 origin = "build"
         if origin == "build":
+            assert path is not None  # as above
             build(spec, path, log)
             origin = "built"
         return _checked(spec, origin, python, path)
@@ -270,6 +272,7 @@ def _sha256(file: str) -> str:
 def _checked(spec: EnvSpec, origin: str, python: Path, path: Path | None) -> Environment:
     versions = probe_versions(python)
     if origin == "built":
+        assert path is not None  # what was built has a folder
         if not satisfies(versions, spec):
             raise EnvironmentBuildError(
                 f"{path}: built, but holds torch {versions.get('torch')} and transformers "

@@ -49,7 +49,7 @@ class CachedEnvironment:
 
     @property
     def last_use(self) -> float | None:
-        return self.mark.mtime if self.complete else None
+        return self.mark.mtime if self.mark is not None and self.mark.complete else None  # as `complete`
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +118,8 @@ def _holds(environment: CachedEnvironment) -> str:
         return f"{mark.kind}, incomplete (harness {data.get('harness')}, started {str(data.get('started'))[:16]})"
     if mark.kind == markers.BISECT_COMMIT:
         return f"{mark.kind}: {data.get('package')} {str(data.get('commit'))[:12]}"
-    versions = data.get("versions") if isinstance(data.get("versions"), dict) else {}
+    recorded = data.get("versions")
+    versions = recorded if isinstance(recorded, dict) else {}
     return (f"{mark.kind}: torch {versions.get('torch')}, transformers {versions.get('transformers')}, "
             f"python {versions.get('python')}")
 

@@ -24,21 +24,23 @@ def run_links_command(gh: GitHub, args: Any) -> int:
         raise ConfigError(f"GITHUB_RUN_ID {run_id!r} is not a run id; run-links runs inside the workflow run")
     server = (os.environ.get("GITHUB_SERVER_URL") or "https://github.com").rstrip("/")
     run = f"{server}/{gh.repo}/actions/runs/{run_id}"
-    jobs, timings = {}, {}
+    jobs: dict[str, str] = {}
+    timings: dict[str, dict[str, str]] = {}
     for job in gh.paginate(gh.repo_path(f"actions/runs/{run_id}/jobs"), key="jobs", filter="latest"):
         url, name = job.get("html_url"), str(job.get("name") or "")
         if isinstance(url, str) and url.startswith(f"{run}/"):
             key = name.rsplit(" / ", 1)[-1]
             jobs[key] = url
             timings[key] = job_times(job)
-    artifacts = {}
+    artifacts: dict[str, str] = {}
     for artifact in gh.paginate(gh.repo_path(f"actions/runs/{run_id}/artifacts"), key="artifacts"):
         name = str(artifact.get("name") or "")
         if name.startswith(args.artifact_prefix) and not artifact.get("expired") and str(artifact.get("id")).isdigit():
             artifacts[name[len(args.artifact_prefix):]] = f"{run}/artifacts/{artifact['id']}"
     if args.matrix:  # a packed cell ran in its pack's job (and waited as it did), its folder is in the pack's artifact
         for cell_id, pack_id in packed_cells(args.matrix).items():
-            for found in (jobs, artifacts, timings):
+            by_cell: tuple[dict[str, Any], ...] = (jobs, artifacts, timings)
+            for found in by_cell:
                 if pack_id in found:
                     found[cell_id] = found[pack_id]
     links = {"jobs": jobs, "artifacts": artifacts, "timings": timings}

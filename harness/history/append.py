@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 
 from harness.errors import ConfigError
 from harness.history.rows import NightCell, NightTest, insert_cell, intern
@@ -27,14 +27,14 @@ class Appended:
 def night_date(raw: str | None) -> str:
     """--date as ISO 8601 in UTC (now where not given); a naive time is taken as UTC."""
     if raw is None:
-        return datetime.now(UTC).isoformat(timespec="seconds")
+        return datetime.now(timezone.utc).isoformat(timespec="seconds")
     try:
         moment = datetime.fromisoformat(raw)
     except ValueError:
         raise ConfigError(f"--date {raw!r} is not an ISO 8601 date or time") from None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC).isoformat(timespec="seconds")
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc).isoformat(timespec="seconds")
 
 
 def check_night_id(night: str) -> str:
@@ -75,7 +75,9 @@ def merged(cells: Sequence[NightCell]) -> dict[str, list[NightTest]]:
 def _replace_night(connection: sqlite3.Connection, night: str, date: str) -> int:
     found = connection.execute("SELECT id FROM nights WHERE night = ?", (night,)).fetchone()
     if found is None:
-        return connection.execute("INSERT INTO nights (night, night_date) VALUES (?, ?)", (night, date)).lastrowid
+        night_id = connection.execute("INSERT INTO nights (night, night_date) VALUES (?, ?)", (night, date)).lastrowid
+        assert night_id is not None  # an INSERT into a rowid table always sets it
+        return night_id
     connection.execute("DELETE FROM packed WHERE night = ?", (found[0],))
     connection.execute("UPDATE nights SET night_date = ? WHERE id = ?", (date, found[0]))
     return found[0]

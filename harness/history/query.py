@@ -14,8 +14,9 @@ import heapq
 import math
 import sqlite3
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from harness.history.packing import (
     Unpackable,
@@ -28,6 +29,8 @@ from harness.history.packing import (
 from harness.history.rows import LIST_VALUES_PER_TEST, NightCell, NightTest, outcome_code, outcome_name
 from harness.history.rule import BASELINE_NIGHTS, CONFIRM_NIGHTS, METRICS, Creep, Night, creeps
 from harness.results import finite, number
+
+_Unpacked = TypeVar("_Unpacked")  # what a column's blob unpacks to
 
 SERIES_COLUMNS = ("time_s", "peak_mib", "error_over_bound")
 _READ = ("names", "outcomes", *SERIES_COLUMNS)  # what the ranking and the series read of a packed row
@@ -124,7 +127,7 @@ class PackedRows:
         return _unpacked(float_array, blob)
 
 
-def _unpacked(unpack, blob: tuple[bytes, int]) -> list[int] | array | None:
+def _unpacked(unpack: Callable[[bytes, int], _Unpacked], blob: tuple[bytes, int]) -> _Unpacked | None:
     try:
         return unpack(*blob)
     except Unpackable:
@@ -219,7 +222,7 @@ def series(rows: PackedRows, nights: Sequence[NightRow], tests: Sequence[TestKey
 
 
 def _aligned(rows: PackedRows, night: int, cell: int, names: Sequence[int], column: str,
-             unusable: float) -> list[float] | array:
+             unusable: float) -> Sequence[float]:
     """`column` of the cell on `night`, in the order of `names`; `unusable` where the test did not pass, was not
     recorded or is absent."""
     values = rows.column(night, cell, column)

@@ -16,12 +16,12 @@ def repack_version_2(connection: sqlite3.Connection) -> None:
     peaks: dict[tuple[int, int], list[tuple[int, float]]] = defaultdict(list)
     for night, test, rank, peak in connection.execute(
             "SELECT night, test, rank, peak_mib FROM rank_peaks ORDER BY night, test, rank"):
-        if isinstance(rank, int) and 0 <= rank < MAX_RANKS and _number(peak) is not None:
-            peaks[(night, test)].append((int(rank), _number(peak)))
+        if isinstance(rank, int) and 0 <= rank < MAX_RANKS and (peak_value := _number(peak)) is not None:
+            peaks[(night, test)].append((int(rank), peak_value))
     losses: dict[tuple[int, int], dict[int, float]] = defaultdict(dict)
     for night, test, step, loss in connection.execute("SELECT night, test, step, loss FROM losses"):
-        if isinstance(step, int) and 1 <= step <= MAX_STEPS and _number(loss) is not None:
-            losses[(night, test)][int(step)] = _number(loss)
+        if isinstance(step, int) and 1 <= step <= MAX_STEPS and (loss_value := _number(loss)) is not None:
+            losses[(night, test)][int(step)] = loss_value
     name_ids = intern(connection, "names", "test", (test for _, test in names.values()))
     per_cell: dict[tuple[int, str], list[NightTest]] = defaultdict(list)
     for night, test, outcome, time_s, peak_mib, error in connection.execute(

@@ -78,8 +78,9 @@ def _creep(metric: Metric, earlier: Sequence[Night], under_test: Sequence[Night]
            nights: Sequence[Night]) -> Creep | None:
     baseline_values = [night.values.get(metric.name) for night in earlier if night.outcome == PASSED]
     usable = [value for value in baseline_values if value is not None]
-    last = [night.values.get(metric.name) for night in under_test]
-    if len(usable) < MIN_BASELINE_NIGHTS or any(value is None for value in last):
+    last_values = [night.values.get(metric.name) for night in under_test]
+    last = [value for value in last_values if value is not None]
+    if len(usable) < MIN_BASELINE_NIGHTS or len(last) < len(last_values):  # a night under test without the value
         return None
     baseline = statistics.median(usable)
     threshold = max(baseline * metric.ratio, baseline + metric.floor)

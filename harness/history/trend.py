@@ -54,7 +54,8 @@ def _regression(item: object, place: int) -> Regression:
     for key, text in texts.items():
         if not isinstance(text, str) or not 0 < len(text) <= NAME_CHARS:
             raise ValueError(f"{where}.{key} is not a name of 1 to {NAME_CHARS} characters")
-    metric = METRIC_BY_NAME.get(item.get("metric")) if isinstance(item.get("metric"), str) else None
+    metric_name = item.get("metric")
+    metric = METRIC_BY_NAME.get(metric_name) if isinstance(metric_name, str) else None
     if metric is None:
         raise ValueError(f"{where}.metric is not one of {', '.join(METRIC_BY_NAME)}")
     last = item.get("last_values")

@@ -173,14 +173,12 @@ def expand(spec: Any, runners: Mapping[str, Runner], *, name: str, source: str,
     install = spec.get("install", [])
     if not isinstance(install, list) or not all(isinstance(s, str) and s.strip() for s in install):
         raise ConfigError(f"{source}: install: expected a list of pip arguments, e.g. [\"-e .\", \"pkg==1.2\"]")
-    settings = {
-        "install": tuple(s.strip() for s in install),
-        "markers": marker_expression(spec.get("markers"), f"{source}: markers"),
-        "timeout_minutes": positive_number(spec.get("timeout_minutes", 30), f"{source}: timeout_minutes"),
-        "reruns": non_negative_int(spec.get("reruns", 0), f"{source}: reruns"),
-        "test_timeout_seconds": positive_int(spec.get("test_timeout_seconds", 600),
-                                              f"{source}: test_timeout_seconds"),
-    }
+    # The matrix's settings, every cell's: read (and refused) before any cell is.
+    install_args = tuple(s.strip() for s in install)
+    markers = marker_expression(spec.get("markers"), f"{source}: markers")
+    timeout_minutes = positive_number(spec.get("timeout_minutes", 30), f"{source}: timeout_minutes")
+    reruns = non_negative_int(spec.get("reruns", 0), f"{source}: reruns")
+    test_timeout_seconds = positive_int(spec.get("test_timeout_seconds", 600), f"{source}: test_timeout_seconds")
     cells = []
     for combo in combos:
         runner = runners.get(combo["gpu"])
@@ -195,7 +193,9 @@ def expand(spec: Any, runners: Mapping[str, Runner], *, name: str, source: str,
             raise ConfigError(f"{source}: hosts {combo['hosts']} for gpu {combo['gpu']!r}: its runner spans at most "
                               f"{runner.hosts} hosts (runners.yaml hosts)")
         cells.append(Cell(matrix=name, labels=runner.labels, suite=tuple(suite), engine=runner.engine,
-                          submit=runner.submit, cpu_ranks=runner.is_cpu, **combo, **settings))
+                          submit=runner.submit, cpu_ranks=runner.is_cpu, **combo, install=install_args,
+                          markers=markers, timeout_minutes=timeout_minutes, reruns=reruns,
+                          test_timeout_seconds=test_timeout_seconds))
     return cells
 
 
@@ -257,7 +257,8 @@ class _Floating:
     """Resolves `latest` / `latest-N` once per (package, value) while one matrix expands."""
 
     def __init__(self, resolve: Callable[[str, str], str] | None, source: str) -> None:
-        self.resolve, self.source, self.seen = resolve, source, {}
+        self.resolve, self.source = resolve, source
+        self.seen: dict[tuple[str, str], str] = {}
 
     def __call__(self, axis: str, value: Any, where: str) -> Any:
         if axis not in ("torch", "transformers") or not FLOATING.fullmatch(value):

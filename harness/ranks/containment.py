@@ -83,7 +83,7 @@ class Containment:
         try:
             yield
         finally:
-            if self._inside:
+            if self._inside and self.cgroup is not None:  # inside only ever with a cgroup
                 with contextlib.suppress(OSError):  # still inside: end() kills member by member, sparing us
                     self.cgroup.leave()
                     self._inside = False
@@ -148,7 +148,8 @@ class Containment:
                 if pid not in self._before or pidkill.start_time(pid) != self._before[pid]]
 
     def _give_up_cgroup(self, why: str) -> None:
-        self.cgroup.remove()
+        if self.cgroup is not None:
+            self.cgroup.remove()
         self.cgroup, self.fallback = None, why
 
 

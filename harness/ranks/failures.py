@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+from collections.abc import Mapping
 from typing import Any
 
 from harness.ranks.protocol import Done, Failed, RankOutput
@@ -104,7 +105,7 @@ class Died:
     output: RankOutput | None = None  # what it wrote in the call before it died, read from its files
 
 
-def failure_error(world_size: int, replies: dict[int, Done], failures: dict[int, Failed | Died],
+def failure_error(world_size: int, replies: dict[int, Done], failures: Mapping[int, Failed | Died],
                   running_stacks: dict[int, str], running_outputs: dict[int, RankOutput] | None = None
                   ) -> RankFailedError:
     """The error for a launch in which `failures` happened, naming first the rank that failed first.
@@ -112,7 +113,8 @@ def failure_error(world_size: int, replies: dict[int, Done], failures: dict[int,
     A rank that died without a word sorts first: its peers' errors (a connection reset) follow from it, and
     when it died is unknown (only when it was noticed). Then the earliest error of a rank's own, then the
     ranks that stopped because a peer failed; the ranks still running (with their stacks) come last."""
-    found = []
+    # (order, rank, summary, details, the Failed where the rank raised)
+    found: list[tuple[tuple[int, float], int, str, str, Failed | None]] = []
     for rank, failure in failures.items():
         if isinstance(failure, Failed):
             order = (2 if failure.follows_peer else 1, failure.failed_at)
@@ -151,7 +153,7 @@ def _seconds(outcome: Any) -> float | None:
     return getattr(outcome, "seconds", None)
 
 
-def _outputs(replies: dict[int, Done], failures: dict[int, Failed | Died],
+def _outputs(replies: dict[int, Done], failures: Mapping[int, Failed | Died],
              running_outputs: dict[int, RankOutput] | None) -> dict[int, RankOutput]:
     """Each rank's output in a launch that failed: from its answer, or as read from its files (no answer)."""
     outputs = {rank: outcome.output for rank, outcome in (*replies.items(), *failures.items())

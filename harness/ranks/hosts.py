@@ -33,7 +33,9 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TypeVar, overload
 
 from harness.ranks import tls
 from harness.ranks.failures import HostLostError
@@ -70,6 +72,9 @@ ADMISSION_MAX_BYTES = 64 * 1024
 # Connections still in admission at once; more are closed at once (each holds a thread for ADMISSION_TIMEOUT_S).
 MAX_ADMITTING = 32
 POLL_S = 0.1
+# The types of message AgentLink.request waits for.
+_Reply = TypeVar("_Reply")
+_Other = TypeVar("_Other")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -81,9 +86,10 @@ class HostsConfig:
     cause_file: Path | None
 
     @classmethod
-    def from_environment(cls, environ: dict[str, str] | None = None) -> HostsConfig | None:
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> HostsConfig | None:
         """The cell's hosts, or None for a cell on one host (every variable unset)."""
-        environ = os.environ if environ is None else environ
+        if environ is None:
+            environ = os.environ
         try:
             if int(environ.get(HOSTS_ENV, "1") or "1") <= 1:
                 return None
@@ -118,6 +124,11 @@ class AgentLink:
         except (OSError, ValueError):
             return False
 
+    @overload
+    def request(self, message: object, expect: tuple[type[_Reply]], timeout_s: float) -> _Reply: ...
+    @overload
+    def request(self, message: object, expect: tuple[type[_Reply], type[_Other]], timeout_s: float
+                ) -> _Reply | _Other: ...
     def request(self, message: object, expect: tuple[type, ...], timeout_s: float) -> object:
         """Send, then the next reply of one of `expect` types; HostLostError when the host goes first."""
         while not self.replies.empty():  # an answer to an earlier request that came too late

@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from harness.ranks import lifecycle, tls
 from harness.ranks.failures import Died, DistributedError, failure_error, timeout_error
@@ -75,6 +75,15 @@ def pickle_call(world_size: int, fn: Callable[..., Any], args: tuple, device: st
         return pickle.dumps((fn, args))
     except Exception as error:
         raise TypeError(f"{caller} needs a module-level function and picklable arguments; {error}") from error
+
+
+class RankConnection(Protocol):
+    """A rank's connection to the launcher: a multiprocessing Connection on one host, a tls.Channel across hosts."""
+
+    def fileno(self) -> int: ...
+    def send_bytes(self, buf: bytes, /) -> None: ...
+    def recv_bytes(self) -> bytes: ...
+    def close(self) -> None: ...
 
 
 def handshake(sock: socket.socket, authkey: bytes, timeout_s: float) -> multiprocessing.connection.Connection | None:
@@ -135,6 +144,7 @@ class RankSet:
         self.unfit: list[str] = []  # what the last call left that a fresh rank would not have: retire the set
         self.workdir = Path(tempfile.mkdtemp(prefix="harness-pool-"))
         self._authkey = os.urandom(32)
+        self._address: str | tuple[str, int]  # a Unix socket's name on one host, (address, port) across hosts
         if placement is None:
             # The ranks meet through a FileStore in workdir (rank.rendezvous_store); MASTER_PORT is only for code
             # that builds a store of its own. Below the ephemeral range: a port the kernel hands out (bind to 0)
@@ -163,8 +173,8 @@ class RankSet:
         self._remote: dict[int, int] = {}  # rank -> its pid on its host (not host 0)
         self._server.listen(world_size)
         self.pids: list[int | None] = [None] * world_size
-        self._processes: list[multiprocessing.Process | None] = [None] * world_size  # spawned ranks
-        self._connections: list[multiprocessing.connection.Connection | None] = [None] * world_size
+        self._processes: list[multiprocessing.process.BaseProcess | None] = [None] * world_size  # spawned ranks
+        self._connections: list[RankConnection | None] = [None] * world_size
         self._exit_code_of: Callable[[int, float], int | None] | None = None  # forked ranks: the zygote's
 
     def specs(self) -> list[RankSpec]:
@@ -217,24 +227,25 @@ class RankSet:
         self._server.close()
         self._gather(deadline, timeout_s)
 
-    def _admit(self, sock: socket.socket, timeout_s: float) -> tuple[int, Any] | None:
+    def _admit(self, sock: socket.socket, timeout_s: float) -> tuple[int, RankConnection] | None:
         """One of our ranks and its connection, once it proved itself and said which rank it is; None for any
         other peer. On one host: the Unix socket's uid check and challenge, then Hello. Across hosts: mutual TLS
         and a small Hello, both within `timeout_s`."""
+        connection: RankConnection
         if self.placement is None:
-            connection = handshake(sock, self._authkey, timeout_s)
-            if connection is None:
+            plain = handshake(sock, self._authkey, timeout_s)
+            if plain is None:
                 return None
-            hello = pickle.loads(connection.recv_bytes())
+            connection, hello = plain, pickle.loads(plain.recv_bytes())
         else:
             deadline = time.monotonic() + timeout_s
-            connection = tls.accept(sock, self._context, deadline)
-            if connection is None:
+            channel = tls.accept(sock, self._context, deadline)
+            if channel is None:
                 return None
             try:
-                hello = pickle.loads(connection.recv_bytes(HELLO_MAX_BYTES, deadline))
+                connection, hello = channel, pickle.loads(channel.recv_bytes(HELLO_MAX_BYTES, deadline))
             except Exception:  # EOF, a timeout, a message too large: not a rank of ours after all
-                connection.close()
+                channel.close()
                 return None
         if not isinstance(hello, Hello) or not 0 <= hello.rank < self.world_size:
             connection.close()
@@ -270,12 +281,16 @@ class RankSet:
             raise
         except BaseException as error:  # pytest-timeout or Ctrl-C cut the wait short: what the ranks wrote goes along
             with contextlib.suppress(Exception):
-                error.rank_outputs = self.outputs(list(range(self.world_size)))
+                # A DistributedError declares the attribute; any other exception (a timeout, Ctrl-C) gets it here.
+                error.rank_outputs = self.outputs(list(range(self.world_size)))  # type: ignore[attr-defined]
             raise
 
     def _send_all(self, message: bytes) -> bool:
         sent = True
         for connection in self._connections:
+            if connection is None:  # never connected, or closed by kill(): as a rank that is gone
+                sent = False
+                continue
             try:
                 connection.send_bytes(message)
             except OSError:
@@ -334,8 +349,9 @@ class RankSet:
         ranks = [rank for rank in ranks if rank not in remote]
         found = self._ask_agents(remote, signal_first=True).stacks
         for rank in ranks:
-            if self.pids[rank] is not None:
-                lifecycle.signal_group(self.pids[rank], signal.SIGUSR1)
+            pid = self.pids[rank]
+            if pid is not None:
+                lifecycle.signal_group(pid, signal.SIGUSR1)
         grace_end = time.monotonic() + STACK_DUMP_GRACE_S
         sizes: dict[int, int] = {}
         while ranks and time.monotonic() < grace_end:
@@ -385,6 +401,7 @@ class RankSet:
 
     def _died(self, rank: int, wait_s: float) -> Died:
         if rank in self._remote:
+            assert self.placement is not None  # ranks on other hosts (adopt_remote) exist only with a placement
             host = self.placement.host_of(rank)
             left = self._ask_agents({rank: self._remote[rank]}, signal_first=False)
             return Died(exit_code=self.placement.hub.exit_code(host, self._remote[rank], wait_s),
@@ -394,8 +411,8 @@ class RankSet:
         if process is not None:
             process.join(wait_s)
             exit_code = process.exitcode
-        elif self.pids[rank] is not None and self._exit_code_of is not None:
-            exit_code = self._exit_code_of(self.pids[rank], wait_s)
+        elif (pid := self.pids[rank]) is not None and self._exit_code_of is not None:
+            exit_code = self._exit_code_of(pid, wait_s)
         return Died(exit_code=exit_code, last_stack=self._read_stack(rank), output=self.outputs([rank]).get(rank))
 
     def kill(self) -> None:

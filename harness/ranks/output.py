@@ -88,7 +88,8 @@ class CallCapture:
         _libc()  # loaded now, not inside the first call
         # Line-buffered: what a rank printed before it hung or crashed is in its file, not lost in its buffer.
         with contextlib.suppress(AttributeError, ValueError, OSError):
-            sys.stdout.reconfigure(line_buffering=True)
+            # TextIO declares no reconfigure; a stdout without it (replaced by a test) is the AttributeError above.
+            sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
 
     def start(self) -> None:
         flush_streams()
@@ -109,6 +110,8 @@ class CallCapture:
 def flush_streams() -> None:
     """Python's buffered streams (the call's own sys.stdout too, if it replaced it) and C's stdio buffers."""
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        if stream is None:  # sys.__stdout__ and sys.__stderr__ where the interpreter started without them
+            continue
         with contextlib.suppress(Exception):  # closed, or not a stream at all
             stream.flush()
     libc = _libc()
@@ -129,7 +132,7 @@ def _libc() -> ctypes.CDLL | None:
 
 def read_output(paths: tuple[Path, Path], limit: int = RANK_OUTPUT_BYTES) -> RankOutput:
     """A rank's two files, together at most `limit` bytes; never more than that is read, however large they are."""
-    stdout_limit, stderr_limit = stream_limits(tuple(_size(path) for path in paths), limit)
+    stdout_limit, stderr_limit = stream_limits((_size(paths[0]), _size(paths[1])), limit)
     return RankOutput(stdout=_read_head_and_tail(paths[0], stdout_limit),
                       stderr=_read_head_and_tail(paths[1], stderr_limit))
 

@@ -95,11 +95,13 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     capture = sections.output_capture(config)
     if mode is None:
-        config.stash[LAUNCHER_KEY] = functools.partial(run_distributed, capture=capture)
+        spawning: Launcher = functools.partial(run_distributed, capture=capture)
+        config.stash[LAUNCHER_KEY] = spawning
         return
     launcher = PoolLauncher(fork=mode == "fork", capture=capture)
     config.stash[POOL_KEY] = launcher
-    config.stash[LAUNCHER_KEY] = launcher
+    pooled: Launcher = launcher
+    config.stash[LAUNCHER_KEY] = pooled
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -200,9 +202,10 @@ def available_ranks() -> tuple[int, str]:
     try:
         import torch
     except ImportError:
-        torch = None
-    if torch is not None and torch.cuda.is_available():
-        return torch.cuda.device_count(), RANK_UNIT_GPUS
+        pass  # no torch: CPU ranks, as without CUDA
+    else:
+        if torch.cuda.is_available():
+            return torch.cuda.device_count(), RANK_UNIT_GPUS
     value = os.environ.get(CPU_RANKS_ENV, "").strip()
     if not value:
         return DEFAULT_CPU_RANKS, RANK_UNIT_CPU

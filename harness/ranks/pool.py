@@ -291,9 +291,9 @@ class PoolLauncher:
         """Fork the pool's ranks from the zygote; False when they must be spawned instead."""
         deadline = time.monotonic() + BOOTSTRAP_TIMEOUT_S
         while self.fork and not self.fork_refused:
-            if self._zygote is None or not self._zygote.alive():
-                self._start_zygote()
             zygote = self._zygote
+            if zygote is None or not zygote.alive():
+                zygote = self._start_zygote()
             try:
                 modules = self._fn_modules if self._preload_level >= 1 else []
                 if pool.placement is None:
@@ -316,23 +316,24 @@ class PoolLauncher:
     def _fork_across_hosts(self, pool: RankSet, zygote: Zygote, modules: list[str], deadline: float) -> None:
         """Host 0's ranks from this host's zygote, every other host's from its agent."""
         placement, specs = pool.placement, pool.specs()
+        assert placement is not None  # only called for a pool across hosts
         remote = placement.remote_ranks()
-        self._hub.wait_agents(len(remote) + 1, deadline)
+        placement.hub.wait_agents(len(remote) + 1, deadline)
         local = [spec for spec in specs if placement.host_of(spec.rank) == 0]
-        pids: list[int | None] = list(zygote.fork(local, modules, deadline)) + [None] * (len(specs) - len(local))
+        pids = dict(zip((spec.rank for spec in local), zygote.fork(local, modules, deadline), strict=True))
         for host, ranks in remote.items():
-            forked = self._hub.fork(host, [specs[rank] for rank in ranks], modules, list(sys.path), deadline)
+            forked = placement.hub.fork(host, [specs[rank] for rank in ranks], modules, list(sys.path), deadline)
             pool.adopt_remote(dict(zip(ranks, forked, strict=True)))
-            for rank, pid in zip(ranks, forked, strict=True):
-                pids[rank] = pid
-        pool.adopt(pids, zygote.exit_code)
+            pids.update(zip(ranks, forked, strict=True))
+        pool.adopt([pids[rank] for rank in range(len(specs))], zygote.exit_code)
 
-    def _start_zygote(self) -> None:
+    def _start_zygote(self) -> Zygote:
         self._retire_zygote()
-        self._zygote = Zygote(log=self.capture.log if self.capture is not None else None,
-                              not_preloaded=self.not_preloaded)
+        zygote = self._zygote = Zygote(log=self.capture.log if self.capture is not None else None,
+                                       not_preloaded=self.not_preloaded)
         if self._preload_level >= 2 and self._rank_modules:
-            self._zygote.preload(list(self._rank_modules))
+            zygote.preload(list(self._rank_modules))
+        return zygote
 
     def _retire_zygote(self) -> None:
         """Stop forking from the zygote; it lives on while the ranks it forked (which die with it) serve."""

@@ -36,7 +36,7 @@ import warnings
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from harness.ranks import handover, lifecycle, tls
 from harness.ranks.hostenv import for_host
@@ -98,6 +98,7 @@ def serve(spec: RankSpec) -> None:
     _send(connection, Hello(rank))
     if failure is not None:
         _fail_and_exit(connection, failure)
+    assert state is not None  # set whenever failure is not: a rank whose state failed exited above
     _send(connection, Ready())
     unfit: list[str] = []  # why this rank is not as a fresh one after its last call
     while True:
@@ -143,6 +144,7 @@ def _outcome(state: RankState, payload: bytes, capture: CallCapture | None) -> b
     if capture is not None:
         capture.start()
     started = time.perf_counter()
+    outcome: Done | Failed
     try:
         outcome = state.call(payload)
     except BaseException as error:
@@ -162,7 +164,7 @@ def _send(connection: multiprocessing.connection.Connection | tls.Channel, messa
     connection.send_bytes(pickle.dumps(message))
 
 
-def _fail_and_exit(connection: multiprocessing.connection.Connection | tls.Channel, failure: Failed) -> None:
+def _fail_and_exit(connection: multiprocessing.connection.Connection | tls.Channel, failure: Failed) -> NoReturn:
     """Report, then exit at once: interpreter teardown could wait on a collective a peer never joins."""
     with contextlib.suppress(OSError):
         _send(connection, failure)
@@ -417,5 +419,5 @@ def _suite_modules(fn: Callable[..., Any]) -> Iterable[Any]:
     if any(folder == root or folder.startswith(root + os.sep) for root in installed):
         return []
     return [loaded for loaded in list(sys.modules.values())
-            if isinstance(getattr(loaded, "__file__", None), str)
-            and os.path.abspath(loaded.__file__).startswith(folder + os.sep)]
+            if isinstance(file := getattr(loaded, "__file__", None), str)
+            and os.path.abspath(file).startswith(folder + os.sep)]

@@ -79,13 +79,18 @@ def torch_settings(torch: Any) -> list[Setting]:
         Setting("torch function modes entered", torch._C._len_torch_function_stack, None),
     ]
     for device in AUTOCAST_DEVICES:
-        settings += [
-            Setting(f"{device} autocast", lambda d=device: torch.is_autocast_enabled(d),
-                    lambda value, d=device: torch.set_autocast_enabled(d, value)),
-            Setting(f"{device} autocast dtype", lambda d=device: str(torch.get_autocast_dtype(d)),
-                    lambda value, d=device: torch.set_autocast_dtype(d, getattr(torch, value.removeprefix("torch.")))),
-        ]
+        settings += _autocast_settings(torch, device)
     return settings
+
+
+def _autocast_settings(torch: Any, device: str) -> list[Setting]:
+    """Autocast's switch and dtype on `device` (each closure holds its own device)."""
+    return [
+        Setting(f"{device} autocast", lambda: torch.is_autocast_enabled(device),
+                lambda value: torch.set_autocast_enabled(device, value)),
+        Setting(f"{device} autocast dtype", lambda: str(torch.get_autocast_dtype(device)),
+                lambda value: torch.set_autocast_dtype(device, getattr(torch, value.removeprefix("torch.")))),
+    ]
 
 
 def _flushes_denormals(torch: Any) -> bool:
@@ -130,8 +135,8 @@ class SuiteSnapshot:
             for key, value in saved.items():
                 if namespace.get(key, _MISSING) is not value:
                     namespace[key] = value
-        for (module, name), contents in self.contents.items():
-            _refill(self.bindings[module][name], contents)
+        for (module_name, name), contents in self.contents.items():
+            _refill(self.bindings[module_name][name], contents)
 
 
 def _is_container(value: Any) -> bool:

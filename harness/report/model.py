@@ -222,8 +222,8 @@ class Coverage:
     def of(cls, cell: CellResult) -> Coverage:
         declared = cell.suite.ep_families_declared or ()
         ran = set(cell.ran_families)
-        not_built = {test.family: test.not_built for test in cell.tests
-                     if test.family and case_class(test) == CASE_NOT_BUILT}
+        not_built = {test.family: test.not_built for test in cell.tests  # a not-built case says why
+                     if test.family and test.not_built is not None and case_class(test) == CASE_NOT_BUILT}
         return cls(cell_id=cell.id, covered=tuple(name for name in declared if name in ran), declared=declared,
                    transformers=cell.suite.transformers_version, reasons=cell.suite.ep_families_not_covered,
                    runnable=cell.suite.ep_families_covered or (), not_built=tuple(sorted(not_built.items())))

@@ -292,7 +292,11 @@ def loss_plot(curve: TrainingCurve) -> Plot | None:
                           title=f"resumed from its checkpoint after step {curve.resumed_at}"))
     dots = []
     for kind, index in (("whole", 2), ("sharded", 1)):  # the sharded run drawn last, over the whole one
-        series = [(point[0], point[index]) for point in points if point[index] is not None]
+        series: list[tuple[int, float]] = []
+        for point in points:
+            loss = point[index]
+            if loss is not None:
+                series.append((point[0], loss))
         for (step, value), (next_step, next_value) in itertools.pairwise(series):
             rules.append(Rule(x1=x_of(step), y1=y_of(value), x2=x_of(next_step), y2=y_of(next_value), kind=kind))
         dots += [Dot(x=x_of(step), y=y_of(value), kind=kind, title=f"step {step}: {kind} loss {value:.9g}")

@@ -9,7 +9,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from harness.results import CellStatus, Outcome, ResultSet
+from harness.results import CellStatus, Outcome, ResultSet, TestResult
 from harness.results.triage import Triage, label_of, triage
 
 
@@ -46,7 +46,7 @@ def classify_reds(results: ResultSet, baseline: ResultSet) -> Mapping[RedKey, Cl
     classes: dict[RedKey, ClassifiedRed] = {}
     for cell in results.cells:
         reds = [test for test in cell.tests if test.outcome.is_failing or test.outcome is Outcome.FLAKY]
-        keys = [((cell.id, test.test_id), test) for test in reds]
+        keys: list[tuple[RedKey, TestResult | None]] = [((cell.id, test.test_id), test) for test in reds]
         if cell.status is CellStatus.ERRORED and not cell.failing_tests:
             keys.append(((cell.id, None), None))
         for key, test in keys:

@@ -273,8 +273,8 @@ def nightly_regressions(
             continue
         # No tests the night before (a new or errored cell): every failure tonight is new.
         no_result = before is None or not before.tests
-        failing = {test_key(red.test.test_id): red.test.outcome.value for red in reds
-                   if case_class(red.test) == CASE_NEW_RED}
+        failing = {test_key(red.test.test_id): red.test.outcome.value for red in reds  # every red has a test here
+                   if red.test is not None and case_class(red.test) == CASE_NEW_RED}
         found.extend(
             Regression(cell_id=cell.id, kind="failing", test_id=test_id, text=failing[test_id],
                        no_result_before=no_result)

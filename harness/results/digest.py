@@ -20,7 +20,7 @@ from harness.errors import ConfigError
 from harness.results.model import CellResult, CellStatus, Counts, Outcome, ResultSet
 from harness.results.reader import load_results
 from harness.results.training import TrainingCurve
-from harness.results.values import capped, finite
+from harness.results.values import Number, capped, finite
 
 DIGEST_TAG = "harness-digest v1"
 CELL_ID_CHARS = 120  # cell ids are ~40 characters; anything longer is cut, keyed by its hash
@@ -65,14 +65,14 @@ def test_key(test_id: str) -> str:
     return capped(test_id, TEST_ID_CHARS)
 
 
-test_key.__test__ = False  # pytest: not a test
+test_key.__test__ = False  # type: ignore[attr-defined]  # pytest: not a test (functions take any attribute)
 
 
 def _text(value: str | None, limit: int) -> str | None:
     return None if value is None else value[:limit]
 
 
-def _whole_mib(value: object) -> float | None:
+def _whole_mib(value: Number | None) -> float | None:
     value = finite(value)
     return None if value is None else float(round(value))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import NoReturn
 from xml.parsers import expat
 
 from harness.contract import JUNIT_BYTES, JUNIT_XML
@@ -51,7 +52,7 @@ def guarded_parser() -> expat.XMLParserType:
     parser = expat.ParserCreate()
     parser.buffer_text = True
 
-    def refuse(*_: object) -> None:
+    def refuse(*_: object) -> NoReturn:
         raise RefusedMarkup("a DOCTYPE or entity declaration (results never declare one)")
 
     parser.StartDoctypeDeclHandler = refuse
@@ -201,7 +202,7 @@ def attempts_time(entries: list[ET.Element]) -> float:
     if len(entries) == 1:  # the common test, run once
         return finite(number(entries[0].get("time"))) or 0.0
     times = [finite(number(entry.get("time"))) for entry in entries]
-    return number(sum(time for time in times if time is not None)) or 0.0
+    return finite(number(sum(time for time in times if time is not None))) or 0.0
 
 
 def _test_result(test_id: str, entries: list[ET.Element]) -> TestResult:

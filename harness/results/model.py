@@ -286,7 +286,7 @@ def _reasons(value: str | None) -> tuple[tuple[str, str], ...]:
 class _Tally:
     """A count per kind, its fields all ints: their total, and the sum of two (a run's, from its cells')."""
 
-    __slots__ = ()
+    __slots__: tuple[str, ...] = ()
 
     @property
     def total(self) -> int:

@@ -6,6 +6,7 @@ import datetime
 import re
 import shlex
 from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from harness.contract import EMBEDDED_MATRIX, ENV_JSON, MEMORY_JSON
 from harness.results.files import ID_CHARS
@@ -93,13 +94,15 @@ def read_memory(document: Mapping[str, object], problems: list[Problem]) -> tupl
         )
     return tuple(sorted(gpus, key=lambda gpu: gpu.index)), None if gpus else "memory.json lists no GPUs"
 
+_Value = TypeVar("_Value")  # what Fields._get accepts
+
 
 class Fields:
     """Typed reads from one JSON object; a value of the wrong type is a Problem and reads as None."""
 
     def __init__(self, source: str, document: object, problems: list[Problem]):
         self.source = source
-        self.document = document if isinstance(document, Mapping) else {}
+        self.document: Mapping[Any, object] = document if isinstance(document, Mapping) else {}
         self.problems = problems
         if not isinstance(document, Mapping):
             self._wrong("", document, "an object")
@@ -108,7 +111,7 @@ class Fields:
         where = f"key {key!r:.80}" if key else "value"
         self.problems.append(Problem(self.source, f"{where} is {_short_repr(value)}, expected {expected}"))
 
-    def _get(self, key: str, types: tuple[type, ...], expected: str) -> object:
+    def _get(self, key: str, types: tuple[type[_Value], ...], expected: str) -> _Value | None:
         value = self.document.get(key)
         if value is None:
             return None

@@ -130,6 +130,7 @@ def training_trends(result_set: ResultSet, baseline: Digest) -> TrainingTrends |
                                                     why=NO_TESTS_BEFORE if cell.tests else NO_TESTS_TONIGHT))
             continue
         for case_key, test in cases.items():
+            assert test.training is not None  # _cases keeps the tests with a curve
             before = curves_before.get(case_key)
             if before is None:
                 trends.append(TrainingTrend(cell_id=cell.id, test_id=test.test_id, before=None,
@@ -161,6 +162,7 @@ def _cases(tests: tuple[TestResult, ...]) -> dict[str, TestResult]:
 
 
 def _trend(cell_id: str, test: TestResult, curve_before: TrainingCurve) -> TrainingTrend:
+    assert test.training is not None  # a case of _cases
     before, after = FinalStep.of(curve_before), FinalStep.of(test.training)
     threshold = threshold_of(test)
     moved = []

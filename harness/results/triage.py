@@ -169,7 +169,8 @@ def triage(tonight: ResultSet, baseline: ResultSet | None) -> list[Red]:
         verdict = classify_test(test, cell)
         cause, good, bad = verdict.cause, None, None
         if verdict.triage is Triage.REAL:
-            if new.was is Outcome.PASSED and versions_of(before) != versions_of(cell):
+            # A result the night before (new.was) means a cell the night before.
+            if new.was is Outcome.PASSED and before is not None and versions_of(before) != versions_of(cell):
                 good, bad = versions_of(before), versions_of(cell)
             elif new.was is Outcome.PASSED:
                 cause = f"{cause}; same torch and transformers as the night before: a change in this repository"
@@ -187,22 +188,24 @@ def bisect_plan(
     """One bisect job per cell with real failures: `strategy.matrix.include` entries. `labels`: each GPU type's
     runner labels (runners.yaml, which the command reads); `gpu_of`: each cell's GPU type. A red has versions to
     bisect between only where `triage` found it real, so no case fixed upstream, known or not built is planned."""
-    jobs: dict[str, tuple[Red, list[str | None]]] = {}
+    # Per cell: its first red, that red's versions, and the tests to bisect.
+    jobs: dict[str, tuple[Red, Mapping[str, str], Mapping[str, str], list[str | None]]] = {}
     for red in reds:
-        if red.good is None or red.bad is None:
+        good, bad = red.good, red.bad
+        if good is None or bad is None:
             continue
         # None: the whole cell errored (a hang): the bisect runs its suite
-        jobs.setdefault(red.cell_id, (red, []))[1].append(red.test_id)
+        jobs.setdefault(red.cell_id, (red, good, bad, []))[3].append(red.test_id)
     return [
         BisectJob(
             cell=first.cell_id,
             runs_on=list(labels.get(gpu_of[first.cell_id], ())),
-            good=",".join(f"{k}={v}" for k, v in sorted(first.good.items())),
-            bad=",".join(f"{k}={v}" for k, v in sorted(first.bad.items())),
+            good=",".join(f"{k}={v}" for k, v in sorted(good.items())),
+            bad=",".join(f"{k}={v}" for k, v in sorted(bad.items())),
             # A JSON list, never words: a test id may hold spaces (`test[a b]`), and the job reads it NUL-separated.
             tests=json.dumps([] if None in tests else tests),
         )
-        for first, tests in jobs.values()
+        for first, good, bad, tests in jobs.values()
     ]
 
 
@@ -249,7 +252,7 @@ def triage_record(tonight: ResultSet, baseline: ResultSet | None, reds: Sequence
 def case_records(tonight: ResultSet, case: str) -> list[CaseRecord]:
     """Tonight's cases of one class (contract.CASE_*), cell by cell in id order, each with the releases it ran on: a
     fixed-upstream case names the entries to close, a not-built one why it was not built."""
-    rows = []
+    rows: list[CaseRecord] = []
     for cell in sorted(tonight.cells, key=lambda found: natural_key(found.id)):
         versions = {package: release for package in RELEASE_PACKAGES if (release := cell.installed(package))}
         rows.extend(

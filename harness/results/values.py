@@ -6,6 +6,7 @@ import datetime
 import hashlib
 import math
 from dataclasses import dataclass
+from typing import overload
 
 # Magnitudes outside this range are shown, never computed with: a log scale, round() or a sum of them
 # overflows or underflows (5e-324 on a log axis, 1e308 summed).
@@ -90,6 +91,10 @@ def capped(text: str, limit: int) -> str:
     return f"{text[: limit - 14]}…~{digest}"
 
 
+@overload
+def clean_text(value: str, limit: int = ...) -> str: ...
+@overload
+def clean_text(value: str | None, limit: int = ...) -> str | None: ...
 def clean_text(value: str | None, limit: int = TEXT_CHARS) -> str | None:
     """Capped, and valid UTF-8: a lone surrogate (from a JSON escape, or a name that is not UTF-8) becomes
     "?", as it would stop any rendering from being written."""

@@ -92,10 +92,11 @@ def keep_aside(results_root: Path, cell_ids: Iterable[str], pytest_args: list[st
         made_kept_root = _make_folder(root_fd, KEPT_FOLDER, kept_root, results_option)
         with _opened(KEPT_FOLDER, root_fd, kept_root, results_option) as kept_fd:
             stamp = _new_stamp_folder(kept_fd, run_started(results_root, names), kept_root, results_option)
-            kept = KeptRun(results_root=results_root, folder=kept_root / stamp, names=tuple(names),
+            kept_folder = kept_root / stamp
+            kept = KeptRun(results_root=results_root, folder=kept_folder, names=tuple(names),
                            made_kept_root=made_kept_root)
             try:
-                with _opened(stamp, kept_fd, kept.folder, results_option) as stamp_fd:
+                with _opened(stamp, kept_fd, kept_folder, results_option) as stamp_fd:
                     _move_all(names, root_fd, stamp_fd, kept, results_option)
             except ConfigError:  # nothing moved: the folders made for it go again (rmdir: only when empty)
                 with contextlib.suppress(OSError):
@@ -104,11 +105,11 @@ def keep_aside(results_root: Path, cell_ids: Iterable[str], pytest_args: list[st
                     with contextlib.suppress(OSError):
                         os.rmdir(KEPT_FOLDER, dir_fd=root_fd)
                 raise
-    say(f"kept {_count(names)} of an earlier run aside in {kept.folder}/: {_shown(names)} (a results folder holds "
+    say(f"kept {_count(names)} of an earlier run aside in {kept_folder}/: {_shown(names)} (a results folder holds "
         f"one run; rm -r {kept_root} removes every kept run)")
     for cell_id in full_runs:
         say(f"{cell_id}: this run of pytest {' '.join(pytest_args)} takes the place of its full results, kept in "
-            f"{kept.folder / cell_id}")
+            f"{kept_folder / cell_id}")
     return kept
 
 

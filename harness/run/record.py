@@ -67,8 +67,8 @@ def record(executed: Executed, log: Callable[[str], None]) -> CellOutcome:
             else:
                 status, error, kind = classify(cell, ran.exit_code, ran.timed_out, folder / JUNIT_XML)
                 env = dataclasses.replace(env, status=status, error=error, error_kind=kind)
-    except BaseException as error:  # interrupted, or harness failed, while classifying: recorded, then raised
-        raised = error
+    except BaseException as failure:  # interrupted, or harness failed, while classifying: recorded, then raised
+        raised = failure
     if isinstance(raised, Interrupted):
         error = raised.words() if raised.unattributed else str(raised)
         if env.job_id:  # an engine's job: harness cancelled it on the way out
@@ -80,14 +80,15 @@ def record(executed: Executed, log: Callable[[str], None]) -> CellOutcome:
                                   error_kind=contract.ERROR_HARNESS)
     env = _signalled_by_the_cell(env, from_the_cell)
     ended = time.time()
-    env = dataclasses.replace(env, end=iso(ended), duration_s=round(ended - prepared.started, 3))
+    duration_s = round(ended - prepared.started, 3)
+    env = dataclasses.replace(env, end=iso(ended), duration_s=duration_s)
     memory.write_memory_json(folder / MEMORY_JSON, executed.memory)
     write_env_json(folder, env)
     if raised is not None:
         raise raised
     if env.error:
         log(f"   {cell.id}: {env.status}: {env.error}")
-    return CellOutcome(cell=cell, folder=folder, status=env.status, error=env.error, duration_s=env.duration_s)
+    return CellOutcome(cell=cell, folder=folder, status=env.status, error=env.error, duration_s=duration_s)
 
 
 def _signalled_by_the_cell(env: EnvRecord, signals: list[CellSignal]) -> EnvRecord:
@@ -120,7 +121,8 @@ def classify(cell: Cell, exit_code: int | None, timed_out: bool,
         return (STATUS_NOT_RUN if nothing_distributed_ran(read_junit_tests(junit)) else STATUS_PASSED), None, None
     if exit_code == 1:
         return STATUS_FAILED, None, None
-    words, kind = PYTEST_EXITS.get(exit_code, ("unexpected exit", contract.ERROR_PYTEST))
+    unexpected = ("unexpected exit", contract.ERROR_PYTEST)  # an exit code not known, or none at all
+    words, kind = unexpected if exit_code is None else PYTEST_EXITS.get(exit_code, unexpected)
     if exit_code == 2 and _collection_failed(junit):
         words, kind = "errors during collection", contract.ERROR_COLLECTION
     return STATUS_ERRORED, f"pytest exited {exit_code} ({words}); see pytest.log", kind

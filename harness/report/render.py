@@ -127,8 +127,9 @@ def _render_format(report: Report, fmt: str, *, color: bool = False) -> str:
     if fmt == "summary":
         return _fit(lambda limits, shortened: _render("summary.md.j2", report, limits, shortened=shortened),
                     SUMMARY_LADDER, _utf8_length, SUMMARY_LIMIT_BYTES, unit="bytes")
-    if fmt == "terminal":
-        return _render("terminal.txt.j2", report, TERMINAL_LIMITS, table=terminal_table(report.cells), color=color)
+    if fmt == "terminal":  # the verdict last, where a terminal leaves it in view; no blank lines on top
+        return _render("terminal.txt.j2", report, TERMINAL_LIMITS, table=terminal_table(report.cells),
+                       color=color).lstrip("\n")
     return _render("report.html.j2", report, HTML_LIMITS, plots=html_plots(report), loss_plot=loss_plot)
 
 

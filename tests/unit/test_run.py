@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import textwrap
 from pathlib import Path
@@ -100,6 +101,24 @@ def test_a_one_rank_cell_that_ran_nothing_distributed_is_not_run_and_not_green(t
     text = comment.read_text()
     assert "⏸️ **nothing distributed ran in the only cell**" in text and "passed**" not in text
     assert "nothing distributed ran: 2 cases need 2-4 ranks, this host has 1" in text
+
+
+def test_the_terminal_ends_with_the_cells_table_and_the_verdict(tmp_path, capsys):
+    """pytest's output scrolls up; what stays in view is harness's last lines: the reasons cases were not run
+    come before the table, and under it the verdict, the cases by class, the cost, then where the results are."""
+    matrix = write_matrix(tmp_path, "distributed", ranks=1)
+    assert run(tmp_path, matrix, "--", "--no-ranks-pool") == harness.run.command.EXIT_NOT_RUN
+    lines = capsys.readouterr().out.splitlines()
+    folder = cell_folder(tmp_path / "results", ranks=1)
+    header = next(index for index, line in enumerate(lines) if line.split()[:2] == ["pass", "fail"])
+    assert lines.index("not run:") < lines.index("what the hosts could not run:") < header
+    assert lines[header + 1:header + 4] == [f"NOT RUN {folder.name}", lines[header + 2], ""]
+    verdict, *classes, cost, blank, results, render = lines[header + 4:]
+    assert verdict.startswith("harness: nothing distributed ran in the only cell")
+    assert re.fullmatch(r"\d+ cases: 0 new red · .* passed", " ".join(line.strip() for line in classes))
+    assert cost.startswith("1 cell") and blank == ""
+    assert results == f"results: {tmp_path / 'results'}"
+    assert render.startswith("render:  ") and render.endswith(" -o harness-report.html")
 
 
 @pytest.mark.parametrize(("statuses", "code"), [

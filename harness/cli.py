@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 import traceback
 
 from harness import __version__
-from harness.errors import FatalError
+from harness.errors import FatalError, run_exit_statuses
 
 FORMATS_MATRIX = ("ids", "json", "github")
 FORMATS_REPORT = ("pr-comment", "summary", "terminal", "html")
@@ -40,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     matrix.add_argument("--check", action="store_true",
                         help="also check that every pinned torch and transformers version is on the package index")
 
-    run = commands.add_parser("run", help="run the suite for each selected cell that fits this machine")
+    run = commands.add_parser("run", help="run the suite for each selected cell that fits this machine",
+                              epilog=exit_statuses_epilog(run_exit_statuses()),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("--matrix", metavar="NAME_OR_PATH",
                      help="matrix to run (default: the embedded default for this machine)")
     run.add_argument("--cell", action="append", metavar="GLOB", help="keep only matching cells; repeatable")
@@ -95,10 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "link comes from GITHUB_SERVER_URL, GITHUB_REPOSITORY and GITHUB_RUN_ID)")
 
     init = commands.add_parser("init", help="write a starter matrices/ and the workflow callers into this repository")
-    init.add_argument("--uses", required=True, metavar="OWNER/NAME@REF",
-                      help="the harness repository whose reusable gpu-tests.yml the callers use, at a commit or tag")
+    init.add_argument("--uses", required=True, metavar="OWNER/NAME@SHA",
+                      help="the harness repository whose reusable gpu-tests.yml the callers use, at a full "
+                           "40-character commit sha (a tag or branch can be moved to other code: refused)")
     init.add_argument("--harness", metavar="REQUIREMENT",
-                      help="what the workflows pip-install as harness (default git+https://github.com/OWNER/NAME@REF)")
+                      help="what the workflows pip-install as harness (default git+https://github.com/OWNER/NAME@SHA)")
     init.add_argument("--force", action="store_true", help="overwrite files that exist")
 
     bisect = commands.add_parser("bisect", help="find the release (or commit) of torch or transformers that "
@@ -247,6 +251,16 @@ def build_parser() -> argparse.ArgumentParser:
     nightly.add_argument("--memory-mib", type=float, default=64.0, metavar="MIB",
                          help="... and above MIB MiB")
     return parser
+
+
+def exit_statuses_epilog(statuses: list[tuple[str, str]]) -> str:
+    """A command's exit statuses as its --help ends with them, each meaning wrapped beside its status."""
+    width = max(len(status) for status, _ in statuses) + 2
+    lines = ["exit status:"]
+    for status, meaning in statuses:
+        lines += textwrap.wrap(meaning, width=78, initial_indent=f"  {status:<{width}}",
+                               subsequent_indent=" " * (2 + width), break_on_hyphens=False)
+    return "\n".join(lines)
 
 
 def dispatch(args: argparse.Namespace) -> int:

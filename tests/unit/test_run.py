@@ -18,7 +18,7 @@ import harness.run.command
 import harness.run.plan
 import harness.run.prepare
 import harness.run.record
-from harness import contract
+from harness import contract, errors
 from harness.cli import main
 from harness.plan.matrix import load_matrix
 
@@ -130,6 +130,21 @@ def test_the_terminal_ends_with_the_cells_table_and_the_verdict(tmp_path, capsys
 ])
 def test_exit_status_is_1_for_red_and_its_own_code_for_not_run(statuses, code):
     assert harness.run.command.exit_status(statuses) == code
+
+
+def test_run_help_ends_with_every_exit_status_the_code_gives(capsys):
+    """The epilog is rendered from harness.errors, so it cannot drift from what harness run returns."""
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    help_text = capsys.readouterr().out
+    listed = " ".join(help_text[help_text.index("\nexit status:\n"):].split())
+    statuses = errors.run_exit_statuses()
+    assert all(f"{status} {' '.join(meaning.split())}" in listed for status, meaning in statuses)
+    codes = [status for status, _ in statuses]
+    returned = {harness.run.command.exit_status(each) for each in (["passed"], ["failed"], ["passed", "not_run"])}
+    assert {str(code) for code in returned} | {str(errors.ConfigError.return_code),
+                                               str(errors.HostMismatchError.return_code)} <= set(codes)
+    assert "bad input" in listed and "128+N stopped by signal N" in listed
 
 
 JUNIT_CASE = ('<?xml version="1.0"?><testsuites><testsuite name="pytest"><testcase classname="t" name="test_{0}">'

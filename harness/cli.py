@@ -10,6 +10,7 @@ import traceback
 
 from harness import __version__
 from harness.errors import FatalError, run_exit_statuses
+from harness.project import DEFAULT_RESULTS
 
 FORMATS_MATRIX = ("ids", "json", "github")
 FORMATS_REPORT = ("pr-comment", "summary", "terminal", "html")
@@ -52,8 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--in-pack", action="store_true",
                      help="(what harness run starts for each cell of a pack) one of several cells running at once: "
                           "the results folder's other cells are its neighbours', left alone")
-    run.add_argument("--results", default="results", metavar="DIR",
-                     help="where cell folders go; relative to the project root (default results)")
+    run.add_argument("--results", default=DEFAULT_RESULTS, metavar="DIR",
+                     help=f"where cell folders go; relative to the project root (default {DEFAULT_RESULTS})")
     run.add_argument("--env-dir", metavar="DIR",
                      help="cache of per-cell environments (default $HARNESS_ENV_DIR or ~/.cache/harness/envs)")
     run.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
@@ -82,7 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     host.add_argument("host_command", nargs=argparse.REMAINDER, metavar="-- PYTEST_COMMAND")
 
     report = commands.add_parser("report", help="render results folders as a PR comment, summary, table or HTML")
-    report.add_argument("results", nargs="+", metavar="RESULTS", help="cell folders, or folders holding them")
+    report.add_argument("results", nargs="*", metavar="RESULTS",
+                        help="cell folders, or folders holding them; relative to the project root, as run's "
+                             f"--results (default {DEFAULT_RESULTS}, where harness run writes them)")
     report.add_argument("--baseline", metavar="RESULTS_OR_DIGEST",
                         help="previous results folder, or a file holding a previous comment's digest")
     report.add_argument("--format", choices=FORMATS_REPORT,

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 import traceback
 
 from harness import __version__
-from harness.errors import FatalError
+from harness.errors import FatalError, run_exit_statuses
+from harness.project import DEFAULT_RESULTS
 
 FORMATS_MATRIX = ("ids", "json", "github")
 FORMATS_REPORT = ("pr-comment", "summary", "terminal", "html")
@@ -40,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     matrix.add_argument("--check", action="store_true",
                         help="also check that every pinned torch and transformers version is on the package index")
 
-    run = commands.add_parser("run", help="run the suite for each selected cell that fits this machine")
+    run = commands.add_parser("run", help="run the suite for each selected cell that fits this machine",
+                              epilog=exit_statuses_epilog(run_exit_statuses()),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("--matrix", metavar="NAME_OR_PATH",
                      help="matrix to run (default: the embedded default for this machine)")
     run.add_argument("--cell", action="append", metavar="GLOB", help="keep only matching cells; repeatable")
@@ -49,8 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--in-pack", action="store_true",
                      help="(what harness run starts for each cell of a pack) one of several cells running at once: "
                           "the results folder's other cells are its neighbours', left alone")
-    run.add_argument("--results", default="results", metavar="DIR",
-                     help="where cell folders go; relative to the project root (default results)")
+    run.add_argument("--results", default=DEFAULT_RESULTS, metavar="DIR",
+                     help=f"where cell folders go; relative to the project root (default {DEFAULT_RESULTS})")
     run.add_argument("--env-dir", metavar="DIR",
                      help="cache of per-cell environments (default $HARNESS_ENV_DIR or ~/.cache/harness/envs)")
     run.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
@@ -79,7 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     host.add_argument("host_command", nargs=argparse.REMAINDER, metavar="-- PYTEST_COMMAND")
 
     report = commands.add_parser("report", help="render results folders as a PR comment, summary, table or HTML")
-    report.add_argument("results", nargs="+", metavar="RESULTS", help="cell folders, or folders holding them")
+    report.add_argument("results", nargs="*", metavar="RESULTS",
+                        help="cell folders, or folders holding them; relative to the project root, as run's "
+                             f"--results (default {DEFAULT_RESULTS}, where harness run writes them)")
     report.add_argument("--baseline", metavar="RESULTS_OR_DIGEST",
                         help="previous results folder, or a file holding a previous comment's digest")
     report.add_argument("--format", choices=FORMATS_REPORT,
@@ -95,10 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "link comes from GITHUB_SERVER_URL, GITHUB_REPOSITORY and GITHUB_RUN_ID)")
 
     init = commands.add_parser("init", help="write a starter matrices/ and the workflow callers into this repository")
-    init.add_argument("--uses", required=True, metavar="OWNER/NAME@REF",
-                      help="the harness repository whose reusable gpu-tests.yml the callers use, at a commit or tag")
+    init.add_argument("--uses", required=True, metavar="OWNER/NAME@SHA",
+                      help="the harness repository whose reusable gpu-tests.yml the callers use, at a full "
+                           "40-character commit sha (a tag or branch can be moved to other code: refused)")
     init.add_argument("--harness", metavar="REQUIREMENT",
-                      help="what the workflows pip-install as harness (default git+https://github.com/OWNER/NAME@REF)")
+                      help="what the workflows pip-install as harness (default git+https://github.com/OWNER/NAME@SHA)")
     init.add_argument("--force", action="store_true", help="overwrite files that exist")
 
     bisect = commands.add_parser("bisect", help="find the release (or commit) of torch or transformers that "
@@ -247,6 +254,16 @@ def build_parser() -> argparse.ArgumentParser:
     nightly.add_argument("--memory-mib", type=float, default=64.0, metavar="MIB",
                          help="... and above MIB MiB")
     return parser
+
+
+def exit_statuses_epilog(statuses: list[tuple[str, str]]) -> str:
+    """A command's exit statuses as its --help ends with them, each meaning wrapped beside its status."""
+    width = max(len(status) for status, _ in statuses) + 2
+    lines = ["exit status:"]
+    for status, meaning in statuses:
+        lines += textwrap.wrap(meaning, width=78, initial_indent=f"  {status:<{width}}",
+                               subsequent_indent=" " * (2 + width), break_on_hyphens=False)
+    return "\n".join(lines)
 
 
 def dispatch(args: argparse.Namespace) -> int:

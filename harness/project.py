@@ -1,9 +1,9 @@
 """Where things are: the repository harness runs in (the project root) and the data harness ships.
 
-Relative paths a user gives (a matrix file, ``--results``, a matrix's ``suite:`` and ``install:``) resolve
-against the project root, the git top level of the working directory or of the matrix file's repository,
-so harness does the same thing from any subfolder. The shipped matrices and report templates are package
-data read through importlib.resources, so an installed harness needs no checkout.
+Relative paths a user gives (a matrix file, ``--results`` and ``harness report``'s RESULTS, a matrix's
+``suite:`` and ``install:``) resolve against the project root, the git top level of the working directory or
+of the matrix file's repository, so harness does the same thing from any subfolder. The shipped matrices and
+report templates are package data read through importlib.resources, so an installed harness needs no checkout.
 """
 
 from __future__ import annotations
@@ -76,3 +76,13 @@ def resolve(path: str | Path, root: Path) -> Path:
     """An absolute path stays; a relative one is taken from the project root."""
     path = Path(path).expanduser()
     return path if path.is_absolute() else root / path
+
+
+DEFAULT_RESULTS = "results"
+
+
+def results_path(value: str | Path | None, root: Path | None = None) -> Path:
+    """A results folder as `harness run --results` writes it and `harness report` reads it: `results` when none
+    is given, a relative path taken from the project root (`root`, else the working directory's), so both
+    commands mean the same folder from any subfolder."""
+    return resolve(DEFAULT_RESULTS if value is None else value, root or project_root())

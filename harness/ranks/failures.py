@@ -25,6 +25,14 @@ class DistributedError(Exception):
         self.rank_outputs = rank_outputs or {}
 
 
+def hidden_from_a_failure(excinfo: Any) -> bool:
+    """`__tracebackhide__` of harness's frames between a test and its ranks (pytest calls it with the failure's
+    ExceptionInfo): a launch's error, a rank that raised or hung or a host lost, leads with the test's own line and
+    the rank's traceback in the message, not with the launcher's loop. Anything else (a bug of harness, pytest-timeout,
+    Ctrl-C) keeps the frames: there they are where to look."""
+    return isinstance(getattr(excinfo, "value", None), DistributedError)
+
+
 class RankFailedError(DistributedError):
     """A rank raised, or exited without a result. `rank` is the first one that failed; `other_failures` the
     collateral: later errors, and the ranks still running with their stacks. `error_type` / `error_message`:

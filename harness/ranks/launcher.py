@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from harness.ranks import lifecycle, tls
-from harness.ranks.failures import Died, DistributedError, failure_error, timeout_error
+from harness.ranks.failures import Died, DistributedError, failure_error, hidden_from_a_failure, timeout_error
 from harness.ranks.hosts import Placement, port_outside_ephemeral_range
 from harness.ranks.output import output_paths, read_output
 from harness.ranks.protocol import (
@@ -201,6 +201,7 @@ class RankSet:
 
     def wait_ready(self, timeout_s: float = BOOTSTRAP_TIMEOUT_S) -> None:
         """Until every rank has connected and formed the process group; raises as a call does."""
+        __tracebackhide__ = hidden_from_a_failure
         deadline = time.monotonic() + timeout_s
         self._server.settimeout(POLL_S)
         waiting = set(range(self.world_size))
@@ -268,6 +269,7 @@ class RankSet:
 
     def call(self, payload: bytes, timeout_s: float) -> list[Done]:
         """Run the pickled `(fn, args)` on every rank; each rank's Done, or the launch's error."""
+        __tracebackhide__ = hidden_from_a_failure
         environ = self.placement.environ() if self.placement is not None else dict(os.environ)
         message = pickle.dumps(Call(payload, list(sys.path), environ))
         for rank in range(self.world_size):
@@ -310,6 +312,7 @@ class RankSet:
     def _gather(self, deadline: float, timeout_s: float) -> list[Any]:
         """One answer from every rank. A failure gives the others PEER_FAILURE_GRACE_S to answer; then the
         ranks still running give their stacks, and the error names the first failure."""
+        __tracebackhide__ = hidden_from_a_failure
         replies: dict[int, Any] = {}
         failures: dict[int, Failed | Died] = {}
         failure_seen_at: float | None = None
@@ -389,6 +392,7 @@ class RankSet:
         return found
 
     def _raise_if_host_lost(self) -> None:
+        __tracebackhide__ = hidden_from_a_failure
         if self.placement is not None and self.placement.hub.loss is not None:
             self.intact = False
             raise self.placement.hub.loss

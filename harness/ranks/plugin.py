@@ -51,7 +51,7 @@ from harness.contract import (
     WORLD_SIZE,
 )
 from harness.ranks import sections
-from harness.ranks.failures import HostLostError, RankFailedError, RankTimeoutError
+from harness.ranks.failures import HostLostError, RankFailedError, RankTimeoutError, hidden_from_a_failure
 from harness.ranks.hosts import HostsConfig
 from harness.ranks.pool import PoolLauncher
 from harness.ranks.protocol import DEFAULT_TIMEOUT_S, RankOutput, RankResult
@@ -273,6 +273,7 @@ class Ranks:
 
     def run(self, world_size: int, fn: Callable[..., Any], *args: Any) -> list[Any]:
         """`fn(*args)` on every rank; each rank's return value, in rank order."""
+        __tracebackhide__ = hidden_from_a_failure
         self.require(world_size)
         # Before the launch: a case that ran and failed is still a distributed case that ran.
         self._record_property(WORLD_SIZE, world_size)

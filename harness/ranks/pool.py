@@ -42,7 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 from harness.ranks import handover
-from harness.ranks.failures import DistributedError, RankFailedError, RankTimeoutError
+from harness.ranks.failures import DistributedError, RankFailedError, RankTimeoutError, hidden_from_a_failure
 from harness.ranks.hosts import HostsConfig, Hub, Placement
 from harness.ranks.launcher import RankSet, pickle_call, to_results
 from harness.ranks.preload import words
@@ -103,6 +103,7 @@ class PoolLauncher:
 
     def __call__(self, world_size: int, fn: Callable[..., Any], *args: Any, timeout: float = DEFAULT_TIMEOUT_S,
                  device: str = "auto") -> list[RankResult]:
+        __tracebackhide__ = hidden_from_a_failure
         payload = pickle_call(world_size, fn, args, device, caller="the rank pool")
         self.calls += 1
         module = getattr(fn, "__module__", None)
@@ -251,6 +252,7 @@ class PoolLauncher:
             self.pools_replaced += 1
 
     def _start_pool(self, world_size: int, device: str, timeout: float) -> RankSet:
+        __tracebackhide__ = hidden_from_a_failure
         pool = self._new_pool(world_size, device, timeout)
         if self._fork_ranks(pool):
             try:

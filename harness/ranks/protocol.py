@@ -180,10 +180,11 @@ class Failed:
     output: RankOutput | None = None
 
     @classmethod
-    def from_exception(cls, error: BaseException, **fields: Any) -> Failed:
+    def from_exception(cls, error: BaseException, *, traceback_text: str | None = None, **fields: Any) -> Failed:
+        """`traceback_text`: the traceback as the rank tells it (default: the exception being handled, whole)."""
         return cls(failed_at=time.time(), error_type=type(error).__qualname__, error_message=first_line(error),
-                   traceback=traceback.format_exc(), follows_peer=isinstance(error, PeerFailure),
-                   error_frame=raising_frame(error), **fields)
+                   traceback=traceback.format_exc() if traceback_text is None else traceback_text,
+                   follows_peer=isinstance(error, PeerFailure), error_frame=raising_frame(error), **fields)
 
 
 # ---------------------------------------------------------------- launcher <-> zygote

@@ -32,6 +32,7 @@ import socket
 import sys
 import sysconfig
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Iterable
 from datetime import timedelta
@@ -139,6 +140,23 @@ def connect(spec: RankSpec) -> multiprocessing.connection.Connection | tls.Chann
     return tls.dial(address, tls.client_context(spec.credentials), None)
 
 
+def call_fn(fn: Callable[..., Any], args: tuple) -> Any:
+    """The test's function on this rank: its frame is where a failure's traceback starts (`called_traceback`)."""
+    return fn(*args)
+
+
+def called_traceback(error: BaseException) -> str:
+    """`error`'s traceback from the test's function on: harness's frames above it (`_outcome`, `RankState.call`)
+    lead no rank's failure. An error of harness itself, raised before the function ran or around it, keeps its
+    whole traceback."""
+    frame = error.__traceback__
+    while frame is not None and frame.tb_frame.f_code is not call_fn.__code__:
+        frame = frame.tb_next
+    if frame is None or frame.tb_next is None:
+        return traceback.format_exc()
+    return "".join(traceback.format_exception(type(error), error, frame.tb_next))
+
+
 def _outcome(state: RankState, payload: bytes, capture: CallCapture | None) -> bytes:
     """The call's Done or Failed, pickled, with what the rank wrote while it ran (its fds put back first)."""
     if capture is not None:
@@ -148,7 +166,8 @@ def _outcome(state: RankState, payload: bytes, capture: CallCapture | None) -> b
     try:
         outcome = state.call(payload)
     except BaseException as error:
-        outcome = Failed.from_exception(error, seconds=time.perf_counter() - started, modules=state.imported())
+        outcome = Failed.from_exception(error, traceback_text=called_traceback(error),
+                                        seconds=time.perf_counter() - started, modules=state.imported())
     if capture is not None:
         outcome = dataclasses.replace(outcome, output=capture.stop())
     else:
@@ -276,7 +295,7 @@ class RankState:
             torch.cuda.reset_peak_memory_stats()
         started = time.perf_counter()
         with warnings.catch_warnings():
-            value = fn(*args)
+            value = call_fn(fn, args)
         peak_allocated = peak_reserved = None
         if self.use_cuda:
             torch.cuda.synchronize()  # the call's GPU work is part of its time, and must be done

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from harness.ranks.failures import hidden_from_a_failure
 from harness.ranks.launcher import RankSet, pickle_call, to_results
 from harness.ranks.protocol import DEFAULT_TIMEOUT_S, OutputCapture, RankResult, collective_timeout
 
@@ -25,6 +26,7 @@ def run_distributed(world_size: int, fn: Callable[..., Any], *args: Any, timeout
     ranks' fds point.
     Raises `RankFailedError` (a rank raised or died) or `RankTimeoutError` (with every hung rank's stack).
     """
+    __tracebackhide__ = hidden_from_a_failure
     payload = pickle_call(world_size, fn, args, device, caller="run_distributed")
     ranks = RankSet(world_size, device, collective_timeout_s=collective_timeout(timeout), capture=capture)
     try:

@@ -20,6 +20,7 @@ from harness.contract import COMMENT_LIMIT, COMMENT_MARKER
 from harness.errors import ConfigError
 from harness.history.rule import METRIC_BY_NAME
 from harness.history.trend import Regression as HistoryRegression
+from harness.project import DEFAULT_RESULTS, find_project_root, results_path
 from harness.report.cost import RunCost
 from harness.report.filters import (
     compact_memory,
@@ -127,8 +128,9 @@ def _render_format(report: Report, fmt: str, *, color: bool = False) -> str:
     if fmt == "summary":
         return _fit(lambda limits, shortened: _render("summary.md.j2", report, limits, shortened=shortened),
                     SUMMARY_LADDER, _utf8_length, SUMMARY_LIMIT_BYTES, unit="bytes")
-    if fmt == "terminal":
-        return _render("terminal.txt.j2", report, TERMINAL_LIMITS, table=terminal_table(report.cells), color=color)
+    if fmt == "terminal":  # the verdict last, where a terminal leaves it in view; no blank lines on top
+        return _render("terminal.txt.j2", report, TERMINAL_LIMITS, table=terminal_table(report.cells),
+                       color=color).lstrip("\n")
     return _render("report.html.j2", report, HTML_LIMITS, plots=html_plots(report), loss_plot=loss_plot)
 
 
@@ -293,10 +295,24 @@ def output_format(requested: str | None, output: str | None) -> str:
                       f"pass --format {'|'.join(FORMATS)}")
 
 
+def results_folders(values: list[str]) -> list[Path]:
+    """RESULTS as `harness run --results` takes its folder: none given is the project's results/, a relative path
+    is taken from the project root; one that is no folder says where it was looked for."""
+    project = find_project_root()
+    folders = []
+    for value in values or [DEFAULT_RESULTS]:
+        folder = results_path(value, project.path)
+        if not folder.is_dir() and not Path(value).expanduser().is_absolute():
+            raise ConfigError(f"results path {value} is not a folder: looked for {folder}, resolving against the "
+                              f"project root {project.path} ({project.found_as}), as harness run --results does")
+        folders.append(folder)
+    return folders
+
+
 def command(args) -> int:
     """`harness report`: read the results, render one format, write it to a file or stdout."""
     fmt = output_format(args.format, args.output)
-    result_set = load_results(args.results)
+    result_set = load_results(results_folders(args.results))
     baseline = read_baseline(args.baseline) if args.baseline else None
     color = fmt == "terminal" and not args.output and wants_color(sys.stdout)
     links = links_from(os.environ, args.links)

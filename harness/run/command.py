@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from harness import errors
 from harness.cell import preflight
 from harness.contract import STATUS_NOT_RUN, STATUS_PASSED
 from harness.engines import Interrupted, interruptible
@@ -22,9 +23,7 @@ from harness.run import earlier, execute, packed, plan, prepare, record, render
 from harness.run.plan import Host
 from harness.run.record import CellOutcome
 
-# harness run's exit status when no cell failed or errored but some ran nothing distributed (status not_run):
-# not green, and told apart from 1 (failed or errored) and from the FatalErrors' 2-5.
-EXIT_NOT_RUN = 6
+EXIT_NOT_RUN = errors.EXIT_NOT_RUN  # no cell failed or errored but some ran nothing distributed (status not_run)
 
 
 def command(args) -> int:
@@ -51,7 +50,7 @@ def command(args) -> int:
                                          prepare_environment=preflight.checking_pins(preflight.prepare_environment)))
     except Interrupted as interrupted:
         print(f"harness: {interrupted}; the cell's folder says so", file=sys.stderr, flush=True)
-        return 128 + interrupted.signum
+        return errors.EXIT_SIGNAL + interrupted.signum
     if not args.in_pack:  # the run that started the pack shows every cell's row
         render.print_outcomes(outcomes, planned.results_root, kept=kept.folder)
     return exit_status([outcome.status for outcome in outcomes])
@@ -74,7 +73,7 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
 def exit_status(statuses: list[str]) -> int:
     """1 when a cell failed or errored; EXIT_NOT_RUN when none did but one ran nothing distributed; else 0."""
     if any(status not in (STATUS_PASSED, STATUS_NOT_RUN) for status in statuses):
-        return 1
+        return errors.EXIT_RED
     return EXIT_NOT_RUN if STATUS_NOT_RUN in statuses else 0
 
 

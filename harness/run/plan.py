@@ -23,7 +23,7 @@ from harness.plan.cells import Cell, Matrix, Runner
 from harness.plan.matrix import DEFAULT_MATRIX, load_matrix, select
 from harness.plan.packing import job_cells, plan_jobs
 from harness.plan.runners import load_runners
-from harness.project import find_project_root, resolve, shipped_matrices_dir
+from harness.project import find_project_root, results_path, shipped_matrices_dir
 from harness.ranks import cgroup
 
 # A refusal names at most this many distinct reasons; the rest are counted.
@@ -82,7 +82,7 @@ def plan(args) -> Plan:
 
 def results_folder(value: str, root: Path) -> Path:
     """--results taken from the project root, so every file a cell writes lands in one folder."""
-    folder = resolve(value, root)
+    folder = results_path(value, root)
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"--results {value}: {folder} is a file; give a folder for the cells' results")
     return folder

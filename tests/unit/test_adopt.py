@@ -80,6 +80,16 @@ def test_the_readme_installs_the_adopting_package_as_the_example_says():
     assert step.split("#")[0].rstrip().endswith(" -e .") and example.endswith(" -e .")
 
 
+def test_init_help_asks_for_a_full_commit_sha_and_says_a_tag_is_refused(capsys):
+    """--uses takes only a full sha (FULL_SHA): the help said "at a commit or tag"."""
+    with pytest.raises(SystemExit):
+        main(["init", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--uses OWNER/NAME@SHA" in help_text and "full 40-character commit sha" in help_text
+    assert "or tag" not in help_text and "@REF" not in help_text
+    assert "a tag or branch can be moved to other code: refused" in help_text
+
+
 def test_init_refuses_a_malformed_uses_in_one_line(repository, capsys):
     assert main(["init", "--uses", "acme-harness"]) == 2
     err = capsys.readouterr().err.strip()

@@ -35,7 +35,7 @@ def test_a_replanted_manifest_hides_the_pth_from_the_check_so_the_check_is_not_t
     assert env.manifest_difference(path) is None
 
 
-@pytest.mark.parametrize("gpu", ["ada", "h200", "gb200"])
+@pytest.mark.parametrize("gpu", ["ada", "h100", "h200", "gb200"])
 def test_a_pull_requests_cell_on_a_persistent_runner_is_refused_at_plan_time(tmp_path, capsys, gpu):
     (tmp_path / "m.yaml").write_text(AXES.replace("GPU", gpu))
     assert main(["matrix", "--matrix", str(tmp_path / "m.yaml"), "--pull-request", "--format", "github"]) == 2

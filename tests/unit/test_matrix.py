@@ -119,7 +119,10 @@ def test_shipped_matrices_expand(name):
 
 def test_nightly_is_the_widest():
     cells = load_matrix("nightly", resolve=newest).cells
-    assert {c.gpu for c in cells} == {name for name, runner in load_runners().items() if not runner.is_cpu}
+    # h100 is declared so that `harness run` on an H100 machine knows its type; the nightly asks for it once a
+    # runner labelled gpu-h100 serves this repository (until then its jobs would wait for one)
+    assert {c.gpu for c in cells} == {name for name, runner in load_runners().items()
+                                      if not runner.is_cpu and name != "h100"}
     assert {c.gpus for c in cells if c.gpu == "h200"} == {2, 4, 8}
     assert len({c.torch for c in cells}) >= 2 and len({c.transformers for c in cells}) >= 3
     assert all(c.reruns == 0 for c in cells)

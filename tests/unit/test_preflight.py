@@ -139,3 +139,23 @@ def test_the_render_hint_names_the_harness_that_ran(tmp_path, monkeypatch):
     assert this_command() == ".venv/bin/harness"
     monkeypatch.setenv("PATH", f"{script.parent}:/usr/bin:/bin")
     assert this_command() == "harness"
+
+
+@pytest.mark.parametrize(("nvml_name", "gpu_type"), [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"),
+                                                      ("NVIDIA RTX 6000 Ada Generation", "ada")])
+def test_this_machines_gpu_type_is_told_by_the_name_nvml_reports(nvml_name, gpu_type, monkeypatch):
+    """`harness run` with no --matrix builds its cell from the type runners.yaml's nvml_name gives this machine's
+    GPUs; an H100 machine was refused ("no GPU type has nvml_name matching 'NVIDIA H100 80GB HBM3'")."""
+    import sys
+
+    from fake_nvml import FakeGpu, FakeNvml
+
+    import harness.run.plan
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])  # this checkout's matrices/runners.yaml
+    monkeypatch.delenv("HARNESS_MATRICES_DIR", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([FakeGpu(uuid=f"GPU-0000000{k}-preflight", name=nvml_name)
+                                                         for k in range(2)]))
+    host = harness.run.plan.detect_host()
+    assert host.gpu_type == gpu_type and [gpu.name for gpu in host.gpus] == [nvml_name] * 2

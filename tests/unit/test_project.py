@@ -100,6 +100,44 @@ def test_from_a_subfolder_every_file_of_a_cell_lands_in_the_project_root(adopter
     assert out.rstrip().endswith(f"render:  harness report {adopter / 'results'} -o harness-report.html")
 
 
+SAMPLE_CELL = Path(__file__).parent / "golden" / "samples" / "notrun" / "ada-1gpu-torch2.11.0-tf5.24.0"
+
+
+def test_report_reads_the_projects_results_by_default_and_a_relative_path_from_the_root(tmp_path, monkeypatch,
+                                                                                       capsys):
+    """`harness report` with no RESULTS reads what `harness run` wrote (the project's results/), and a relative
+    RESULTS from a subfolder is the folder `harness run --results` of the same words writes: both from the root."""
+    import shutil
+
+    import harness.report.render
+    import harness.run.plan
+
+    repo = git_repo(tmp_path / "repo")
+    shutil.copytree(SAMPLE_CELL, repo / "results" / SAMPLE_CELL.name)
+    shutil.copytree(SAMPLE_CELL, repo / "elsewhere" / SAMPLE_CELL.name)
+    (repo / "deep" / "sub").mkdir(parents=True)
+    monkeypatch.chdir(repo / "deep" / "sub")
+    for arguments in ([], ["results"], ["elsewhere"]):
+        assert main(["report", *arguments]) == 0, arguments
+        assert f"NOT RUN {SAMPLE_CELL.name}" in capsys.readouterr().out
+    root = repo.resolve()
+    for value in ("results", "elsewhere", "new/folder"):  # one function: the same folder for both commands
+        assert harness.run.plan.results_folder(value, root) == root / value
+    (root / "new" / "folder").mkdir(parents=True)
+    assert harness.report.render.results_folders(["new/folder"]) == [root / "new" / "folder"]
+
+
+def test_report_says_where_it_looked_for_a_relative_results_folder(tmp_path, monkeypatch, capsys):
+    repo = git_repo(tmp_path / "repo")
+    (repo / "sub").mkdir()
+    monkeypatch.chdir(repo / "sub")
+    assert main(["report"]) == 2
+    root = repo.resolve()
+    assert capsys.readouterr().err == (
+        f"harness: error: results path results is not a folder: looked for {root / 'results'}, resolving against "
+        f"the project root {root} (the git top level of the working directory), as harness run --results does\n")
+
+
 def test_install_entries_resolve_from_the_project_root_and_key_the_environment(adopter, monkeypatch):
     from harness.cell.preflight import environment_spec
     from harness.envs import build as env

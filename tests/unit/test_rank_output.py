@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -487,3 +488,70 @@ def test_the_rank_log_is_where_the_ini_says_and_an_empty_temporary_one_is_remove
     pytester.makeini("[pytest]\nranks_log = logs/ranks.log\n")
     pytester.runpytest().assert_outcomes(passed=1)
     assert (pytester.path / "logs" / "ranks.log").is_file()
+
+
+# ---------------------------------------------------------------- a rank's failure leads with the rank's own frames
+
+TRACEBACK_SUITE = '''
+def fail_in_the_rank():
+    raise_here()
+
+
+def raise_here():
+    raise AssertionError("the rank's own failure")
+
+
+def test_fails(ranks):
+    ranks.run(2, fail_in_the_rank)
+'''
+
+
+@pytest.mark.parametrize("how", list(LAUNCHERS))
+def test_a_rank_failures_traceback_shows_the_tests_line_then_the_ranks_frames_and_no_harness_frame(
+        pytester, monkeypatch, how):
+    """The launcher's frames (Ranks.run, the pool or run_distributed, RankSet.call and _gather) are hidden from a
+    launch's error, and the rank's traceback starts at the test's function, not in harness/ranks/rank.py."""
+    args, pool = LAUNCHERS[how]
+    monkeypatch.setenv("HARNESS_CPU_RANKS", "2")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setenv("HARNESS_RANKS_POOL", pool) if pool else monkeypatch.delenv("HARNESS_RANKS_POOL", raising=False)
+    pytester.makepyfile(test_tracebacks=TRACEBACK_SUITE)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=300)
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    failure = out[out.index("_ test_fails _"):out.index("short test summary info")]
+    assert "harness/ranks/" not in failure, failure
+    lines = [line.strip() for line in failure.splitlines()]
+    call = lines.index("def test_fails(ranks):")
+    assert lines[call + 1] == ">       ranks.run(2, fail_in_the_rank)".strip()
+    assert re.fullmatch(r"E\s+harness\.ranks\.failures\.RankFailedError: rank [01] raised AssertionError: "
+                        "the rank's own failure", lines[call + 2])
+    start = lines.index("E       Traceback (most recent call last):")
+    assert lines[start + 1].startswith("E         File ") and lines[start + 1].endswith(", in fail_in_the_rank")
+    assert lines[start + 3].endswith(", in raise_here")
+    assert any(re.fullmatch(r"test_tracebacks\.py:\d+: RankFailedError", line) for line in lines)
+
+
+def test_only_a_launchs_error_hides_harnesss_frames_and_a_harness_error_keeps_the_ranks_whole_traceback():
+    from harness.ranks.failures import DistributedError, hidden_from_a_failure
+    from harness.ranks.rank import call_fn, called_traceback
+
+    for error, hidden in ((DistributedError("a rank raised", [], []), True), (ValueError("a bug of harness"), False)):
+        with pytest.raises(type(error)) as raised:
+            raise error
+        assert hidden_from_a_failure(raised) is hidden
+    assert not hidden_from_a_failure(None)
+
+    def the_tests_function():
+        raise ValueError("in the test's code")
+
+    try:
+        call_fn(the_tests_function, ())
+    except ValueError as error:
+        called = called_traceback(error)
+    assert called.splitlines()[1].endswith("in the_tests_function") and "call_fn" not in called
+    try:
+        raise ValueError("in harness, before the function ran")
+    except ValueError as error:
+        whole = called_traceback(error)
+    assert "in test_only_a_launchs_error_hides_harnesss_frames" in whole

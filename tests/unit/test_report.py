@@ -429,7 +429,7 @@ def test_unknown_format_is_refused():
 def test_report_command_writes_each_format(tmp_path, capsys):
     run = str(GOLDEN / "samples" / "run")
     assert main(["report", run, "--format", "terminal"]) == 0
-    assert capsys.readouterr().out.startswith("harness: 1 of 5 cells failed, 2 errored · 4f1c2a9e7d3b")
+    assert "\nharness: 1 of 5 cells failed, 2 errored · 4f1c2a9e7d3b" in capsys.readouterr().out
     out = tmp_path / "deep" / "comment.md"
     assert main(["report", run, "--format", "pr-comment", "--sha", "feedbeef", "--matrix", "pr",
                  "-o", str(out)]) == 0

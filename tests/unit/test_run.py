@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import textwrap
 from pathlib import Path
@@ -17,7 +18,7 @@ import harness.run.command
 import harness.run.plan
 import harness.run.prepare
 import harness.run.record
-from harness import contract
+from harness import contract, errors
 from harness.cli import main
 from harness.plan.matrix import load_matrix
 
@@ -102,6 +103,24 @@ def test_a_one_rank_cell_that_ran_nothing_distributed_is_not_run_and_not_green(t
     assert "nothing distributed ran: 2 cases need 2-4 ranks, this host has 1" in text
 
 
+def test_the_terminal_ends_with_the_cells_table_and_the_verdict(tmp_path, capsys):
+    """pytest's output scrolls up; what stays in view is harness's last lines: the reasons cases were not run
+    come before the table, and under it the verdict, the cases by class, the cost, then where the results are."""
+    matrix = write_matrix(tmp_path, "distributed", ranks=1)
+    assert run(tmp_path, matrix, "--", "--no-ranks-pool") == harness.run.command.EXIT_NOT_RUN
+    lines = capsys.readouterr().out.splitlines()
+    folder = cell_folder(tmp_path / "results", ranks=1)
+    header = next(index for index, line in enumerate(lines) if line.split()[:2] == ["pass", "fail"])
+    assert lines.index("not run:") < lines.index("what the hosts could not run:") < header
+    assert lines[header + 1:header + 4] == [f"NOT RUN {folder.name}", lines[header + 2], ""]
+    verdict, *classes, cost, blank, results, render = lines[header + 4:]
+    assert verdict.startswith("harness: nothing distributed ran in the only cell")
+    assert re.fullmatch(r"\d+ cases: 0 new red · .* passed", " ".join(line.strip() for line in classes))
+    assert cost.startswith("1 cell") and blank == ""
+    assert results == f"results: {tmp_path / 'results'}"
+    assert render.startswith("render:  ") and render.endswith(" -o harness-report.html")
+
+
 @pytest.mark.parametrize(("statuses", "code"), [
     (["passed", "passed"], 0),
     (["passed", "not_run"], harness.run.command.EXIT_NOT_RUN),
@@ -111,6 +130,21 @@ def test_a_one_rank_cell_that_ran_nothing_distributed_is_not_run_and_not_green(t
 ])
 def test_exit_status_is_1_for_red_and_its_own_code_for_not_run(statuses, code):
     assert harness.run.command.exit_status(statuses) == code
+
+
+def test_run_help_ends_with_every_exit_status_the_code_gives(capsys):
+    """The epilog is rendered from harness.errors, so it cannot drift from what harness run returns."""
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    help_text = capsys.readouterr().out
+    listed = " ".join(help_text[help_text.index("\nexit status:\n"):].split())
+    statuses = errors.run_exit_statuses()
+    assert all(f"{status} {' '.join(meaning.split())}" in listed for status, meaning in statuses)
+    codes = [status for status, _ in statuses]
+    returned = {harness.run.command.exit_status(each) for each in (["passed"], ["failed"], ["passed", "not_run"])}
+    assert {str(code) for code in returned} | {str(errors.ConfigError.return_code),
+                                               str(errors.HostMismatchError.return_code)} <= set(codes)
+    assert "bad input" in listed and "128+N stopped by signal N" in listed
 
 
 JUNIT_CASE = ('<?xml version="1.0"?><testsuites><testsuite name="pytest"><testcase classname="t" name="test_{0}">'

@@ -22,11 +22,19 @@ def terminal_lines(color: bool = False) -> list[str]:
     return render(load_results([str(RUN)]), "terminal", color=color).splitlines()
 
 
+def verdict_line(lines: list[str]) -> str:
+    [line] = [line for line in lines if ANSI.sub("", line).startswith("harness: ")]
+    return line
+
+
 def test_every_line_but_coverage_and_commands_fits_80_columns():
     """The coverage line is issue 21's; a reproduce command is kept whole so it can be copied."""
     lines = terminal_lines()
     reproduce = lines.index("reproduce:")
-    long = [line for line in lines[:reproduce] if len(line) > COLUMNS and not line.startswith("EP families")]
+    commands = lines[reproduce + 1:lines.index("", reproduce)]
+    assert commands and all(line.startswith("  harness run ") for line in commands)
+    long = [line for line in lines if len(line) > COLUMNS and line not in commands
+            and not line.startswith("EP families")]
     assert long == []
 
 
@@ -44,15 +52,15 @@ def test_colour_marks_statuses_and_the_verdict_but_never_changes_the_text():
     plain, painted = terminal_lines(), terminal_lines(color=True)
     assert [ANSI.sub("", line) for line in painted] == plain
     assert "\x1b[31mFAILED \x1b[0m ada-2gpu" in "\n".join(painted)
-    assert painted[0].startswith("harness: \x1b[31m1 of 5 cells failed")
+    assert verdict_line(painted).startswith("harness: \x1b[31m1 of 5 cells failed")
     assert not any(ANSI.search(line) for line in plain)
 
 
 def test_a_cell_that_ran_nothing_distributed_reads_not_run_in_its_own_colour():
     painted = render(load_results([str(RUN.parent / "notrun")]), "terminal", color=True).splitlines()
     plain = [ANSI.sub("", line) for line in painted]
-    assert plain[0].startswith("harness: nothing distributed ran in any of 2 cells")
-    assert painted[0].startswith("harness: \x1b[35mnothing distributed ran")  # neither green nor red
+    assert verdict_line(plain).startswith("harness: nothing distributed ran in any of 2 cells")
+    assert verdict_line(painted).startswith("harness: \x1b[35mnothing distributed ran")  # neither green nor red
     assert "\x1b[35mNOT RUN\x1b[0m ada-1gpu-torch2.11.0-tf5.24.0" in painted
     assert "NOT RUN cpu-1rank-torch2.13.0-tf5.24.0" in plain
     assert not any(line.startswith(("PASSED", "harness: all", "harness: the only")) for line in plain)
@@ -87,7 +95,7 @@ def test_paint_and_wrap():
 
 
 @pytest.mark.parametrize(("name", "starts"), [
-    ("r.html", "<!DOCTYPE html>"), ("r.HTM", "<!DOCTYPE html>"), ("r.txt", "harness: 1 of 5 cells failed"),
+    ("r.html", "<!DOCTYPE html>"), ("r.HTM", "<!DOCTYPE html>"), ("r.txt", "not run:\n"),
 ])
 def test_report_output_format_follows_the_extension(tmp_path, name, starts):
     assert main(["report", str(RUN), "-o", str(tmp_path / name)]) == 0

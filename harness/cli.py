@@ -85,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser("report", help="render results folders as a PR comment, summary, table or HTML")
     report.add_argument("results", nargs="*", metavar="RESULTS",
                         help="cell folders, or folders holding them; relative to the project root, as run's "
-                             f"--results (default {DEFAULT_RESULTS}, where harness run writes them)")
+                             "--results, unless a folder of that name is in the working directory "
+                             f"(default {DEFAULT_RESULTS}, where harness run writes them)")
     report.add_argument("--baseline", metavar="RESULTS_OR_DIGEST",
                         help="previous results folder, or a file holding a previous comment's digest")
     report.add_argument("--format", choices=FORMATS_REPORT,

@@ -297,11 +297,14 @@ def output_format(requested: str | None, output: str | None) -> str:
 
 def results_folders(values: list[str]) -> list[Path]:
     """RESULTS as `harness run --results` takes its folder: none given is the project's results/, a relative path
-    is taken from the project root; one that is no folder says where it was looked for."""
+    is taken from the project root; one that is no folder says where it was looked for. A relative path that is a
+    folder from the working directory (a name completed from a subfolder: `cd results && harness report x`) is
+    that folder, as a matrix path is."""
     project = find_project_root()
     folders = []
     for value in values or [DEFAULT_RESULTS]:
-        folder = results_path(value, project.path)
+        typed = Path(value).expanduser()
+        folder = typed.absolute() if values and typed.is_dir() else results_path(value, project.path)
         if not folder.is_dir() and not Path(value).expanduser().is_absolute():
             raise ConfigError(f"results path {value} is not a folder: looked for {folder}, resolving against the "
                               f"project root {project.path} ({project.found_as}), as harness run --results does")

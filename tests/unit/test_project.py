@@ -125,6 +125,10 @@ def test_report_reads_the_projects_results_by_default_and_a_relative_path_from_t
         assert harness.run.plan.results_folder(value, root) == root / value
     (root / "new" / "folder").mkdir(parents=True)
     assert harness.report.render.results_folders(["new/folder"]) == [root / "new" / "folder"]
+    # A name completed from the working directory (a folder there) is that folder.
+    monkeypatch.chdir(repo / "results")
+    assert main(["report", SAMPLE_CELL.name]) == 0
+    assert f"NOT RUN {SAMPLE_CELL.name}" in capsys.readouterr().out
 
 
 def test_report_says_where_it_looked_for_a_relative_results_folder(tmp_path, monkeypatch, capsys):

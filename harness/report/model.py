@@ -3,7 +3,8 @@
 Pure functions over the results model: `build_report` sorts every case into its class (results.case_class) and
 never mixes them: the new reds (the only red, grouped across cells), the cases a known-bugs entry still explains and
 those fixed upstream (with the entries' keys and the cell's releases), the cases not built and not run (by reason);
-beside them flaky tests, plain expected failures, metrics (worst first), coverage, reproduce commands, the baseline
+beside them flaky tests, plain expected failures, metrics (worst first; `Report.metrics_news` and
+`metrics_settled` split them as the Markdown lists them), coverage, reproduce commands, the baseline
 diff and what the run cost (`harness.report.cost`). A cell whose only failures are fixed upstream is not red
 (`shown_status`), whatever env.json's status says. `harness.report.render` turns a `Report` into
 text through reports/; `harness.report.plots` lays out its plots. Both import this module and neither imports
@@ -23,6 +24,8 @@ from harness.contract import (
     CASE_NEW_RED,
     CASE_NOT_BUILT,
     CASE_NOT_RUN,
+    CASE_PASSED,
+    PLANTED_DEFECT,
 )
 from harness.report.cost import RunCost, run_cost
 from harness.report.links import RunLinks
@@ -153,15 +156,60 @@ class MetricPoint:
         return self.ratio is not None and self.ratio > 1.0
 
 
+# What a metrics row is news as, most telling first (`metric_news`): a new red, a case fixed upstream, a case that
+# passed; the rest is settled (`SETTLED_AS`).
+NEWS_NEW_RED, NEWS_FIXED_UPSTREAM, NEWS_PASSED, SETTLED = 0, 1, 2, 3
+
+
+def metric_news(test: TestResult) -> int:
+    """How telling a measured case is in one cell: new red, fixed upstream, passed, or SETTLED (a known bug still
+    present, a planted defect, a plain expected failure, a case not built or not run), from its class
+    (results.case_class) and its typed properties only."""
+    case = case_class(test)
+    if case == CASE_NEW_RED:
+        return NEWS_NEW_RED
+    if case == CASE_FIXED_UPSTREAM:
+        return NEWS_FIXED_UPSTREAM
+    if case == CASE_PASSED and test.outcome is not Outcome.XFAILED and test.property_value(PLANTED_DEFECT) is None:
+        return NEWS_PASSED
+    return SETTLED
+
+
+def settled_as(test: TestResult) -> str:
+    """Why a settled measured case is no news, in a word the metrics tables show."""
+    case = case_class(test)
+    if case == CASE_KNOWN_PRESENT:
+        return "known bug"
+    if case == CASE_NOT_BUILT:
+        return "not built"
+    if case == CASE_NOT_RUN:
+        return "not run"
+    if test.property_value(PLANTED_DEFECT) is not None:
+        return "planted defect"
+    return "expected failure"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CaseMetrics:
     case: str  # the test id, the same in every cell
-    worst: MetricPoint  # the cell where the case came closest to (or furthest over) its bound
+    # The cell shown: of the case's most telling cells (metric_news: where it is a new red, else fixed upstream, else
+    # passed, else any), the one where it came closest to (or furthest over) its bound.
+    worst: MetricPoint
     measured: tuple[tuple[str, TestResult], ...]  # (cell id, test) for every cell that measured it
 
     @property
     def points(self) -> tuple[MetricPoint, ...]:
         return tuple(MetricPoint(cell_id=cell_id, test=test) for cell_id, test in self.measured)
+
+    @property
+    def news(self) -> int:
+        """metric_news of the cell shown."""
+        return metric_news(self.worst.test)
+
+    @property
+    def settled_as(self) -> str | None:
+        """Why the row is no news (settled_as), None for news."""
+        return settled_as(self.worst.test) if self.news == SETTLED else None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -321,6 +369,18 @@ class Report:
         counts = Counter(red.red_class for red in self.red_classes.values())
         return tuple((red_class, counts[red_class]) for red_class in RedClass if counts[red_class])
 
+    @property
+    def metrics_news(self) -> tuple[CaseMetrics, ...]:
+        """The metrics rows that are news, as the Markdown leads with them: new reds, then cases fixed upstream, then
+        those that passed; each group closest to its bound first."""
+        return tuple(sorted((case for case in self.metrics if case.news != SETTLED), key=lambda case: case.news))
+
+    @property
+    def metrics_settled(self) -> tuple[CaseMetrics, ...]:
+        """The rest, closest to its bound first: known bugs still present, planted defects, plain expected failures,
+        cases not built or not run."""
+        return tuple(case for case in self.metrics if case.news == SETTLED)
+
     def listed_failures(self, per_cell: int, total: int) -> Listed[FailureGroup]:
         """The failure groups a rendering lists: at most `per_cell` of any cell's and `total` in all (a rendering's
         Limits); the rest are counted."""
@@ -442,7 +502,7 @@ def _tally_tests(cells: Iterable[CellResult]) -> tuple[Classified, tuple[CaseMet
                 measured.setdefault(test.test_id, []).append((cell_id, test))
     cases = []
     for case_id, found in measured.items():
-        worst_cell, worst_test = max(found, key=lambda entry: _closeness(entry[1]))
+        worst_cell, worst_test = max(found, key=lambda entry: (-metric_news(entry[1]), _closeness(entry[1])))
         cases.append(CaseMetrics(case=case_id, worst=MetricPoint(cell_id=worst_cell, test=worst_test),
                                  measured=tuple(found)))
     classified = Classified(flaky=tuple(flaky), known_present=tuple(known), fixed_upstream=tuple(fixed),

@@ -279,6 +279,45 @@ def test_metrics_put_the_case_closest_to_its_bound_first():
     ]
 
 
+def test_the_metrics_table_leads_with_news_and_closes_the_known_planted_and_expected_rows_in_one_block():
+    """New reds first, then the cases that passed (closest to the bound first); a known bug still present, a
+    planted defect and a plain expected failure, however far over their bound, in one <details> after them."""
+    bound = {"grad_error_bound": 0.01}
+    known = make_test(0, Outcome.XFAILED, message="known", max_rel_grad_error=0.05, known_bug="mixtral-bias", **bound)
+    planted = make_test(1, max_rel_grad_error=1.0, planted_defect="scale_over_local_shard", **bound)
+    expected = make_test(2, Outcome.XFAILED, message="plain xfail", max_rel_grad_error=0.02, **bound)
+    passed_near = make_test(3, max_rel_grad_error=0.009, **bound)
+    passed_far = make_test(4, max_rel_grad_error=0.001, **bound)
+    red = make_test(5, Outcome.FAILED, message="routing differs", max_rel_grad_error=0.002, **bound)
+    # Known in cell a (further over its bound), a new red in b: news, shown in b.
+    red_in_b = make_test(6, Outcome.FAILED, message="differs", max_rel_grad_error=0.003, **bound)
+    known_in_a = make_test(6, Outcome.XFAILED, message="known", max_rel_grad_error=0.5, known_bug="qwen3-gate", **bound)
+    results = ResultSet((cell("a", known, planted, expected, passed_near, passed_far, red, known_in_a),
+                         cell("b", red_in_b)))
+    text = render(results, "pr-comment")
+    section = text[text.index("#### Gradient error against bound"):]
+    news, settled = section.split("<details><summary>Known bugs, planted defects, expected failures, not built: "
+                                  "3 cases</summary>")
+    shown = lambda part: [(row.split(" | ")[0].split("test_case_")[1][0], row.split(" | ")[1])  # noqa: E731
+                          for row in table_rows(part) if "test_case_" in row]
+    assert shown(news) == [("6", "`b`"), ("5", "`a`"), ("3", "`a`"), ("4", "`a`")]
+    assert shown(settled.split("</details>")[0]) == [("1", "planted defect"), ("0", "known bug"),
+                                                      ("2", "expected failure")]
+    assert "7 cases, news first" in section and "3 known, planted or not built below" in section
+
+
+def test_the_settled_metrics_rows_share_the_tables_row_limit():
+    """The news rows fill the comment's 25 metric rows first; the settled ones are then counted in their block."""
+    passed = [make_test(i, max_rel_grad_error=1e-3 * (i + 1), grad_error_bound=0.1) for i in range(30)]
+    known = [make_test(30 + i, Outcome.XFAILED, message="known", max_rel_grad_error=0.5, grad_error_bound=0.1,
+                       known_bug="mixtral-bias") for i in range(3)]
+    text = render(ResultSet((cell("a", *passed, *known),)), "pr-comment")
+    section = text[text.index("#### Gradient error against bound"):]
+    assert len([row for row in table_rows(section) if "test_case_" in row]) == 25
+    assert "…and 5 more cases further from their bound." in section
+    assert "not built: 3 cases</summary>\n\n…and 3 more cases.\n\n</details>" in section
+
+
 def test_failures_shared_by_cells_are_one_section():
     failing = make_test(0, Outcome.FAILED, message="routing differs: layer 1")
     text = render(ResultSet((cell("a", failing), cell("b", failing))), "pr-comment")

@@ -1,6 +1,11 @@
 """Geometry of the HTML report's plots (SVG markup is in reports/_plot.svg.j2): peak memory per GPU, the
 largest gradient error against its bound, and a failing training case's loss per step. Labelled values (inf,
-nan) never reach the arithmetic."""
+nan) never reach the arithmetic.
+
+The memory and gradient plots are laid out twice (`html_plots`): wide, each row's label left of its bars, and
+narrow, the label on a line above them, NARROW_WIDTH across. An SVG shrinks with the page, and its 11 px text
+with it: the page shows the wide one only where it fits unshrunk (report.html.j2's WIDE_FROM), so every label
+reads at 11 px from an 800 px window up."""
 
 from __future__ import annotations
 
@@ -72,6 +77,14 @@ class Plot:
 
 _PLOT_WIDTH = 640.0
 _LABEL_CHARS = 56  # a row label's longest; longer ones lose their middle (see plot_label)
+# The narrow layout's width: unshrunk in an 800 px window (the page's 14 px padding each side and a scrollbar
+# leave 757 px). Its label lines are the width less the left margin, which keeps a centred tick label whole.
+NARROW_WIDTH = 740.0
+_NARROW_LEFT = 20.0
+_NARROW_LABEL_CHARS = 100
+_LABEL_LINE = 15.0  # a narrow plot's row label, on its line above the bars
+_VALUE_ROOM = 130.0  # right of the memory bars: "GPU 7: 141.0 GiB"
+_DOT_ROOM = 40.0  # right of the gradient plot's axis: a labelled error's dot and the last tick's label
 _CHAR_WIDTH = 6.7  # px per character of the 11px monospace row labels (report.html.j2 sets the font)
 _AXIS_TOP = 28.0
 _BAR = 10.0
@@ -94,12 +107,15 @@ def _label_width(labels: Iterable[str]) -> float:
     return max((len(label) for label in labels), default=0) * _CHAR_WIDTH + 16
 
 
-def html_plots(report: Report) -> tuple[Plot, ...]:
-    plots = (memory_plot(report.cells), gradient_plot(report.metrics[:GRADIENT_PLOT_CASES]))
-    return tuple(plot for plot in plots if plot is not None)
+def html_plots(report: Report) -> tuple[tuple[Plot, Plot], ...]:
+    """Each plot (wide, narrow)."""
+    cases = report.metrics[:GRADIENT_PLOT_CASES]
+    plots = ((memory_plot(report.cells), memory_plot(report.cells, narrow=True)),
+             (gradient_plot(cases), gradient_plot(cases, narrow=True)))
+    return tuple((wide, narrow) for wide, narrow in plots if wide is not None and narrow is not None)
 
 
-def memory_plot(cells: Iterable[CellResult]) -> Plot | None:
+def memory_plot(cells: Iterable[CellResult], *, narrow: bool = False) -> Plot | None:
     cells = tuple(cells)
     largest = max(
         (
@@ -113,11 +129,18 @@ def memory_plot(cells: Iterable[CellResult]) -> Plot | None:
     )
     if not largest:
         return None
-    scale = _PLOT_WIDTH / largest
-    left = _label_width(plot_label(cell.id) for cell in cells)
+    if narrow:
+        left, bars = _NARROW_LEFT, NARROW_WIDTH - _NARROW_LEFT - _VALUE_ROOM
+    else:
+        left, bars = _label_width(plot_label(cell.id) for cell in cells), _PLOT_WIDTH
+    scale = bars / largest
     rects, labels, y = [], [], _AXIS_TOP
     for cell in cells:
-        labels.append(Label(x=left - 8, y=y + _BAR, text=plot_label(cell.id), anchor="end", kind="row"))
+        if narrow:
+            labels.append(Label(x=left, y=y + _BAR, text=plot_label(cell.id, _NARROW_LABEL_CHARS), kind="row"))
+            y += _LABEL_LINE
+        else:
+            labels.append(Label(x=left - 8, y=y + _BAR, text=plot_label(cell.id), anchor="end", kind="row"))
         if not cell.memory:
             labels.append(
                 Label(x=left, y=y + _BAR, text=cell.memory_note or "no GPU memory recorded", kind="muted")
@@ -150,7 +173,7 @@ def memory_plot(cells: Iterable[CellResult]) -> Plot | None:
                 )
             labels.append(
                 Label(
-                    x=left + _PLOT_WIDTH + 8,
+                    x=left + bars + 8,
                     y=y + _BAR,
                     text=f"GPU {gpu.index}: {gib(gpu.peak_used_mib)} GiB",
                     kind="value",
@@ -168,7 +191,7 @@ def memory_plot(cells: Iterable[CellResult]) -> Plot | None:
     return Plot(
         title="Peak memory per GPU",
         caption="Dark: peak used during the cell; light: the GPU's total.",
-        width=left + _PLOT_WIDTH + 130,
+        width=left + bars + _VALUE_ROOM,
         height=y,
         rects=tuple(rects),
         rules=tuple(rules),
@@ -176,7 +199,7 @@ def memory_plot(cells: Iterable[CellResult]) -> Plot | None:
     )
 
 
-def gradient_plot(cases: Iterable[CaseMetrics]) -> Plot | None:
+def gradient_plot(cases: Iterable[CaseMetrics], *, narrow: bool = False) -> Plot | None:
     cases = tuple(case for case in cases if any(point.error is not None for point in case.points))
     values = [
         value
@@ -191,20 +214,27 @@ def gradient_plot(cases: Iterable[CaseMetrics]) -> Plot | None:
     # every finite value's log10 within a few hundred.
     low, high = math.floor(math.log10(min(values))), math.ceil(math.log10(max(values)))
     high = max(high, low + 1)
-    left = _label_width(plot_label(case.case) for case in cases)
+    if narrow:
+        left, bars = _NARROW_LEFT, NARROW_WIDTH - _NARROW_LEFT - _DOT_ROOM
+    else:
+        left, bars = _label_width(plot_label(case.case) for case in cases), _PLOT_WIDTH
 
     def x_of(value: float) -> float:
-        return left + (math.log10(value) - low) / (high - low) * _PLOT_WIDTH
+        return left + (math.log10(value) - low) / (high - low) * bars
 
     dots, rules, labels, y = [], [], [], _AXIS_TOP
-    row = _BAR + 2 * _ROW_GAP
+    row = _BAR + 2 * _ROW_GAP + (_LABEL_LINE if narrow else 0.0)
     bottom = _AXIS_TOP + row * len(cases)
     for exponent in range(low, high + 1):  # the grid first, so bounds and dots are drawn over it
         x = x_of(10.0**exponent)
         rules.append(Rule(x1=x, y1=_AXIS_TOP - 6, x2=x, y2=bottom, kind="grid"))
         labels.append(Label(x=x, y=_AXIS_TOP - 10, text=f"1e{exponent}", anchor="middle", kind="axis"))
     for case in cases:
-        labels.append(Label(x=left - 8, y=y + _BAR, text=plot_label(case.case), anchor="end", kind="row"))
+        if narrow:
+            labels.append(Label(x=left, y=y + _BAR, text=plot_label(case.case, _NARROW_LABEL_CHARS), kind="row"))
+            y += _LABEL_LINE
+        else:
+            labels.append(Label(x=left - 8, y=y + _BAR, text=plot_label(case.case), anchor="end", kind="row"))
         bounds = {finite(point.bound) for point in case.points}
         for bound in sorted(bound for bound in bounds if bound and bound > 0):
             rules.append(
@@ -222,7 +252,7 @@ def gradient_plot(cases: Iterable[CaseMetrics]) -> Plot | None:
                 continue
             error = finite(point.error)
             at_zero = error is not None and error <= 0
-            x = left + _PLOT_WIDTH if error is None else (left if at_zero else x_of(error))
+            x = left + bars if error is None else (left if at_zero else x_of(error))
             dots.append(
                 Dot(
                     x=x,
@@ -232,13 +262,13 @@ def gradient_plot(cases: Iterable[CaseMetrics]) -> Plot | None:
                     title=f"{point.cell_id}: error {scientific(point.error)}, bound {scientific(point.bound)}",
                 )
             )
-        y += row
+        y += row - (_LABEL_LINE if narrow else 0.0)
     return Plot(
         title="Largest gradient error against its bound",
         caption="One dot per cell (red: over the bound; amber: over it in a test that expects it, a planted "
         "bug); the bar is the bound; log scale. "
         f"The {len(cases)} cases closest to their bound.",
-        width=left + _PLOT_WIDTH + 40,
+        width=left + bars + _DOT_ROOM,
         height=y + _ROW_GAP,
         dots=tuple(dots),
         rules=tuple(rules),

@@ -98,6 +98,18 @@ def test_the_job_summary_has_the_same_head_line(fake, actions, tmp_path):
     assert " · 5 cells, 1.4 GPU-hours, longest wait 6 min (4 cells without timings)\n" in text
 
 
+def test_the_html_report_says_cost_and_wait_per_cell_and_in_all(fake, actions, tmp_path):
+    links = run_links(fake, tmp_path, JOB_TIMES)
+    page = rendered(tmp_path, "html", "--links", str(links))
+    assert '<p class="cost">5 cells, 1.4 GPU-hours, longest wait 6 min (3 cells without timings)</p>' in page
+    assert '<th title="GPUs x wall time">GPU-h</th>' in page
+    cells = page[page.index("<h2>Cells</h2>"):]
+    ada = cells[cells.index(f"<code>{ADA}</code>"):cells.index(f"<code>{CPU}</code>")]
+    cpu = cells[cells.index(f"<code>{CPU}</code>"):cells.index(f"<code>{GB200}</code>")]
+    assert '<span class="muted">6 min</span></td><td class="n">0.4</td></tr>' in ada  # wait under time, then GPU-h
+    assert '<span class="muted">42 s</span></td><td class="n">0</td></tr>' in cpu
+
+
 def test_without_job_timings_the_wait_is_unknown_not_zero(tmp_path, monkeypatch):
     for key in ("GITHUB_SERVER_URL", "GITHUB_REPOSITORY", "GITHUB_RUN_ID"):
         monkeypatch.delenv(key, raising=False)
@@ -105,6 +117,8 @@ def test_without_job_timings_the_wait_is_unknown_not_zero(tmp_path, monkeypatch)
     assert text.splitlines()[1].endswith(" · 5 cells, 1.4 GPU-hours, wait unknown")
     # the terminal of a local run has no queue: GPU-hours only
     assert "\n5 cells, 1.4 GPU-hours\n" in rendered(tmp_path, "terminal")
+    page = rendered(tmp_path, "html")  # so has the HTML report's
+    assert '<p class="cost">5 cells, 1.4 GPU-hours</p>' in page and ">wait<" not in page
 
 
 def test_a_links_file_from_before_timings_still_reads(actions, tmp_path):

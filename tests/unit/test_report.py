@@ -141,7 +141,7 @@ def test_html_escapes_tests_and_needs_nothing_from_outside():
     parser.feed(text)
     assert "script" not in parser.tags and "img" not in parser.tags and "link" not in parser.tags
     assert parser.urls == []
-    assert re.findall(r"https?://[^\s\"']+", text) == ["http://www.w3.org/2000/svg"] * 2  # the SVG namespaces
+    assert re.findall(r"https?://[^\s\"']+", text) == ["http://www.w3.org/2000/svg"] * 4  # 2 plots, each laid out twice
     assert {"svg", "circle", "rect", "table"} <= parser.tags
 
 
@@ -223,7 +223,7 @@ def test_a_cell_that_ran_nothing_distributed_is_never_called_passed(fmt):
     assert "nothing distributed ran in the only cell" in text
     assert "nothing distributed ran: 2 cases need 2-8 GPUs, this host has 1" in flat(text)
     assert "passed**" not in text and "cell passed" not in text and "✅" not in text
-    assert "NOT RUN" in text if fmt == "terminal" else "⏸️" in text
+    assert "NOT RUN" in text if fmt in ("terminal", "html") else "⏸️" in text  # html: its badge of words
     assert "Reproduce" not in text and "reproduce:" not in text  # it needs a larger host, not a rerun here
 
 
@@ -318,6 +318,20 @@ def test_the_settled_metrics_rows_share_the_tables_row_limit():
     assert "not built: 3 cases</summary>\n\n…and 3 more cases.\n\n</details>" in section
 
 
+@pytest.mark.parametrize(("tests", "status", "badge"), [
+    ((make_test(0),), None, '<span class="badge passed">PASSED</span>'),
+    ((make_test(0, Outcome.FAILED, message="differs"),), None, '<span class="badge failed">FAILED</span>'),
+    ((), CellStatus.ERRORED, '<span class="badge errored">ERRORED</span>'),
+    ((not_run_test(0),), None, '<span class="badge not_run">NOT RUN</span>'),
+])
+def test_the_html_headline_says_its_verdict_in_a_badge_of_words_not_an_emoji(tests, status, badge):
+    """A page opened where no emoji font is installed showed its ✅/❌ as an empty box."""
+    page = render(ResultSet((cell("a", *tests, status=status, reason="crashed" if status else None),)), "html")
+    headline = page[page.index("<h1>"):page.index("</h1>")]
+    assert headline.startswith(f"<h1>{badge} harness: "), headline
+    assert all(ord(char) < 0x2000 for char in headline), headline  # no emoji, no symbol a font may lack
+
+
 def test_failures_shared_by_cells_are_one_section():
     failing = make_test(0, Outcome.FAILED, message="routing differs: layer 1")
     text = render(ResultSet((cell("a", failing), cell("b", failing))), "pr-comment")
@@ -344,7 +358,7 @@ def test_a_metric_over_its_bound_in_a_passing_test_is_labelled_expected_never_a_
     assert "| ❌ -67% |" in regressed_row
     page = render(results, "html")
     assert 'class="n expected">expected -999900%' in page and 'class="n over">-67%' in page
-    assert 'class="expected"' in page and page.count('class="over"') == 1  # the plot's dots: amber, one red
+    assert 'class="expected"' in page and page.count('class="over"') == 2  # amber, one red: in each layout
 
 
 # ---------------------------------------------------------------------------------------------

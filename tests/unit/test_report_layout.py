@@ -3,7 +3,8 @@ added to a copy of it: the golden report, and the report of a real cell's result
 the embedded default, `harness run` on 2 CPU ranks, with its 100-odd metrics rows and long test ids).
 Nothing may run past the page's right edge and every table fits the page; numbers stay on one line, and
 so do cell ids but in the metrics table (they wrap at their dashes there); a test id keeps a readable
-width and a metrics row a few lines; every plot label is whole and tells its row apart from the others."""
+width and a metrics row a few lines; every plot label is whole, at least 11 px as shown, and tells its row apart
+from the others."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ GOLDEN_HTML = Path(__file__).parent / "golden" / "expected" / "report.html"
 REAL_CELL = Path(__file__).parent / "layout"  # results/<cell-id>/ of `harness run` (embedded default), logs left out
 MIN_CASE_CHARS = 20  # a test id column narrower than this is read a few characters a line
 MAX_ROW_LINES = 4  # a metrics row taller than this many lines of its text is a column squeezed too narrow
+MIN_LABEL_PX = 11  # a plot's axis, tick and row labels as the page shows them, from an 800 px window up
 CHROMIUM = next(
     (path for name in ("chromium", "chromium-browser", "google-chrome") if (path := shutil.which(name))), None
 )
@@ -60,8 +62,16 @@ addEventListener("load", () => {
     const lines = new Set([...e.getClientRects()].map((r) => Math.round(r.top)));
     if (lines.size > 1) problems.push(`${name(e)} wraps over ${lines.size} lines`);
   }
-  for (const svg of document.querySelectorAll("svg")) {
+  // A plot laid out both ways shows one (display: none hides the other); what shows is measured.
+  const shown = [...document.querySelectorAll("svg")].filter((svg) => svg.getClientRects().length);
+  for (const svg of shown) {
     const frame = svg.getBoundingClientRect();
+    const scale = frame.width / svg.viewBox.baseVal.width;  // an SVG shrunk to the page shrinks its text
+    for (const text of svg.querySelectorAll("text")) {
+      const px = parseFloat(getComputedStyle(text).fontSize) * scale;
+      if (px < MIN_LABEL_PX - 0.05)
+        problems.push(`plot label ${JSON.stringify(text.textContent)} is ${px.toFixed(1)} px`);
+    }
     if (frame.right > width + 0.5) problems.push(`plot ends at ${frame.right.toFixed(0)} px`);
     const rows = [...svg.querySelectorAll("text.row")].map((t) => t.textContent);
     if (new Set(rows).size !== rows.length) problems.push(`plot rows read alike: ${rows.join(" | ")}`);
@@ -73,7 +83,7 @@ addEventListener("load", () => {
         problems.push(`plot label cut: ${JSON.stringify(text.textContent)} spans ${spans}, plot ${plot}`);
     }
   }
-  const plots = [...document.querySelectorAll("svg")].map((svg) => svg.getBoundingClientRect().width / width);
+  const plots = shown.map((svg) => svg.getBoundingClientRect().width / width);
   const out = document.createElement("pre");
   out.id = "layout";
   out.textContent = JSON.stringify({problems, plots});
@@ -95,7 +105,8 @@ PAGES = {"golden": lambda: GOLDEN_HTML.read_text(), "real-cell": real_cell_html}
 
 def layout(tmp_path: Path, width: int, page_name: str = "golden") -> dict:
     page = tmp_path / f"report-{page_name}-{width}.html"
-    measure = MEASURE.replace("MIN_CASE_CHARS", str(MIN_CASE_CHARS)).replace("MAX_ROW_LINES", str(MAX_ROW_LINES))
+    measure = (MEASURE.replace("MIN_CASE_CHARS", str(MIN_CASE_CHARS)).replace("MAX_ROW_LINES", str(MAX_ROW_LINES))
+               .replace("MIN_LABEL_PX", str(MIN_LABEL_PX)))
     page.write_text(PAGES[page_name]().replace("</body>", measure + "</body>"))
     # No clock: Chromium on a busy machine is slow, not stuck; it is killed only when it stalls.
     done = run_while_progressing(

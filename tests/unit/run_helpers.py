@@ -82,17 +82,23 @@ SUITES = {
 
 def write_matrix(tmp_path: Path, suite: str, *, torch: str = TORCH, timeout_minutes: float = 5,
                  ranks: int = 2) -> str:
-    suite_dir = tmp_path / f"suite_{suite}"
+    return str(write_suite_matrix(tmp_path / f"suite_{suite}", f"test_{suite}.py", textwrap.dedent(SUITES[suite]),
+                                  tmp_path / f"{suite}.yaml", torch=torch, timeout_minutes=timeout_minutes,
+                                  ranks=ranks))
+
+
+def write_suite_matrix(suite_dir: Path, test_file: str, source: str, path: Path, *, torch: str = TORCH,
+                       timeout_minutes: float = 5, test_timeout_seconds: int | None = 120, ranks: int = 2) -> Path:
+    """`source` as suite_dir/test_file, and at `path` a one-cell CPU matrix running that folder at the installed
+    transformers (so `harness run` reuses this interpreter); `test_timeout_seconds` None: the matrix default."""
     suite_dir.mkdir(exist_ok=True)
-    (suite_dir / f"test_{suite}.py").write_text(textwrap.dedent(SUITES[suite]))
-    path = tmp_path / f"{suite}.yaml"
+    (suite_dir / test_file).write_text(source)
     path.write_text(textwrap.dedent(f"""
         axes: {{gpu: [cpu], gpus: [{ranks}], torch: ["{torch}"], transformers: ["{TRANSFORMERS}"]}}
         suite: ["{suite_dir}"]
         timeout_minutes: {timeout_minutes}
-        test_timeout_seconds: 120
-    """))
-    return str(path)
+    """) + ("" if test_timeout_seconds is None else f"test_timeout_seconds: {test_timeout_seconds}\n"))
+    return path
 
 
 def cell_folder(results: Path, torch: str = TORCH, ranks: int = 2) -> Path:

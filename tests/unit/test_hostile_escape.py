@@ -23,7 +23,6 @@ import signal
 import struct
 import subprocess
 import sys
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -238,17 +237,10 @@ def test_harness_run_ends_a_fork_chain_its_cell_left_and_env_json_says_so(tmp_pa
     """The issue's run: the chain outlived `harness run`, whose env.json said nothing was killed. Under a cgroup
     the chain first writes itself into the root's cgroup.procs."""
     pytest.importorskip("torch")
-    versions = {name: __import__("importlib.metadata").metadata.version(name).split("+")[0]
-                for name in ("torch", "transformers")}
-    suite = tmp_path / "suite"
-    suite.mkdir()
-    (suite / "test_chain.py").write_text(SUITE)
-    matrix = tmp_path / "chain.yaml"
-    matrix.write_text(textwrap.dedent(f"""
-        axes: {{gpu: [cpu], gpus: [2], torch: ["{versions['torch']}"], transformers: ["{versions['transformers']}"]}}
-        suite: ["{suite}"]
-        timeout_minutes: 4
-    """))
+    from run_helpers import write_suite_matrix
+
+    matrix = write_suite_matrix(tmp_path / "suite", "test_chain.py", SUITE, tmp_path / "chain.yaml",
+                                timeout_minutes=4, test_timeout_seconds=None)
     targets = [] if mechanism == "subreaper" else [root_cgroup_procs(own_cgroup())]
     environ = {**os.environ, cgroup.CGROUP_ENV: {"cgroup": "auto", "subreaper": "off"}[mechanism],
                "CHAIN_ARGV": json.dumps(chain.argv(*targets)),

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -21,8 +20,6 @@ from harness.results import read_cell
 from harness.results.triage import Triage, classify_cell
 
 pytest.importorskip("torch")
-TORCH = __import__("importlib.metadata").metadata.version("torch").split("+")[0]
-TRANSFORMERS = __import__("importlib.metadata").metadata.version("transformers").split("+")[0]
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="needs /proc")
 
@@ -63,16 +60,10 @@ def test_signals_its_harness_then_fails():
 
 def run_cell(tmp_path: Path, mode: str) -> tuple[subprocess.Popen, Path, Path]:
     """`harness run` of a one-cell matrix whose test signals (or waits); (process, results, mark)."""
-    suite = tmp_path / "suite"
-    suite.mkdir()
-    (suite / "test_hostile_signal.py").write_text(HOSTILE_SUITE)
-    matrix = tmp_path / "signal.yaml"
-    matrix.write_text(textwrap.dedent(f"""
-        axes: {{gpu: [cpu], gpus: [2], torch: ["{TORCH}"], transformers: ["{TRANSFORMERS}"]}}
-        suite: ["{suite}"]
-        timeout_minutes: 10
-        test_timeout_seconds: 600
-    """))
+    from run_helpers import write_suite_matrix  # after the module's torch check: run_helpers reads torch's version
+
+    matrix = write_suite_matrix(tmp_path / "suite", "test_hostile_signal.py", HOSTILE_SUITE,
+                                tmp_path / "signal.yaml", timeout_minutes=10, test_timeout_seconds=600)
     results, mark = tmp_path / "results", tmp_path / "signalled"
     environ = {**os.environ, "SIGNAL_TEST_MODE": mode, "SIGNAL_TEST_MARK": str(mark),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}

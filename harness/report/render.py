@@ -305,7 +305,7 @@ def results_folders(values: list[str]) -> list[Path]:
     for value in values or [DEFAULT_RESULTS]:
         typed = Path(value).expanduser()
         folder = typed.absolute() if values and typed.is_dir() else results_path(value, project.path)
-        if not folder.is_dir() and not Path(value).expanduser().is_absolute():
+        if not folder.is_dir() and not typed.is_absolute():
             raise ConfigError(f"results path {value} is not a folder: looked for {folder}, resolving against the "
                               f"project root {project.path} ({project.found_as}), as harness run --results does")
         folders.append(folder)

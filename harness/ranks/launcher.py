@@ -38,6 +38,7 @@ from harness.ranks.protocol import (
     DEVICES,
     PEER_FAILURE_GRACE_S,
     STACK_DUMP_GRACE_S,
+    Audit,
     Call,
     Done,
     Failed,
@@ -261,6 +262,12 @@ class RankSet:
         if not self._send_all(pickle.dumps(Ping())):
             return False
         return self._answered_by_all(IDLE_CHECK_TIMEOUT_S) and not self.unfit
+
+    def audit(self) -> bool:
+        """After a test: every rank alive and, once it put back what the test left (harness.ranks.boundary), as a
+        fresh one; `unfit` says what would not go back."""
+        return self.intact and all(connection is not None for connection in self._connections) and \
+            self._send_all(pickle.dumps(Audit())) and self._answered_by_all(IDLE_CHECK_TIMEOUT_S) and not self.unfit
 
     def probe(self) -> bool:
         """After a call that failed on some ranks and was answered by all: one world collective succeeds."""

@@ -1,9 +1,10 @@
 """Rank pools: one `RankSet` per (world size, device), forked from a template, so a test pays for its own work and
-not for starting interpreters, importing torch and transformers. Under pytest (harness.ranks.plugin) every test
-gets ranks no earlier test touched: `renew()` after each test ends the pools its calls used, and the next test's
-are forked afresh from the zygote, which imports modules but never runs a test's code, initialises a device or
-joins a process group. Whatever a test leaves in its ranks (a patched torch class, a hook, a mode left entered,
-a lowered rlimit, a narrowed affinity) ends with them, whatever it is: nothing is listed or compared for that.
+not for starting interpreters, importing torch and transformers, forming process groups or warming DTensor's
+caches. Under pytest (harness.ranks.plugin) a rank set serves test after test, its process groups and caches
+with it, while it is as a fresh one: `renew()` after each test audits the pools the test used (harness.ranks.boundary:
+torch's and transformers' classes and module containers, hooks, modes, settings, rlimits, affinity, loggers,
+config), puts back what it can and retires a set that keeps anything else; its successor is forked afresh from
+the zygote, which imports modules but never runs a test's code, initialises a device or joins a process group.
 
 `PoolLauncher()(world_size, fn, *args, timeout=..., device=...)` has the contract of
 `spawn.run_distributed`: one `RankResult` per rank, or `RankFailedError` / `RankTimeoutError`.
@@ -73,7 +74,7 @@ class PoolLauncher:
         self.pools_started = 0
         self.pools_replaced = 0  # killed after a death, a hang or a broken failure
         self.pools_retired = 0  # a call left state a fresh rank would not have (harness.ranks.state)
-        self.pools_renewed = 0  # ended after the test that used them (renew)
+        self.pools_kept = 0  # times a pool served on after a test that used it: nothing was left behind
         self.pools_started_ahead = 0  # of pools_started: forked by renew() for the next test
         self.retirements: list[str] = []  # "pool replaced after TEST: why", not yet handed to a report
         self.retired_log: list[str] = []  # every retirement of the session, for the terminal summary
@@ -152,15 +153,18 @@ class PoolLauncher:
             _record_timing(world_size, device, fn, outcome, work, time.monotonic() - started, pool_start_s)
 
     def renew(self) -> list[str]:
-        """End every pool a call used since the last renew (the plugin asks after each test) and start its
-        successor at once, so the next test's ranks are fresh and form their process group while that test sets
-        up. Why a pool was replaced within the test, since the last time this was asked (the plugin puts it in the
-        test's report)."""
+        """After each test (the plugin asks): audit every pool a call used since the last renew. A pool whose
+        ranks put back what the test left (harness.ranks.boundary) serves the next test, process groups, meshes
+        and warm caches included; one that cannot is retired and its successor forked at once, to form its
+        process group while the next test sets up. Why a pool was replaced, since the last time this was asked
+        (the plugin puts it in the test's report)."""
         for key in sorted(self._used):
-            pool = self._pools.pop(key, None)
+            pool = self._pools.get(key)
+            if pool is not None and key not in self._ahead and pool.audit():
+                self.pools_kept += 1
+                continue
             if pool is not None:
-                pool.kill()
-                self.pools_renewed += 1
+                self._discard(key)
             self._start_ahead(key)
         self._used.clear()
         retirements, self.retirements = self.retirements, []
@@ -212,10 +216,10 @@ class PoolLauncher:
             count = len(self.not_preloaded)
             how += (f"; not preloaded, as no installed code: {count} module{'s' if count > 1 else ''} "
                     f"({words(list(self.not_preloaded))})")
-        return (f"{self.calls} calls, {self.pools_started} pools started ({self.pools_renewed} ended with their test, "
-                f"{self.pools_started_ahead} started ahead of theirs), "
-                f"{self.pools_replaced} replaced after a dead rank, a hang or a broken failure, {self.pools_retired} "
-                f"within a test after a call left state a fresh rank would not have; ranks {how}")
+        return (f"{self.calls} calls, {self.pools_started} pools started ({self.pools_started_ahead} ahead of their "
+                f"test), kept across tests {self.pools_kept} times, {self.pools_replaced} replaced after a dead rank, "
+                f"a hang or a broken failure, {self.pools_retired} retired after a test or call left state a fresh "
+                f"rank would not have; ranks {how}")
 
     def warm_up(self) -> None:
         """Start the zygote now (it imports torch in the background) rather than at the first call."""

@@ -128,6 +128,12 @@ class Ping:
 
 
 @dataclasses.dataclass(frozen=True)
+class Audit:
+    """A test has ended: put back what it left that a fresh rank would not have (harness.ranks.boundary); answered
+    with Pong, whose `unfit` names what would not go back (the launcher then retires the set)."""
+
+
+@dataclasses.dataclass(frozen=True)
 class Probe:
     """After a call that failed on some ranks but was answered by all: one collective on the world group, to
     show the pool can serve the next call."""

@@ -6,13 +6,17 @@ The loop, in the rank process (spawned by the launcher, or forked by the zygote)
     init_process_group (rendezvous_store)      -> Ready (or Failed, then exit)
     loop: Ping  -> Pong                         (alive and idle: the launcher asks before every call)
           Call  -> Done | Failed                (then put back what the call changed; stay alive)
+          Audit -> Pong                         (a test ended: put back what it left, name the rest)
           Probe -> Pong | Failed, then exit     (one collective on the world group after a failed call)
 
 A call's output (fds 1 and 2) is captured into its Done or Failed (harness.ranks.output); between calls the
 rank writes to the session's rank log. A rank that raised stays alive: when every rank answered and a probe
-collective succeeds, the launcher keeps the pool. The world group lives as long as the rank; a call's own
-process groups, device meshes and the caches that refer to them are dropped after it, so the next call never
-meets a group that is gone.
+collective succeeds, the launcher keeps the pool. The world group lives as long as the rank, and so do the
+process groups of the meshes that DTensor's caches keep: those caches stay warm across calls and tests (their
+cold start was a good part of a case's time), and a later call's equal mesh, handed back by a cache, names groups
+that are alive. A call's other groups are destroyed after it. After a failed call the caches are cleared and every
+group but the world's is destroyed (one a failure left half-used is never handed to the next call); past
+KEPT_GROUPS_MAX the caches are cleared too, so groups (and their threads) stay bounded.
 Needs torch in the rank only (imported inside functions).
 """
 
@@ -40,10 +44,12 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from harness.ranks import handover, lifecycle, tls
+from harness.ranks.boundary import BoundaryState
 from harness.ranks.hostenv import for_host
 from harness.ranks.output import CallCapture, flush_streams
 from harness.ranks.protocol import (
     MIB,
+    Audit,
     Call,
     Done,
     Failed,
@@ -56,6 +62,9 @@ from harness.ranks.protocol import (
     Ready,
 )
 from harness.ranks.state import FreshState, SuiteSnapshot
+
+# Process groups a rank keeps for warm caches' meshes before it clears them (each gloo group holds threads).
+KEPT_GROUPS_MAX = 32
 
 
 def stack_path(workdir: str | Path, rank: int) -> Path:
@@ -108,6 +117,9 @@ def serve(spec: RankSpec) -> None:
         except (EOFError, OSError):
             os._exit(0)  # the launcher closed the pool
         if isinstance(message, Ping):
+            _send(connection, Pong(unfit))
+        elif isinstance(message, Audit):
+            unfit = unfit or state.audit()
             _send(connection, Pong(unfit))
         elif isinstance(message, Probe):
             try:
@@ -284,12 +296,13 @@ class RankState:
         _installed_roots()
         self.modules = set(sys.modules)
         self.fresh = FreshState(torch)  # after every import and setting the rank makes itself
+        self.boundary = BoundaryState(torch)  # what a test may leave for the next one (audit)
         gc.freeze()  # collections between calls skip what exists now
 
     def call(self, payload: bytes) -> Done:
         torch = self.torch
         fn, args = pickle.loads(payload)
-        self.fresh.accept_imports()
+        self.boundary.accept_imports(self.fresh.accept_imports())
         self.suite = SuiteSnapshot(_suite_modules(fn))
         if self.use_cuda:
             torch.cuda.reset_peak_memory_stats()
@@ -305,12 +318,20 @@ class RankState:
                     peak_reserved_mib=peak_reserved, modules=self.imported())
 
     def probe(self) -> None:
-        """One all_reduce on the world group: every rank still agrees on it after a failed call."""
+        """After a failed call: forget its meshes and groups, then one all_reduce on the world group: every rank
+        still agrees on it. A group that a mesh kept elsewhere still names fails the probe (the set is replaced)."""
         torch = self.torch
+        self._forget_meshes()
+        if kept := [group for group in self._process_groups() if group not in self.groups]:
+            raise RuntimeError(f"{len(kept)} process groups of a failed call are still named by a live mesh")
         ones = torch.ones(1, device=f"cuda:{self.cuda_device}" if self.use_cuda else "cpu")
         self.dist.all_reduce(ones)
         if int(ones.item()) != self.world_size:
             raise RuntimeError(f"the probe all_reduce summed to {ones.item()}, not {self.world_size}")
+
+    def audit(self) -> list[str]:
+        """After a test's last call: put back what it left for the next test; what could not be, in words."""
+        return self.boundary.settle()
 
     def imported(self) -> list[str]:
         """Modules imported since the last time this was asked (the launcher has the zygote import them)."""
@@ -328,15 +349,23 @@ class RankState:
         self.suite = SuiteSnapshot(())
         if "torch._dynamo" in sys.modules:
             torch._dynamo.reset()
-        _clear_mesh_caches()
-        gc.collect()  # frees what the call left, meshes included (they form cycles): their groups can go
-        self._drop_call_groups()
+        if len(self._process_groups()) > KEPT_GROUPS_MAX:
+            self._forget_meshes()
+        else:
+            gc.collect()  # frees what the call left, meshes included (they form cycles): their groups can go
+            self._drop_call_groups()
         self._set_rng_state(self.rng)
         if self.use_cuda:
             torch.cuda.set_device(self.cuda_device)
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
         return self.fresh.settle()
+
+    def _forget_meshes(self) -> None:
+        """Clear the caches that hold meshes, free them, and destroy the groups no live mesh names."""
+        _clear_mesh_caches()
+        gc.collect()
+        self._drop_call_groups()
 
     def _drop_call_groups(self) -> None:
         """Destroy the process groups the call created, once its meshes and the caches known to hold them are

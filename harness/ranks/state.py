@@ -6,7 +6,7 @@ that ran before it.
 What is compared (`FreshState.settle`):
 - torch's global settings: default device and dtype, flush-denormal, autocast per device, grad mode,
   deterministic algorithms, float32 matmul precision, threads, and the torch-function mode stack (a
-  `set_default_device` or a mode left entered lives there)
+  `set_default_device` or a mode left entered lives there) and the dispatch-mode stack
 - file descriptors 0-2 and `sys.stdin`/`stdout`/`stderr`; live Python threads; the working directory
 - `sys.modules`: a module first imported during a call was imported under that call's state
 - every module-level binding of torch and transformers, and of the suite's modules the bindings and the
@@ -77,6 +77,7 @@ def torch_settings(torch: Any) -> list[Setting]:
         Setting("torch threads", torch.get_num_threads, torch.set_num_threads),
         Setting("torch interop threads", torch.get_num_interop_threads, None),  # settable once per process
         Setting("torch function modes entered", torch._C._len_torch_function_stack, None),
+        Setting("torch dispatch modes entered", torch._C._len_torch_dispatch_stack, None),
     ]
     for device in AUTOCAST_DEVICES:
         settings += _autocast_settings(torch, device)
@@ -174,14 +175,16 @@ class FreshState:
         self.modules = set(sys.modules)
         self.bindings = _library_bindings()
 
-    def accept_imports(self) -> None:
+    def accept_imports(self) -> set[str]:
         """What unpickling a call imported (its function's module, and the threads that module starts) is part of
-        the fresh state: a fresh rank imports it the same way, from the same state, before the call runs."""
+        the fresh state: a fresh rank imports it the same way, from the same state, before the call runs. The
+        modules it imported."""
         self.threads.update(_threads())
         new = set(sys.modules) - self.modules
         self.modules |= new
         self.bindings.update({name: dict(vars(sys.modules[name])) for name in new
                               if _library_module(name) and isinstance(sys.modules[name], types.ModuleType)})
+        return new
 
     def settle(self) -> list[str]:
         """Put back what the last call changed where that is exact; what could not be, in words (empty: this

@@ -23,6 +23,7 @@ from process_helpers import is_alive, sleep_forever
 
 from harness.ranks import RankFailedError, RankTimeoutError, zygote
 from harness.ranks.pool import PoolLauncher
+from harness.ranks.rank import KEPT_GROUPS_MAX
 
 torch = pytest.importorskip("torch")
 pytest_plugins = ["pytester"]
@@ -76,6 +77,17 @@ def op_on_a_new_mesh():
     mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "tp"))
     doubled = distribute_tensor(torch.ones(4, 4), mesh, [Shard(0), Replicate()]) * 2
     return [doubled.device_mesh.get_group(name).size() for name in ("dp", "tp")]
+
+
+def ops_on_distinct_meshes(count):
+    """`count` meshes that compare unequal (their dimensions' names differ), one DTensor op on each."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    for index in range(count):
+        mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=(f"dp{index}", f"tp{index}"))
+        distribute_tensor(torch.ones(4, 4), mesh, [Shard(0), Replicate()]) * 2
+    return count
 
 
 def keep_a_mesh_in_a_library():
@@ -291,31 +303,54 @@ def test_a_victim_after_a_polluter_sees_what_a_fresh_pool_shows(launcher, pollut
         assert set(after).isdisjoint(before)
 
 
-def test_a_dtensor_op_of_a_later_call_gets_that_calls_mesh_not_one_whose_groups_are_gone(launcher):
-    """DTensor caches output shardings (in its C++ dispatch too), keyed by meshes that compare equal across calls:
-    unless the reset clears them, the second call's op returns the first call's mesh, naming destroyed groups."""
+def groups(launcher) -> list[int]:
+    return [result.value["groups"] for result in launcher(2, observe, timeout=60, device="cpu")]
 
-    def groups():
-        return [result.value["groups"] for result in launcher(2, observe, timeout=60, device="cpu")]
 
-    before = groups()
-    for _ in range(2):
+def test_warm_caches_hand_a_later_call_an_earlier_mesh_whose_groups_are_alive(launcher):
+    """DTensor caches output shardings (in its C++ dispatch too), keyed by meshes that compare equal across calls.
+    The caches stay warm: a later call's op returns the first call's mesh, whose groups the rank keeps for it.
+    Groups do not grow with the calls: the caches hand back the one mesh."""
+    with contextlib.suppress(RankFailedError):  # a failed call clears the caches: start from cold ones
+        launcher(2, raise_on_rank_one_alone, timeout=60, device="cpu")
+    world = groups(launcher)
+    for _ in range(2):  # a process's first DTensor op may not fill the cache
         assert [result.value for result in launcher(2, op_on_a_new_mesh, timeout=60, device="cpu")] == [[2, 1]] * 2
-    assert groups() == before  # every cache that held the calls' meshes was cleared: their groups are gone
+    kept = groups(launcher)
+    assert kept == [count + 1 for count in world]  # one mesh's size-1 group, named by the warm cache
+    for _ in range(3):
+        assert [result.value for result in launcher(2, op_on_a_new_mesh, timeout=60, device="cpu")] == [[2, 1]] * 2
+    assert groups(launcher) == kept
+
+
+def test_after_a_failed_call_the_caches_and_every_group_but_the_worlds_are_forgotten(launcher):
+    """A group a failure may have left half-used is never handed to a later call by a warm cache."""
+    launcher(2, op_on_a_new_mesh, timeout=60, device="cpu")
+    with pytest.raises(RankFailedError):
+        launcher(2, raise_on_rank_one_alone, timeout=60, device="cpu")
+    assert groups(launcher) == [1, 1]
+    assert [result.value for result in launcher(2, op_on_a_new_mesh, timeout=60, device="cpu")] == [[2, 1]] * 2
+
+
+def test_groups_kept_for_warm_caches_stay_bounded(launcher):
+    """Meshes of distinct dimension names do not compare equal: each cached op keeps its own mesh's group. Past
+    KEPT_GROUPS_MAX the rank clears the caches, and the groups go with them."""
+    for _ in range(3):
+        assert launcher(2, ops_on_distinct_meshes, 20, timeout=60, device="cpu")[0].value == 20
+        assert max(groups(launcher)) <= KEPT_GROUPS_MAX + 1
 
 
 def test_a_group_that_a_mesh_kept_elsewhere_names_stays_until_the_mesh_goes(launcher):
-    def groups():
-        return [result.value["groups"] for result in launcher(2, observe, timeout=60, device="cpu")]
-
-    before = groups()
+    with contextlib.suppress(RankFailedError):  # a failed call clears the caches: no cached mesh keeps a group
+        launcher(2, raise_on_rank_one_alone, timeout=60, device="cpu")
+    before = groups(launcher)
     try:
         launcher(2, keep_a_mesh_in_a_library, timeout=60, device="cpu")
         assert [result.value for result in launcher(2, use_the_kept_mesh, timeout=60, device="cpu")] == [1, 1]
-        assert groups() == [count + 1 for count in before]  # the kept mesh's own group, nothing more
+        assert groups(launcher) == [count + 1 for count in before]  # the kept mesh's own group, nothing more
     finally:
         launcher(2, forget_the_kept_mesh, timeout=60, device="cpu")
-    assert groups() == before
+    assert groups(launcher) == before
 
 
 def test_an_exception_a_peer_waits_on_fails_the_call_with_the_peers_stack_and_the_next_gets_a_fresh_pool(launcher):
@@ -685,17 +720,19 @@ def run_suite(pytester, monkeypatch, tests: str, *args: str, pool: str | None = 
     return result, by_test, {value["parent"] for value in values}
 
 
-def test_a_session_gives_each_test_fresh_ranks_and_a_crash_or_hang_fails_only_its_own_test(pytester, monkeypatch):
+def test_a_session_keeps_ranks_across_tests_and_a_crash_or_hang_fails_only_its_own_test(pytester, monkeypatch):
     result, pids, parents = run_suite(pytester, monkeypatch, REUSE_AND_CRASH_TESTS)
     result.assert_outcomes(passed=4, failed=2)
     result.stdout.fnmatch_lines(["rank pool: on (ranks forked from a zygote)",
                                  "E *RankFailedError: rank 1 exited with code 3 without a result",
                                  "E *RankTimeoutError: ranks [[]0, 1[]] still running after 2s; killed.*",
-                                 "rank pool: 6 calls, 7 pools started (4 ended with their test, 6 started ahead of "
-                                 "theirs), 2 replaced after*"])
+                                 "rank pool: 6 calls, 3 pools started (2 ahead of their test), kept across tests 4 "
+                                 "times, 2 replaced after*"])
     assert "in hang_on_rank_one" in result.stdout.str()  # the hung rank's stack is in the report
-    ranks_of = [pids[test] for test in ("first", "second", "after the crash", "after the hang")]
-    assert len({pid for ranks in ranks_of for pid in ranks}) == 8  # no two tests shared a rank
+    assert pids["first"] == pids["second"]  # a test that left nothing hands its ranks to the next
+    # a crash or a hang ends its ranks: the next test gets new ones
+    ranks_of = [pids[test] for test in ("second", "after the crash", "after the hang")]
+    assert len({pid for ranks in ranks_of for pid in ranks}) == 6
     assert len(parents) == 1  # every test's ranks forked from the session's one zygote, which the failures spared
     # no rank, and not the zygote that forked them, outlives the session
     assert _wait_until_gone([pid for ranks in pids.values() for pid in ranks] + list(parents)) == []
@@ -788,7 +825,9 @@ def test_c_victim(ranks):
 def test_no_test_sees_what_an_earlier_test_left_in_its_ranks(pytester, monkeypatch):
     """The six pollutions that outlived a call on a pool kept for the session (a class of torch patched, a global
     forward hook, anomaly detection, a lowered RLIMIT_AS, a dispatch mode entered and never left, a narrowed CPU
-    affinity): each is seen by its own test's next call, and by no later test, which gets fresh ranks."""
+    affinity): each is seen by its own test's next call, and by no later test. Ranks serve on across tests: what
+    the audit puts back (harness.ranks.boundary) is gone from the same ranks; the dispatch mode, which cannot be
+    left from outside, retires them, and the report of the test that left it says why."""
     result, _, parents = run_suite(pytester, monkeypatch, POLLUTING_TESTS, "-p", "no:randomly")
     result.assert_outcomes(passed=8)
     views = [json.loads(line) for line in (pytester.path / "views.jsonl").read_text().splitlines()]
@@ -805,10 +844,15 @@ def test_no_test_sees_what_an_earlier_test_left_in_its_ranks(pytester, monkeypat
     assert changed == {"patch_linear_forward": ["linear"], "global_forward_hook": ["global_forward_hooks"],
                        "detect_anomaly": ["anomaly"], "lower_rlimit_as": ["rlimit_as"],
                        "enter_a_dispatch_mode": ["dispatch_modes", "linear", "sum"], "narrow_affinity": ["affinity"]}
-    # ... and every test ran on ranks of its own
-    pids = [view["pid"] for views in (first, victim, *polluted.values()) for view in views]
-    assert len(set(pids)) == len(pids)
-    assert _wait_until_gone(pids + list(parents)) == []
+    # ... put back between tests on the same ranks, but for the dispatch mode, which retired them
+    sets = [first, *polluted.values(), victim]
+    pids = [tuple(view["pid"] for view in views) for views in sets]
+    mode_test = 1 + list(polluted).index("enter_a_dispatch_mode")
+    assert len(set(pids[:mode_test + 1])) == 1 and len(set(pids[mode_test + 1:])) == 1
+    assert pids[mode_test] != pids[mode_test + 1]
+    result.stdout.fnmatch_lines(["*pool replaced after *test_b_polluter_then_victim[[]enter_a_dispatch_mode[]]: "
+                                 "torch dispatch modes entered left at 1 (fresh: 0)*"])
+    assert _wait_until_gone([pid for ranks in pids for pid in ranks] + list(parents)) == []
 
 
 RERUN_AND_TIMEOUT_TESTS = SUITE + """

@@ -30,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rerun failed tests N times (pytest-rerunfailures), instead of the matrix's reruns")
     parser.add_argument("--force", action="store_true",
                         help="run cells this machine does not match (wrong GPU type or too few GPUs)")
+    parser.add_argument("--serial-tests", action="store_true",
+                        help="run a cell's tests one after another (by default a cell on one host runs several at "
+                             "once on disjoint GPUs or cores where more than one fits)")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="-- PYTEST_ARGS",
                         help="extra arguments for pytest, after --")
 

@@ -58,6 +58,7 @@ class Launch:
     import_path: Path | None  # this harness, for an environment that lacks it (None: it has it)
     gpus: tuple[GpuIdentity, ...]  # this machine's GPUs the cell runs on: none for a cpu cell or an engine's hosts
     log: Callable[[str], None]  # harness's lines to the terminal
+    pack_tests: bool = False  # several tests at once on this host's GPUs or cores (an engine that runs here)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +123,8 @@ class Engine(Protocol):
         ...
 
 
-def pytest_command(cell: Cell, python: Path, folder: Path, pytest_args: list[str] | tuple[str, ...]) -> list[str]:
+def pytest_command(cell: Cell, python: Path, folder: Path, pytest_args: list[str] | tuple[str, ...],
+                   pack_tests: bool = False) -> list[str]:
     # -p: the ranks plugin's options must exist when pytest parses them, where harness is not installed in
     # the cell's environment (installed, its pytest11 entry point has the same name and is not loaded twice).
     # A test's captured output, its ranks' included, goes to its testcase in junit.xml (junit_logging) and is
@@ -134,6 +136,8 @@ def pytest_command(cell: Cell, python: Path, folder: Path, pytest_args: list[str
                f"--timeout={cell.test_timeout_seconds}", "-rfEsxX"]
     if cell.reruns:
         command.append(f"--reruns={cell.reruns}")
+    if pack_tests and cell.hosts == 1:  # several tests at once where they fit (harness.ranks.packing)
+        command.append("--pack-tests")
     return command + list(pytest_args)
 
 

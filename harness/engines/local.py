@@ -56,20 +56,22 @@ class LocalEngine:
 
         exit_code, timed_out = run_pytest(launch.cell, launch.python, launch.folder, list(launch.gpus),
                                           list(launch.pytest_args), launch.log, project=launch.project,
-                                          import_path=launch.import_path, cleaned_up=cleaned_up)
+                                          import_path=launch.import_path, cleaned_up=cleaned_up,
+                                          pack_tests=launch.pack_tests)
         return Ran(exit_code=exit_code, timed_out=timed_out)
 
 
 def run_pytest(cell: Cell, python: Path, folder: Path, gpus: list, pytest_args: list[str],
                log: Callable[[str], None], *, project: Path, import_path: Path | None = None,
                echo: Callable[[bytes], None] | None = None,
-               cleaned_up: Callable[[CleanupRecord], None] | None = None) -> tuple[int | None, bool]:
+               cleaned_up: Callable[[CleanupRecord], None] | None = None,
+               pack_tests: bool = False) -> tuple[int | None, bool]:
     """Runs the suite from the project root, streaming its output as it comes to pytest.log and the
     terminal. Returns (exit code, timed out); `cleaned_up` gets how the cell's processes were ended.
 
     pytest starts in the cell's containment and writes temporary files under a folder of its own; on every
     way out every process of the cell is killed and the folder removed."""
-    command = pytest_command(cell, python, folder, pytest_args)
+    command = pytest_command(cell, python, folder, pytest_args, pack_tests)
     log("   " + shlex.join(command))
     temporary = tempfile.mkdtemp(prefix="harness-cell-")
     containment = Containment(use_cgroup=cgroup.wanted(os.environ))

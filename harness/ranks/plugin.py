@@ -1,4 +1,5 @@
-"""pytest plugin: the `ranks` fixture, running test functions on ranks, and the rank pool (fresh ranks per test).
+"""pytest plugin: the `ranks` fixture, running test functions on ranks, and the rank pool (ranks kept across tests
+while they are as fresh ones, harness.ranks.boundary).
 
 Registered through the `pytest11` entry point (installed harness), or `-p harness.ranks.plugin`, so its
 options (`--no-ranks-pool`) exist when the command line is parsed.
@@ -50,7 +51,7 @@ from harness.contract import (
     RUNNING_TEST_ENV,
     WORLD_SIZE,
 )
-from harness.ranks import sections
+from harness.ranks import packing, sections
 from harness.ranks.failures import HostLostError, RankFailedError, RankTimeoutError, hidden_from_a_failure
 from harness.ranks.hosts import HostsConfig
 from harness.ranks.pool import PoolLauncher
@@ -60,8 +61,9 @@ from harness.ranks.spawn import run_distributed
 CPU_RANKS_ENV = "HARNESS_CPU_RANKS"
 DEFAULT_CPU_RANKS = 2
 POOL_ENV = "HARNESS_RANKS_POOL"
-POOL_HELP = ("fork each test's ranks from a template that has imported torch and the suite, instead of spawning "
-             f"them for every call (default on; {POOL_ENV}=0 turns it off, {POOL_ENV}=spawn spawns the pool's ranks)")
+POOL_HELP = ("keep ranks, their process groups and warm caches across tests while an audit finds them as fresh ones, "
+             "forked from a template that has imported torch and the suite, instead of spawning them for every call "
+             f"(default on; {POOL_ENV}=0 turns it off, {POOL_ENV}=spawn spawns the pool's ranks)")
 POOL_MODES = {"0": None, "1": "fork", "spawn": "spawn"}
 # The launch ends this long before pytest-timeout fires, leaving time to collect stacks and kill the ranks.
 TIMEOUT_MARGIN_S = 30.0
@@ -76,7 +78,11 @@ pytest_plugins = ["harness.ranks.order"]
 # ---------------------------------------------------------------- hooks, in lifecycle order
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    # Registered here, not through pytest_plugins: this module imports it (coordinating), and pytest would warn that
+    # an imported plugin's asserts cannot be rewritten. Its own pytest_addoption runs on registration.
+    if not pluginmanager.is_registered(packing):
+        pluginmanager.register(packing, "harness.ranks.packing")
     group = parser.getgroup("harness")
     group.addoption("--ranks-pool", action="store_true", default=None, dest="ranks_pool", help=POOL_HELP)
     group.addoption("--no-ranks-pool", action="store_false", dest="ranks_pool",
@@ -107,8 +113,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     # The zygote imports torch while pytest sets up the first test's fixtures.
     launcher = session.config.stash.get(POOL_KEY, None)
-    if launcher is not None and not session.config.option.collectonly and \
-            any("ranks" in getattr(item, "fixturenames", ()) for item in session.items):
+    if launcher is None or session.config.option.collectonly or packing.coordinating(session.config):
+        return  # a packed session's coordinator runs no test itself
+    if any("ranks" in getattr(item, "fixturenames", ()) for item in session.items):
         launcher.warm_up()
 
 
@@ -146,9 +153,9 @@ def pytest_runtest_call(item: pytest.Item):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
-    """Once the test's fixtures are gone, the pools its calls used end: the next test's ranks are forked afresh.
-    A pool replaced within the test (a call left what could not be put back) is named in this test's report (a
-    section, and the JUnit property POOL_REPLACED)."""
+    """Once the test's fixtures are gone, the pools its calls used are audited: kept for the next test, or retired
+    and forked afresh. A pool replaced because of this test (a call, or the test, left what could not be put back)
+    is named in this test's report (a section, and the JUnit property POOL_REPLACED)."""
     try:
         return (yield from sections.attaching(item, "teardown"))
     finally:

@@ -47,7 +47,8 @@ def command(args) -> int:
                                          env_dir=planned.env_dir, pytest_args=list(planned.pytest_args),
                                          log=render.progress, project=planned.matrix.root,
                                          matrix_reference=planned.matrix.reference, import_path=import_path,
-                                         prepare_environment=preflight.checking_pins(preflight.prepare_environment)))
+                                         prepare_environment=preflight.checking_pins(preflight.prepare_environment),
+                                         pack_tests=planned.pack_tests))
     except Interrupted as interrupted:
         print(f"harness: {interrupted}; the cell's folder says so", file=sys.stderr, flush=True)
         return errors.EXIT_SIGNAL + interrupted.signum
@@ -58,7 +59,7 @@ def command(args) -> int:
 
 def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytest_args: list[str],
              log: Callable[[str], None], project: Path, matrix_reference: str, import_path: Path | None = None,
-             prepare_environment: Callable = preflight.prepare_environment) -> CellOutcome:
+             prepare_environment: Callable = preflight.prepare_environment, pack_tests: bool = False) -> CellOutcome:
     """One cell down the stages; its folder is written whatever happens on the way, and an interruption or a
     failure of harness is raised again once it is. `prepare_environment(cell, env_dir, log)` gives the cell
     its interpreter; bisect swaps in one that installs a package built from a commit on top of the cell's
@@ -66,7 +67,7 @@ def run_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytes
     prepared = prepare.prepare_cell(cell, host=host, results_root=results_root, env_dir=env_dir,
                                     pytest_args=pytest_args, log=log, project=project,
                                     matrix_reference=matrix_reference, import_path=import_path,
-                                    prepare_environment=prepare_environment)
+                                    prepare_environment=prepare_environment, pack_tests=pack_tests)
     return record.record(execute.execute(prepared), log)
 
 

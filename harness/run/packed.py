@@ -97,7 +97,8 @@ def shares(pack: Sequence[Cell], host: Host, cores: int) -> list[dict[str, str]]
 def member_command(cell: Cell, plan: Plan, *, matrix_argument: str, force: bool) -> list[str]:
     """One cell of a pack as a harness run of its own, with this run's settings."""
     command = [sys.executable, "-m", "harness", "run", "--in-pack", "--matrix", matrix_argument, "--cell", cell.id,
-               "--results", str(plan.results_root), "--env-dir", str(plan.env_dir), "--reruns", str(cell.reruns)]
+               "--results", str(plan.results_root), "--env-dir", str(plan.env_dir), "--reruns", str(cell.reruns),
+               "--serial-tests"]  # its cores are shared with the pack's other cells: one test at a time in each
     if force:
         command.append("--force")
     return [*command, "--", *plan.pytest_args]

@@ -51,6 +51,7 @@ class Plan:
     env_dir: Path  # where the cells' environments are cached
     pytest_args: tuple[str, ...]  # the run's own, after `--`
     runners: Mapping[str, Runner] = dataclasses.field(default_factory=dict)  # which types pack (run.packed)
+    pack_tests: bool = True  # a cell on one host runs its tests several at once where they fit (harness.ranks.packing)
 
 
 def plan(args) -> Plan:
@@ -77,7 +78,8 @@ def plan(args) -> Plan:
     preflight.check_project(matrix.project, [(suite_origin(matrix, named=bool(args.matrix)), cell.suite)
                                              for cell in cells])
     return Plan(matrix=matrix, cells=tuple(cells), host=host, refused=refused, results_root=results_root,
-                env_dir=root, pytest_args=tuple(args.pytest_args), runners=runners)
+                env_dir=root, pytest_args=tuple(args.pytest_args), runners=runners,
+                pack_tests=not getattr(args, "serial_tests", False))
 
 
 def results_folder(value: str, root: Path) -> Path:

@@ -64,7 +64,7 @@ def prepare_run(plan: Plan, results_option: str, *, keep_others: bool = True) ->
 
 def prepare_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, pytest_args: list[str] | tuple[str, ...],
                  log: Callable[[str], None], project: Path, matrix_reference: str, import_path: Path | None = None,
-                 prepare_environment: Callable = preflight.prepare_environment) -> Prepared:
+                 prepare_environment: Callable = preflight.prepare_environment, pack_tests: bool = False) -> Prepared:
     """`prepare_environment(cell, env_dir, log)` gives the cell its interpreter; bisect swaps in one
     that installs a package built from a commit on top of the cell's environment."""
     folder = results_root / cell.id
@@ -96,7 +96,7 @@ def prepare_cell(cell: Cell, *, host: Host, results_root: Path, env_dir: Path, p
         # A built environment lacks harness itself: its ranks plugin comes through import_path.
         launch = Launch(cell=cell, folder=folder, python=environment.python, pytest_args=tuple(pytest_args),
                         project=project, import_path=import_path if environment.origin != "current" else None,
-                        gpus=gpus, log=log)
+                        gpus=gpus, log=log, pack_tests=pack_tests)
         return dataclasses.replace(prepared, launch=launch, gpu_locks=locks)
     except EnvironmentBuildError as error:
         return _cannot_run(prepared, f"environment: {error}", contract.ERROR_ENVIRONMENT)

@@ -53,7 +53,9 @@ def print_plan(plan: Plan) -> None:
         print(f"{cell.id}")
         print(f"  environment: {environment.get(origin, origin)}")
         print(f"  results:     {results_root / cell.id}")
-        print(f"  command:     {shlex.join(pytest_command(cell, python, results_root / cell.id, plan.pytest_args))}")
+        command = pytest_command(cell, python, results_root / cell.id, plan.pytest_args,
+                                 plan.pack_tests and cell.engine == "local")
+        print(f"  command:     {shlex.join(command)}")
     for pack in packed.rounds(plan):
         if len(pack) > 1:
             print(f"at once on this machine (runners.yaml pack): {', '.join(cell.id for cell in pack)}")

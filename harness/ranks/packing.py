@@ -1,0 +1,355 @@
+"""pytest plugin: a cell's tests packed on its host, several at once on disjoint core or GPU sets (`--pack-tests`,
+which `harness run` passes to a cell on one host; `--serial-tests` there turns it off).
+
+The session that collects the tests (the coordinator) runs those without a `world_size` parameter itself, one
+after another, first. The others it groups by what each needs, its world size, of the host's units: the GPUs CUDA
+sees, else the cores this process may run on. Groups run one after another, smallest first; within a group,
+`units // need` workers run at once, each a pytest process on a set of units of its own (CUDA_VISIBLE_DEVICES, or
+its CPU affinity and OMP_NUM_THREADS), given its tests longest first (`--pack-durations`, a JSON object of test id
+to seconds; unknown tests weigh their need), to the least loaded worker. Where no two tests of the largest group
+could run at once (a 2-rank suite on 2 cores), the session runs every test itself, as without the option.
+
+Workers send each report as pytest-xdist does (`pytest_report_to_serializable`); the coordinator replays a test's
+reports together, once its teardown has arrived, through its own hooks: the terminal, junit.xml, the record
+properties, the rank outputs and the exit status are what a serial run gives, in the order tests ended. A test a
+worker never finished (the worker crashed, or was stopped) gets a failed report naming the worker and its last
+output, so nothing is lost. Needs the standard library and pytest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pytest
+
+from harness.contract import RUNNING_TEST_ENV
+
+PACK_HELP = "run the tests several at once on disjoint GPU or core sets of this host (harness run passes it)"
+WORKER_OPTION = "--pack-worker"
+# Options a worker must not inherit: the coordinator writes junit.xml and chose the order.
+NOT_FOR_WORKERS = ("--junitxml", "--junit-xml", "--random-order", "--pack-tests", "--pack-durations", WORKER_OPTION)
+OUTPUT_TAIL_LINES = 30
+POLL_S = 0.2
+COORDINATOR_KEY = pytest.StashKey[bool]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("harness")
+    group.addoption("--pack-tests", action="store_true", default=False, dest="pack_tests", help=PACK_HELP)
+    group.addoption("--pack-durations", metavar="JSON", default=None, dest="pack_durations",
+                    help="a JSON object of test id to seconds: longer tests start first (with --pack-tests)")
+    group.addoption(WORKER_OPTION, metavar="DIR", default=None, dest="pack_worker", help="(internal) a packed "
+                    "session's worker: run the tests listed in DIR/tests.json, write their reports to DIR")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.option.pack_worker:
+        config.pluginmanager.register(WorkerReports(Path(config.option.pack_worker), config), "harness-pack-worker")
+
+
+def coordinating(config: pytest.Config) -> bool:
+    """This session hands its tests to workers and runs none itself (known once its tests are collected)."""
+    return config.stash.get(COORDINATOR_KEY, False)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    option = session.config.option
+    session.config.stash[COORDINATOR_KEY] = bool(
+        option.pack_tests and not option.pack_worker and not option.collectonly and session.items
+        and worth_packing(sorted(by_need(session.items).items()), host_units()))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A worker keeps the tests it was given, in their order."""
+    folder = config.option.pack_worker
+    if not folder:
+        return
+    wanted = json.loads((Path(folder) / "tests.json").read_text())
+    by_id = {item.nodeid: item for item in items}
+    items[:] = [by_id[nodeid] for nodeid in wanted if nodeid in by_id]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> bool | None:
+    if not coordinating(session.config):
+        return None  # not asked, or one test at a time here whatever we do: the session runs them itself
+    units = host_units()
+    durations = read_durations(session.config.option.pack_durations)
+    groups = sorted(by_need(session.items).items())
+    run_here([item for item in session.items if need_of(item) is None], session)
+    with tempfile.TemporaryDirectory(prefix="harness-pack-") as scratch:
+        for need, group in groups:
+            run_group(session, units, plan_workers(group, need, units, durations), Path(scratch) / f"need{need}")
+            if session.shouldstop:
+                break
+    return True
+
+
+def run_here(items: list[pytest.Item], session: pytest.Session) -> None:
+    """Tests that name no world size, in this session, as pytest's own loop runs them."""
+    for index, item in enumerate(items):
+        if session.shouldfail or session.shouldstop:
+            return
+        nextitem = items[index + 1] if index + 1 < len(items) else None
+        item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+
+
+def worth_packing(groups: list[tuple[int, list[pytest.Item]]], units: Units) -> bool:
+    """The largest group of tests would run two or more at once (else workers cost their start and save nothing:
+    a 2-rank suite on 2 cores)."""
+    if not groups:
+        return False
+    need, items = max(groups, key=lambda group: len(group[1]))
+    return min(len(items), len(units.ids) // need) >= 2
+
+
+# ---------------------------------------------------------------- planning
+
+
+@dataclass(frozen=True)
+class Units:
+    kind: str  # "gpu" or "cpu"
+    ids: tuple[str, ...]  # CUDA_VISIBLE_DEVICES entries, or CPU numbers
+
+
+def host_units() -> Units:
+    """The GPUs this process may use (CUDA_VISIBLE_DEVICES as harness set it), else its CPUs."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        return Units("gpu", tuple(entry.strip() for entry in visible.split(",") if entry.strip()))
+    if visible is None and _cuda_devices() > 0:
+        return Units("gpu", tuple(str(index) for index in range(_cuda_devices())))
+    return Units("cpu", tuple(str(cpu) for cpu in sorted(os.sched_getaffinity(0))))
+
+
+def _cuda_devices() -> int:
+    if "torch" not in sys.modules:
+        return 0  # the suite imports torch before its tests run; a session that has not, launches no GPU test
+    torch = sys.modules["torch"]
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def need_of(item: pytest.Item) -> int | None:
+    """How many units the test takes: its world size (None: it names none, and runs in the coordinator)."""
+    callspec = getattr(item, "callspec", None)
+    world = callspec.params.get("world_size") if callspec is not None else None
+    return world if isinstance(world, int) and world > 0 else None
+
+
+def by_need(items: Sequence[pytest.Item]) -> dict[int, list[pytest.Item]]:
+    """The tests that name a world size, by it."""
+    groups: dict[int, list[pytest.Item]] = {}
+    for item in items:
+        if (need := need_of(item)) is not None:
+            groups.setdefault(need, []).append(item)
+    return groups
+
+
+def read_durations(path: str | None) -> dict[str, float]:
+    """Test id -> seconds; what is not a number of seconds is left out (the file is the caller's, not trusted)."""
+    if not path:
+        return {}
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise pytest.UsageError(f"--pack-durations {path}: not a JSON object of test id to seconds ({error})") \
+            from None
+    if not isinstance(data, dict):
+        raise pytest.UsageError(f"--pack-durations {path}: not a JSON object of test id to seconds")
+    return {key: float(value) for key, value in data.items()
+            if isinstance(key, str) and isinstance(value, (int, float)) and 0 <= value < 1e6}
+
+
+@dataclass
+class WorkerPlan:
+    units: tuple[str, ...]  # the worker's own GPUs or CPUs
+    need: int  # units each of its tests takes (its ranks)
+    tests: list[str] = field(default_factory=list)
+    load: float = 0.0
+
+
+def plan_workers(items: Sequence[pytest.Item], need: int, units: Units, durations: dict[str, float]
+                 ) -> list[WorkerPlan]:
+    """Split `items` (each needing `need` units) over `len(units) // need` workers of disjoint units (one worker
+    with every unit where fewer than `need`): longest first, each to the least loaded worker; a test without a
+    duration weighs its need."""
+    count = max(1, min(len(items), len(units.ids) // need))
+    share = len(units.ids) // count
+    plans = [WorkerPlan(units.ids[index * share:(index + 1) * share], need) for index in range(count)]
+
+    def weight(item: pytest.Item) -> float:
+        return durations.get(item.nodeid, float(need))
+
+    for item in sorted(items, key=weight, reverse=True):
+        lightest = min(plans, key=lambda plan: plan.load)
+        lightest.tests.append(item.nodeid)
+        lightest.load += weight(item)
+    return plans
+
+
+# ---------------------------------------------------------------- running a group
+
+
+@dataclass
+class Worker:
+    plan: WorkerPlan
+    folder: Path
+    process: subprocess.Popen
+    output: BinaryIO
+    reports: BinaryIO
+    unread: bytes = b""  # the start of a line the worker is still writing
+    pending: list[Any] = field(default_factory=list)  # the running test's reports, until its teardown
+    done: set[str] = field(default_factory=set)
+
+
+def run_group(session: pytest.Session, units: Units, plans: list[WorkerPlan], folder: Path) -> None:
+    folder.mkdir(parents=True)
+    workers = [_start(session.config, units, plan, folder / f"worker{index}") for index, plan in enumerate(plans)]
+    items = {item.nodeid: item for item in session.items}
+    try:
+        while any(worker.process.poll() is None for worker in workers):
+            for worker in workers:
+                _replay(session, worker)
+            time.sleep(POLL_S)
+    except BaseException:  # Ctrl-C, a signal: the workers stop as a serial session would, and say what they ran
+        _stop(workers)
+        raise
+    finally:
+        for worker in workers:
+            worker.process.wait()
+            _replay(session, worker)
+            _lost(session, worker, items)
+            worker.output.close()
+            worker.reports.close()
+
+
+def worker_command(config: pytest.Config, folder: Path) -> list[str]:
+    args = [arg for arg in config.invocation_params.args
+            if not any(arg == option or arg.startswith(option + "=") for option in NOT_FOR_WORKERS)]
+    return [sys.executable, "-m", "pytest", *_drop_values(args), f"{WORKER_OPTION}={folder}"]
+
+
+def _drop_values(args: list[str]) -> list[str]:
+    """Options of NOT_FOR_WORKERS given as two arguments (`--junitxml PATH`) lose their value too."""
+    kept, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+            continue
+        if arg in NOT_FOR_WORKERS:
+            skip = True
+            continue
+        kept.append(arg)
+    return kept
+
+
+def _start(config: pytest.Config, units: Units, plan: WorkerPlan, folder: Path) -> Worker:
+    folder.mkdir()
+    (folder / "tests.json").write_text(json.dumps(plan.tests))
+    # The coordinator names the running test (it replays each); several workers would overwrite one another.
+    environ = {name: value for name, value in os.environ.items() if name != RUNNING_TEST_ENV}
+    affinity: set[int] | None = None
+    if units.kind == "gpu":
+        environ["CUDA_VISIBLE_DEVICES"] = ",".join(plan.units)
+    else:
+        affinity = {int(cpu) for cpu in plan.units}
+        environ["OMP_NUM_THREADS"] = str(max(1, len(plan.units) // plan.need))
+    output = open(folder / "output.log", "wb")  # noqa: SIM115 - closed by run_group
+    (folder / "reports.jsonl").touch()
+    reports = open(folder / "reports.jsonl", "rb")  # noqa: SIM115 - closed by run_group
+    process = subprocess.Popen(worker_command(config, folder), cwd=config.invocation_params.dir, env=environ,
+                               stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+                               preexec_fn=(lambda: os.sched_setaffinity(0, affinity)) if affinity else None)
+    return Worker(plan, folder, process, output, reports)
+
+
+def _replay(session: pytest.Session, worker: Worker) -> None:
+    """Hand on every complete test the worker reported: its reports together, as a serial session makes them."""
+    hook = session.config.hook
+    *lines, worker.unread = (worker.unread + worker.reports.read()).split(b"\n")
+    for line in lines:
+        report = hook.pytest_report_from_serializable(config=session.config, data=json.loads(line))
+        if isinstance(report.longrepr, list):  # a skip's (path, line, reason), a list once through JSON
+            report.longrepr = tuple(report.longrepr)
+        worker.pending.append(report)
+        if report.when == "teardown":
+            _emit(session, worker.pending)
+            worker.done.add(report.nodeid)
+            worker.pending = []
+
+
+def _emit(session: pytest.Session, reports: list[Any]) -> None:
+    hook = session.config.hook
+    nodeid, location = reports[0].nodeid, reports[0].location
+    hook.pytest_runtest_logstart(nodeid=nodeid, location=location)
+    for report in reports:
+        hook.pytest_runtest_logreport(report=report)
+    hook.pytest_runtest_logfinish(nodeid=nodeid, location=location)
+
+
+def _lost(session: pytest.Session, worker: Worker, items: dict[str, pytest.Item]) -> None:
+    """Every test of the worker's plan that it never finished gets a failed report, with the worker's last words."""
+    lost = [nodeid for nodeid in worker.plan.tests if nodeid not in worker.done]
+    if not lost:
+        return
+    tail = _tail(worker.folder / "output.log")
+    code = worker.process.returncode
+    for nodeid in lost:
+        item = items[nodeid]
+        started = bool(worker.pending) and worker.pending[0].nodeid == nodeid
+        words = (f"the packed worker on units {','.join(worker.plan.units)} exited with code {code} "
+                 f"{'during' if started else 'before'} this test; its last output:\n{tail}")
+        reports = worker.pending if started else []
+        report = pytest.TestReport(nodeid, item.location, {name: 1 for name in item.keywords}, "failed", words,
+                                   "call" if started else "setup", user_properties=list(item.user_properties))
+        _emit(session, [*reports, report])
+    worker.pending = []
+
+
+def _tail(path: Path) -> str:
+    with contextlib.suppress(OSError):
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        return "\n".join(lines[-OUTPUT_TAIL_LINES:])
+    return "(no output)"
+
+
+def _stop(workers: list[Worker]) -> None:
+    """SIGINT to every worker (pytest ends its test and reports), then SIGKILL to one that does not end."""
+    for worker in workers:
+        with contextlib.suppress(ProcessLookupError):
+            worker.process.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + 30
+    for worker in workers:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            worker.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        if worker.process.poll() is None:
+            worker.process.kill()
+
+
+# ---------------------------------------------------------------- in a worker
+
+
+class WorkerReports:
+    """A worker's reports, one JSON line each, in the folder the coordinator reads."""
+
+    def __init__(self, folder: Path, config: pytest.Config):
+        self.path = folder / "reports.jsonl"
+        self.config = config
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
+        with open(self.path, "a", encoding="utf-8") as reports:
+            reports.write(json.dumps(data) + "\n")

@@ -1,0 +1,148 @@
+"""Tests packed within a cell (issue 45, harness.ranks.packing): several tests at once on disjoint core sets, their
+reports replayed by the coordinator so that the terminal, junit.xml, properties and exit status are a serial run's.
+On this machine's cores: each test here needs one rank (a `world_size` of 1), so two run at once on two cores."""
+
+from __future__ import annotations
+
+import json
+import os
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from harness.ranks import packing
+
+pytest_plugins = ["pytester"]
+
+TWO_CORES = len(os.sched_getaffinity(0)) >= 2
+
+SUITE = """
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+SEEN = Path(os.environ["PACK_TEST_SEEN"])
+
+
+def where(name, world_size):
+    with SEEN.open("a") as seen:
+        seen.write(json.dumps({"test": name, "pid": os.getpid(), "cpus": sorted(os.sched_getaffinity(0)),
+                               "threads": os.environ.get("OMP_NUM_THREADS")}) + "\\n")
+
+
+@pytest.mark.parametrize("world_size", [1])
+@pytest.mark.parametrize("index", range(6))
+def test_passes(record_property, world_size, index):
+    where(f"passes{index}", world_size)
+    record_property("index", index)
+    print(f"output of test {index}")
+    time.sleep(0.5)
+
+
+@pytest.mark.parametrize("world_size", [1])
+def test_fails(world_size):
+    where("fails", world_size)
+    assert 41 == 42, "the answer"
+
+
+@pytest.mark.parametrize("world_size", [1])
+def test_skips(world_size):
+    pytest.skip("not here")
+
+
+@pytest.mark.parametrize("world_size", [1])
+def test_kills_its_worker(world_size):
+    where("kills", world_size)
+    os._exit(9)
+"""
+
+
+def run(pytester, monkeypatch, *args):
+    monkeypatch.setenv("PACK_TEST_SEEN", str(pytester.path / "seen.jsonl"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    pytester.makepyfile(test_suite=SUITE)
+    junit = pytester.path / "junit.xml"
+    result = pytester.runpytest_subprocess("-p", "harness.ranks.plugin", "-o", "junit_family=xunit1",
+                                           "-o", "junit_logging=all", f"--junitxml={junit}", "-rfE", *args)
+    seen = [json.loads(line) for line in (pytester.path / "seen.jsonl").read_text().splitlines()]
+    return result, ET.parse(junit).getroot(), seen
+
+
+def outcomes(root) -> dict[str, str]:
+    found = {}
+    for case in root.iter("testcase"):
+        children = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
+        found[case.get("name")] = children[0] if children else "passed"
+    return found
+
+
+@pytest.mark.skipif(not TWO_CORES, reason="packing needs two cores")
+def test_packed_tests_run_at_once_on_disjoint_cores_and_report_as_a_serial_run(pytester, monkeypatch):
+    packed, packed_junit, packed_seen = run(pytester, monkeypatch, "--pack-tests", "-k", "not kills")
+    (pytester.path / "seen.jsonl").unlink()
+    serial, serial_junit, serial_seen = run(pytester, monkeypatch, "-k", "not kills")
+    assert outcomes(packed_junit) == outcomes(serial_junit)
+    assert outcomes(packed_junit)["test_fails[1]"] == "failure"
+    assert packed.ret == serial.ret == 1
+    # the terminal's summary counts are a serial run's
+    assert packed.parseoutcomes() == serial.parseoutcomes() == {"passed": 6, "failed": 1, "skipped": 1,
+                                                                "deselected": 1}
+    # properties and captured output travel with each test
+    for case in packed_junit.iter("testcase"):
+        if case.get("name").startswith("test_passes"):
+            index = case.get("name").split("[")[1].split("-")[0]
+            assert {prop.get("name"): prop.get("value") for prop in case.iter("property")} == {"index": index}
+            assert f"output of test {index}" in case.find("system-out").text
+    # two workers, each on a core of its own with one thread per rank; serially, one process on every core
+    workers = {entry["pid"]: entry["cpus"] for entry in packed_seen}
+    assert len(workers) >= 2 and all(len(cpus) == 1 for cpus in workers.values())
+    assert len({cpus[0] for cpus in workers.values()}) == len(workers)
+    assert {entry["threads"] for entry in packed_seen} == {"1"}
+    assert len({entry["pid"] for entry in serial_seen}) == 1
+
+
+@pytest.mark.skipif(not TWO_CORES, reason="packing needs two cores")
+def test_a_worker_that_dies_fails_the_test_it_ran_and_every_test_it_had_left_with_its_last_words(pytester,
+                                                                                                monkeypatch):
+    result, junit, _ = run(pytester, monkeypatch, "--pack-tests", "-k", "kills or passes")
+    assert outcomes(junit)["test_kills_its_worker[1]"] == "failure"
+    failure = next(case for case in junit.iter("testcase") if case.get("name") == "test_kills_its_worker[1]")
+    assert "exited with code 9 during this test" in failure.find("failure").get("message", "") + \
+        (failure.find("failure").text or "")
+    assert len(list(junit.iter("testcase"))) == 7  # nothing lost: the dead worker's other tests are reported too
+
+
+def test_packing_is_left_off_where_no_two_tests_could_run_at_once(pytester, monkeypatch):
+    """Two-rank tests on two cores: the session runs them itself (workers would only cost their start)."""
+    units = packing.Units("cpu", ("0", "1"))
+
+    class Item:
+        def __init__(self, world):
+            self.callspec = type("Callspec", (), {"params": {"world_size": world}})()
+
+    assert not packing.worth_packing(sorted(packing.by_need([Item(2), Item(2), Item(1)]).items()), units)
+    assert packing.worth_packing(sorted(packing.by_need([Item(1), Item(1), Item(2)]).items()), units)
+
+
+def test_longest_tests_start_first_on_the_least_loaded_worker():
+    units = packing.Units("gpu", ("a", "b", "c", "d"))
+
+    class Item:
+        def __init__(self, nodeid):
+            self.nodeid = nodeid
+
+    durations = {"t1": 10.0, "t2": 6.0, "t3": 5.0, "t4": 1.0}
+    plans = packing.plan_workers([Item(name) for name in ("t4", "t3", "t2", "t1")], 2, units, durations)
+    assert [(plan.units, plan.tests) for plan in plans] == [(("a", "b"), ["t1", "t4"]), (("c", "d"), ["t2", "t3"])]
+
+
+def test_a_durations_file_that_is_not_an_object_of_seconds_is_a_usage_error(tmp_path):
+    bad = tmp_path / "durations.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(pytest.UsageError, match="durations.json: not a JSON object"):
+        packing.read_durations(str(bad))
+    bad.write_text(json.dumps({"a": 1.5, "b": "slow", "c": -1, "d": 1e300}))
+    assert packing.read_durations(str(bad)) == {"a": 1.5}

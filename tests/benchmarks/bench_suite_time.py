@@ -1,5 +1,7 @@
 """The suite's wall time at another commit and at this checkout, one after the other on this machine, and their
-ratio (issue 31: the embedded default with the training layer at most 1.5x the suite before it).
+ratio (issue 31: the embedded default with the training layer at most 1.5x the suite before it; issue 45: at most
+0.5x the commit before kept process groups), with the cost per case (the ranks' work, the pool's overhead) and the
+tests whose verdicts differ between the two sides.
 
     python tests/benchmarks/bench_suite_time.py [--base REV] [--json OUT] [-- PYTEST_ARGS...]
 
@@ -29,14 +31,38 @@ DEFAULT_BASE = "ba0dc9e"  # the commit before the training layer
 
 
 def timed_suite(tree: Path, junit: Path, pytest_args: list[str]) -> dict:
+    timing = junit.with_suffix(".timing.jsonl")
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])),
-               "HF_HUB_OFFLINE": "1"}
+               "HF_HUB_OFFLINE": "1", "HARNESS_RANKS_TIMING": str(timing)}
     command = [sys.executable, "-m", "pytest", "tests/gpu", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
                *pytest_args]
     started = time.perf_counter()
     completed = subprocess.run(command, cwd=tree, env=environ, capture_output=True, text=True)
     seconds = time.perf_counter() - started
-    return {"seconds": round(seconds, 1), "exit": completed.returncode, **junit_summary(junit)}
+    summary = junit_summary(junit)
+    return {"seconds": round(seconds, 1), "exit": completed.returncode, **summary,
+            **cost_per_case(timing, sum(summary["outcomes"].values()), seconds)}
+
+
+def cost_per_case(timing: Path, cases: int, wall: float) -> dict:
+    """What a case costs, from the pool's timing lines: the ranks' work (the slowest rank's seconds in `fn`), the
+    pool's overhead around it (the call's wall time less that work: starting pools, sending, gathering) and the
+    session's wall, each divided by the cases junit.xml counts."""
+    calls = [json.loads(line) for line in timing.read_text().splitlines()] if timing.exists() else []
+    work = sum(call["work_s"] or 0.0 for call in calls)
+    in_calls = sum(call["call_s"] for call in calls)
+    per = max(cases, 1)
+    return {"cases": cases, "calls": len(calls), "work_per_case_s": round(work / per, 3),
+            "pool_overhead_per_case_s": round((in_calls - work) / per, 3),
+            "wall_per_case_s": round(wall / per, 3)}
+
+
+def verdicts(junit: Path) -> dict[str, str]:
+    found = {}
+    for case in ElementTree.parse(junit).iter("testcase"):
+        tags = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
+        found[f"{case.get('classname')}::{case.get('name')}"] = tags[0] if tags else "passed"
+    return found
 
 
 def junit_summary(junit: Path) -> dict:
@@ -65,13 +91,19 @@ def main() -> int:
         folder = Path(scratch)
         base = timed_suite(export(args.base, folder), folder / "base.xml", pytest_args)
         current = timed_suite(REPO, folder / "current.xml", pytest_args)
+        before, after = verdicts(folder / "base.xml"), verdicts(folder / "current.xml")
+    differ = sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
     figures = {"base": {"revision": args.base, **base}, "current": current,
-               "ratio": round(current["seconds"] / base["seconds"], 2)}
+               "ratio": round(current["seconds"] / base["seconds"], 2),
+               "work_per_case_ratio": round(current["work_per_case_s"] / max(base["work_per_case_s"], 1e-9), 2),
+               "verdicts_differ": differ}
     for side in ("base", "current"):
         each = figures[side]
-        print(f"{side:8s} {each['seconds']:7.1f} s  exit {each['exit']}  {each['outcomes']}  slowest: "
-              f"{each['slowest_files']}")
-    print(f"ratio    {figures['ratio']}x (current / base, one after the other on this machine)")
+        print(f"{side:8s} {each['seconds']:7.1f} s  exit {each['exit']}  {each['outcomes']}  per case: work "
+              f"{each['work_per_case_s']} s, pool overhead {each['pool_overhead_per_case_s']} s, wall "
+              f"{each['wall_per_case_s']} s  slowest: {each['slowest_files']}")
+    print(f"ratio    {figures['ratio']}x wall, {figures['work_per_case_ratio']}x work per case (current / base, one "
+          f"after the other on this machine); verdicts that differ: {len(differ)} {differ[:5]}")
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
     return 0

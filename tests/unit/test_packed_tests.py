@@ -146,3 +146,16 @@ def test_a_durations_file_that_is_not_an_object_of_seconds_is_a_usage_error(tmp_
         packing.read_durations(str(bad))
     bad.write_text(json.dumps({"a": 1.5, "b": "slow", "c": -1, "d": 1e300}))
     assert packing.read_durations(str(bad)) == {"a": 1.5}
+
+
+@pytest.mark.parametrize(("flag", "packed"), [((), True), (("--serial-tests",), False)])
+def test_harness_run_packs_a_cells_tests_unless_told_not_to(flag, packed):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    shown = subprocess.run([sys.executable, "-m", "harness", "run", "--dry-run", *flag], cwd=repo,
+                           capture_output=True, text=True, check=True).stdout
+    command = next(line for line in shown.splitlines() if line.strip().startswith("command:"))
+    assert ("--pack-tests" in command.split()) is packed

@@ -107,7 +107,7 @@ def test_packed_tests_run_at_once_on_disjoint_cores_and_report_as_a_serial_run(p
 @pytest.mark.skipif(not TWO_CORES, reason="packing needs two cores")
 def test_a_worker_that_dies_fails_the_test_it_ran_and_every_test_it_had_left_with_its_last_words(pytester,
                                                                                                 monkeypatch):
-    result, junit, _ = run(pytester, monkeypatch, "--pack-tests", "-k", "kills or passes")
+    _, junit, _ = run(pytester, monkeypatch, "--pack-tests", "-k", "kills or passes")
     assert outcomes(junit)["test_kills_its_worker[1]"] == "failure"
     failure = next(case for case in junit.iter("testcase") if case.get("name") == "test_kills_its_worker[1]")
     assert "exited with code 9 during this test" in failure.find("failure").get("message", "") + \
@@ -142,7 +142,7 @@ def test_longest_tests_start_first_on_the_least_loaded_worker():
 def test_a_durations_file_that_is_not_an_object_of_seconds_is_a_usage_error(tmp_path):
     bad = tmp_path / "durations.json"
     bad.write_text("[1, 2]")
-    with pytest.raises(pytest.UsageError, match="durations.json: not a JSON object"):
+    with pytest.raises(pytest.UsageError, match=r"durations\.json: not a JSON object"):
         packing.read_durations(str(bad))
     bad.write_text(json.dumps({"a": 1.5, "b": "slow", "c": -1, "d": 1e300}))
     assert packing.read_durations(str(bad)) == {"a": 1.5}

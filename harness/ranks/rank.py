@@ -349,10 +349,10 @@ class RankState:
         self.suite = SuiteSnapshot(())
         if "torch._dynamo" in sys.modules:
             torch._dynamo.reset()
-        if len(self._process_groups()) > KEPT_GROUPS_MAX:
-            self._forget_meshes()
+        gc.collect()  # frees what the call left, meshes included (they form cycles): their groups can go
+        if len(self._process_groups()) > KEPT_GROUPS_MAX or self._meshes_name_destroyed_groups():
+            self._forget_meshes()  # bounded; and a cached mesh never hands a later call a group the call destroyed
         else:
-            gc.collect()  # frees what the call left, meshes included (they form cycles): their groups can go
             self._drop_call_groups()
         self._set_rng_state(self.rng)
         if self.use_cuda:
@@ -383,6 +383,10 @@ class RankState:
         for group in call_groups:
             if group.group_name not in named:
                 self.dist.destroy_process_group(group)
+
+    def _meshes_name_destroyed_groups(self) -> bool:
+        live = set(self.dist.distributed_c10d._world.pg_names.values())
+        return bool(_groups_named_by_live_meshes() - live)
 
     def _process_groups(self) -> list:
         """Every live process group, the default one included (torch keeps no public list)."""

@@ -954,3 +954,19 @@ def test_the_running_tests_id_is_in_the_running_test_file_only_while_it_runs(pyt
     """)
     pytester.runpytest().assert_outcomes(passed=1)
     assert not running.exists()
+
+
+def destroy_the_cached_meshs_group():
+    """A test that tears down its own groups: the mesh a warm cache holds then names a group that is gone."""
+    import torch.distributed as dist
+
+    for group in list(dist.distributed_c10d._world.pg_map):
+        if group is not dist.group.WORLD:
+            dist.destroy_process_group(group)
+
+
+def test_a_cached_mesh_whose_group_a_call_destroyed_is_forgotten(launcher):
+    for _ in range(2):  # the second op fills the cache with its mesh
+        launcher(2, op_on_a_new_mesh, timeout=60, device="cpu")
+    launcher(2, destroy_the_cached_meshs_group, timeout=60, device="cpu")
+    assert [result.value for result in launcher(2, op_on_a_new_mesh, timeout=60, device="cpu")] == [[2, 1]] * 2

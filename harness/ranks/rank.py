@@ -291,6 +291,7 @@ class RankState:
 
         self.torch, self.dist = torch, dist
         self.groups = set(self._process_groups())
+        self.groups_before_call = set(self.groups)
         self.rng = self._rng_state()
         self.suite = SuiteSnapshot(())
         _installed_roots()
@@ -304,6 +305,7 @@ class RankState:
         fn, args = pickle.loads(payload)
         self.boundary.accept_imports(self.fresh.accept_imports())
         self.suite = SuiteSnapshot(_suite_modules(fn))
+        self.groups_before_call = set(self._process_groups())
         if self.use_cuda:
             torch.cuda.reset_peak_memory_stats()
         started = time.perf_counter()
@@ -350,7 +352,7 @@ class RankState:
         if "torch._dynamo" in sys.modules:
             torch._dynamo.reset()
         gc.collect()  # frees what the call left, meshes included (they form cycles): their groups can go
-        if len(self._process_groups()) > KEPT_GROUPS_MAX or self._meshes_name_destroyed_groups():
+        if len(self._process_groups()) > KEPT_GROUPS_MAX or self._destroyed_a_group():
             self._forget_meshes()  # bounded; and a cached mesh never hands a later call a group the call destroyed
         else:
             self._drop_call_groups()
@@ -384,9 +386,10 @@ class RankState:
             if group.group_name not in named:
                 self.dist.destroy_process_group(group)
 
-    def _meshes_name_destroyed_groups(self) -> bool:
-        live = set(self.dist.distributed_c10d._world.pg_names.values())
-        return bool(_groups_named_by_live_meshes() - live)
+    def _destroyed_a_group(self) -> bool:
+        """The call destroyed a group that existed before it (one a warm cache's mesh may name). Asked of the
+        group registry, not by scanning the heap for meshes: that scan costs a call on a large process."""
+        return not self.groups_before_call <= set(self._process_groups())
 
     def _process_groups(self) -> list:
         """Every live process group, the default one included (torch keeps no public list)."""

@@ -68,7 +68,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     option = session.config.option
     session.config.stash[COORDINATOR_KEY] = bool(
         option.pack_tests and not option.pack_worker and not option.collectonly and session.items
-        and worth_packing(sorted(by_need(session.items).items()), host_units()))
+        and worth_packing(sorted(by_need(session.items, host_units()).items()), host_units()))
 
 
 @pytest.hookimpl(trylast=True)
@@ -88,8 +88,9 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
         return None  # not asked, or one test at a time here whatever we do: the session runs them itself
     units = host_units()
     durations = read_durations(session.config.option.pack_durations)
-    groups = sorted(by_need(session.items).items())
-    run_here([item for item in session.items if need_of(item) is None], session)
+    groups = sorted(by_need(session.items, units).items())
+    packed = {item.nodeid for _, group in groups for item in group}
+    run_here([item for item in session.items if item.nodeid not in packed], session)
     with tempfile.TemporaryDirectory(prefix="harness-pack-") as scratch:
         for need, group in groups:
             run_group(session, units, plan_workers(group, need, units, durations), Path(scratch) / f"need{need}")
@@ -149,11 +150,13 @@ def need_of(item: pytest.Item) -> int | None:
     return world if isinstance(world, int) and world > 0 else None
 
 
-def by_need(items: Sequence[pytest.Item]) -> dict[int, list[pytest.Item]]:
-    """The tests that name a world size, by it."""
+def by_need(items: Sequence[pytest.Item], units: Units) -> dict[int, list[pytest.Item]]:
+    """The tests that name a world size this host can give, by it. One larger (a 4-rank test of a 2-rank cpu cell)
+    skips at once: it stays with the coordinator rather than cost a worker's start."""
+    capacity = len(units.ids) if units.kind == "gpu" else int(os.environ.get("HARNESS_CPU_RANKS") or 2)
     groups: dict[int, list[pytest.Item]] = {}
     for item in items:
-        if (need := need_of(item)) is not None:
+        if (need := need_of(item)) is not None and need <= capacity:
             groups.setdefault(need, []).append(item)
     return groups
 

@@ -75,12 +75,14 @@ class PoolLauncher:
         self.pools_replaced = 0  # killed after a death, a hang or a broken failure
         self.pools_retired = 0  # a call left state a fresh rank would not have (harness.ranks.state)
         self.pools_kept = 0  # times a pool served on after a test that used it: nothing was left behind
+        self.pools_ended = 0  # GPU pools ended with their test (renew says why)
         self.pools_started_ahead = 0  # of pools_started: forked by renew() for the next test
         self.retirements: list[str] = []  # "pool replaced after TEST: why", not yet handed to a report
         self.retired_log: list[str] = []  # every retirement of the session, for the terminal summary
         self._last_test: dict[tuple[int, str], str] = {}  # the test whose call each pool ran last
         self._pools: dict[tuple[int, str], RankSet] = {}
         self._used: set[tuple[int, str]] = set()  # pools a call used since the last renew()
+        self._cuda_pools: set[tuple[int, str]] = set()  # pools whose ranks run on GPUs (they end with each test)
         self._ahead: set[tuple[int, str]] = set()  # pools started by renew() whose ranks have not yet said Ready
         self._timeouts: dict[tuple[int, str], float] = {}  # the longest call timeout seen per pool: a pool started
         # ahead waits that long in its collectives, so that no later call finds it too short
@@ -135,6 +137,8 @@ class PoolLauncher:
                     _print_stacks(pool, error)
                 raise
             work = [reply.seconds for reply in replies]
+            if any(reply.peak_allocated_mib is not None for reply in replies):  # only CUDA ranks measure it
+                self._cuda_pools.add(key)
             outcome = "passed"
             self._preload([name for reply in replies for name in reply.modules])
             return to_results(replies)
@@ -160,10 +164,18 @@ class PoolLauncher:
         (the plugin puts it in the test's report)."""
         for key in sorted(self._used):
             pool = self._pools.get(key)
-            if pool is not None and key not in self._ahead and pool.audit():
+            if pool is not None and key in self._cuda_pools:
+                # Ranks on GPUs end with their test, as before ranks were kept: on one H100 the one-device tier's
+                # kept ranks were retired after every test for a reason not yet captured, and waiting for their
+                # reset and audit made the tier slower (11 cases in 110 s against 15: docs/measurements/
+                # 2026-12-06-kept-ranks.md). Fresh ranks are the stricter isolation; GPU pools are to be kept once
+                # that reason is known and put back or named.
+                self._pools.pop(key).kill()
+                self.pools_ended += 1
+            elif pool is not None and key not in self._ahead and pool.audit():
                 self.pools_kept += 1
                 continue
-            if pool is not None:
+            elif pool is not None:
                 self._discard(key)
             self._start_ahead(key)
         self._used.clear()
@@ -217,9 +229,10 @@ class PoolLauncher:
             how += (f"; not preloaded, as no installed code: {count} module{'s' if count > 1 else ''} "
                     f"({words(list(self.not_preloaded))})")
         return (f"{self.calls} calls, {self.pools_started} pools started ({self.pools_started_ahead} ahead of their "
-                f"test), kept across tests {self.pools_kept} times, {self.pools_replaced} replaced after a dead rank, "
-                f"a hang or a broken failure, {self.pools_retired} retired after a test or call left state a fresh "
-                f"rank would not have; ranks {how}")
+                f"test), kept across tests {self.pools_kept} times, {self.pools_ended} GPU pools ended with their "
+                f"test, {self.pools_replaced} replaced after a dead rank, a hang or a broken failure, "
+                f"{self.pools_retired} retired after a test or call left state a fresh rank would not have; "
+                f"ranks {how}")
 
     def warm_up(self) -> None:
         """Start the zygote now (it imports torch in the background) rather than at the first call."""

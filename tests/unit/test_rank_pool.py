@@ -727,7 +727,7 @@ def test_a_session_keeps_ranks_across_tests_and_a_crash_or_hang_fails_only_its_o
                                  "E *RankFailedError: rank 1 exited with code 3 without a result",
                                  "E *RankTimeoutError: ranks [[]0, 1[]] still running after 2s; killed.*",
                                  "rank pool: 6 calls, 3 pools started (2 ahead of their test), kept across tests 4 "
-                                 "times, 2 replaced after*"])
+                                 "times, 0 GPU pools ended with their test, 2 replaced after*"])
     assert "in hang_on_rank_one" in result.stdout.str()  # the hung rank's stack is in the report
     assert pids["first"] == pids["second"]  # a test that left nothing hands its ranks to the next
     # a crash or a hang ends its ranks: the next test gets new ones

@@ -47,8 +47,8 @@ from harness.engines.credentials import private_credentials
 from harness.errors import ConfigError
 from harness.plan.cells import Cell, SubmitOptions
 from harness.plan.files import positive_int
-from harness.ranks.hosts import port_outside_ephemeral_range
 from harness.ranks.output import printable
+from harness.ranks.ports import port_outside_ephemeral_range
 
 POLL_S = 0.5
 PRIVATE_FOLDER = ".harness-private"  # in the project: each job's credentials, 0700, gone when the job ends

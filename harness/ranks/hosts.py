@@ -29,7 +29,6 @@ import math
 import os
 import pickle
 import queue
-import random
 import socket
 import threading
 import time
@@ -62,7 +61,6 @@ HUB_ENV = "HARNESS_HUB"
 CREDENTIALS_ENV = "HARNESS_HOSTS_CREDENTIALS"
 CAUSE_ENV = "HARNESS_HOST_CAUSE"
 # The share of ports of one cell among the cells `harness run` packs on this host at once (runners.yaml pack).
-PORT_SLOT_ENV = "HARNESS_PORT_SLOT"
 # A host silent this long (at least two beats missed) counts as silent when naming who went first.
 SILENT_AFTER_S = 3 * HEARTBEAT_INTERVAL_S
 AGENT_REPLY_TIMEOUT_S = 30.0
@@ -296,41 +294,6 @@ class Hub:
             if loss is not None and not self._closed:  # closing the links ourselves loses no host
                 self.loss = loss
                 write_cause(self.config.cause_file, loss)
-
-
-def port_share(candidates: range, slot: str | None) -> range:
-    """The part of `candidates` a cell packed beside others on this host may take ($HARNESS_PORT_SLOT "i/n",
-    set by `harness run` for the i-th of n cells at once): no two of them can pick one port. Unset: all."""
-    if not slot:
-        return candidates
-    try:
-        index, count = (int(part) for part in slot.split("/"))
-    except ValueError:
-        raise ValueError(f"${PORT_SLOT_ENV}={slot!r}: expected INDEX/COUNT") from None
-    if not 0 <= index < count <= len(candidates):
-        raise ValueError(f"${PORT_SLOT_ENV}={slot!r}: expected 0 <= INDEX < COUNT <= {len(candidates)}")
-    size = len(candidates) // count
-    return candidates[index * size:(index + 1) * size]
-
-
-def port_outside_ephemeral_range(address: str = "0.0.0.0", attempts: int = 200) -> int:
-    """A free TCP port below the kernel's ephemeral range. Across hosts the ranks' own connections to the
-    launcher are TCP and take ephemeral ports, which could land on a port chosen for rank 0's store in the
-    moment between choosing it and binding it (seen: `failed to listen ... port: 40301`)."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    candidates = port_share(range(max(1024, low // 2), low), os.environ.get(PORT_SLOT_ENV))
-    for _ in range(attempts):
-        port = random.choice(candidates)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            try:
-                probe.bind((address, port))
-            except OSError:
-                continue
-            return port
-    raise OSError(f"no free port below {low} on {address} after {attempts} tries")
 
 
 def first_lost(links: list[AgentLink], now: float) -> HostLostError | None:

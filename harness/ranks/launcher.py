@@ -31,8 +31,9 @@ from typing import Any, Protocol
 
 from harness.ranks import lifecycle, tls
 from harness.ranks.failures import Died, DistributedError, failure_error, hidden_from_a_failure, timeout_error
-from harness.ranks.hosts import Placement, port_outside_ephemeral_range
+from harness.ranks.hosts import Placement
 from harness.ranks.output import output_paths, read_output
+from harness.ranks.ports import port_outside_ephemeral_range
 from harness.ranks.protocol import (
     BOOTSTRAP_TIMEOUT_S,
     DEVICES,

@@ -31,7 +31,7 @@ from harness.engines import Interrupted, engine
 from harness.engines.local import echo_terminal
 from harness.plan.cells import Cell
 from harness.plan.packing import first_fit_decreasing
-from harness.ranks.hosts import PORT_SLOT_ENV
+from harness.ranks.ports import PORT_SLOT_ENV
 from harness.ranks.tether import tethered
 from harness.results import read_cell
 from harness.run import prepare, record

@@ -90,7 +90,7 @@ def cell_secret(tree: Path, folder: Path) -> tuple[list[str], dict[str, str]]:
 
 def time_hosts_startup(tree: Path, hosts: int, folder: Path) -> float:
     """Seconds from starting a cell's `harness host` processes to its first call on every host answered."""
-    from harness.ranks.hosts import port_outside_ephemeral_range
+    from harness.ranks.ports import port_outside_ephemeral_range
 
     folder.mkdir(parents=True)
     (folder / "test_startup.py").write_text(HOSTS_SUITE.replace("WORLD", str(hosts)))

@@ -245,11 +245,11 @@ def start_daemon_on_rank_1(script: str, record: str) -> None:
 def test_an_agent_of_a_cell_across_hosts_ends_a_daemon_its_rank_left(tmp_path, monkeypatch, mechanism):
     """Two 'hosts' on this one: this process is host 0's pytest (its pool and hub), `harness host --index=1` the
     agent that forks rank 1. The rank starts the daemon; when host 0 closes, the agent must end it."""
-    from harness.ranks import hosts
+    from harness.ranks import ports
     from harness.ranks.pool import PoolLauncher
 
     record, log = tmp_path / "escaped.pid", tmp_path / "agent.log"
-    port, cell = hosts.port_outside_ephemeral_range("127.0.0.1"), credentials.write(tmp_path / "private", "daemon")
+    port, cell = ports.port_outside_ephemeral_range("127.0.0.1"), credentials.write(tmp_path / "private", "daemon")
     for name, value in host_0_environ(port, cell).items():
         monkeypatch.setenv(name, value)
     agent = start_agent(1, port, cell, log, **{cgroup.CGROUP_ENV: CGROUP_SETTING[mechanism]})

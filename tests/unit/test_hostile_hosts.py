@@ -339,7 +339,7 @@ def test_a_relay_between_a_host_and_the_hub_records_no_key_and_no_message(pytest
     """harness host 0 runs pytest, host 1 an agent that reaches the hub only through the relay: every byte of
     their connection (the hello, Preload, Fork with the ranks' specs and host 0's environment, heartbeats) is
     recorded, and none is readable; the cell still passes, and no log holds the key."""
-    from harness.ranks.hosts import port_outside_ephemeral_range
+    from harness.ranks.ports import port_outside_ephemeral_range
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.setenv("HARNESS_TEST_PLANTED", PLANTED)

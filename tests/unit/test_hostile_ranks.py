@@ -20,7 +20,7 @@ import pytest
 from process_helpers import host_0_environ, listening_sockets, start_agent
 
 from harness.engines import credentials
-from harness.ranks import hosts, launcher
+from harness.ranks import launcher, ports
 from harness.ranks.launcher import RankSet, handshake, pickle_call, to_results
 from harness.ranks.rank import store_path
 
@@ -192,7 +192,7 @@ def test_across_hosts_rank_0s_store_listens_on_host_0s_address_alone(tmp_path, m
     pytest.importorskip("torch")
     from harness.ranks.pool import PoolLauncher
 
-    port, cell = hosts.port_outside_ephemeral_range("127.0.0.1"), credentials.write(tmp_path / "private", "store")
+    port, cell = ports.port_outside_ephemeral_range("127.0.0.1"), credentials.write(tmp_path / "private", "store")
     for name, value in host_0_environ(port, cell).items():
         monkeypatch.setenv(name, value)
     agent = start_agent(1, port, cell, tmp_path / "agent.log")

@@ -19,9 +19,9 @@ import pytest
 
 from harness.engines.credentials import write as write_credentials
 from harness.ranks import RankFailedError, RankTimeoutError, run_distributed
-from harness.ranks.hosts import port_outside_ephemeral_range
 from harness.ranks.output import head_and_tail, merge, read_output, stream_limits
 from harness.ranks.pool import PoolLauncher
+from harness.ranks.ports import port_outside_ephemeral_range
 from harness.ranks.protocol import OutputCapture, RankOutput
 from harness.ranks.sections import JunitBudget, rank_sections
 

@@ -17,7 +17,7 @@ from harness.engines import check_settings, slurm
 from harness.errors import ConfigError
 from harness.plan.matrix import expand
 from harness.plan.runners import read_runners
-from harness.ranks import hosts
+from harness.ranks import hosts, ports
 from harness.ranks.hostenv import for_host, portable
 
 pytest_plugins = ["pytester"]
@@ -303,8 +303,8 @@ def test_every_hosts_gpus_merge_into_memory_json(tmp_path):
 
 def test_ports_for_stores_and_hubs_avoid_the_ephemeral_range():
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    ports = {hosts.port_outside_ephemeral_range("127.0.0.1") for _ in range(20)}
-    assert all(1024 <= port < low for port in ports) and len(ports) > 1
+    chosen = {ports.port_outside_ephemeral_range("127.0.0.1") for _ in range(20)}
+    assert all(1024 <= port < low for port in chosen) and len(chosen) > 1
 
 
 def test_a_cell_across_hosts_refuses_ranks_the_pool_cannot_place(pytester, monkeypatch):

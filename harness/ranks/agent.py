@@ -29,14 +29,13 @@ import threading
 import time
 from pathlib import Path
 
-from harness.ranks import lifecycle, tls
+from harness.ranks import lifecycle, stacks, tls
 from harness.ranks.hostenv import for_host
 from harness.ranks.output import output_paths, read_output
 from harness.ranks.protocol import (
     BOOTSTRAP_TIMEOUT_S,
     HEARTBEAT_INTERVAL_S,
     HOST_LOST_AFTER_S,
-    STACK_DUMP_GRACE_S,
     AgentHello,
     Exited,
     Fork,
@@ -51,7 +50,6 @@ from harness.ranks.protocol import (
     StackRequest,
     Stacks,
 )
-from harness.ranks.rank import stack_path
 from harness.ranks.zygote import ForkRefused, Zygote
 
 POLL_S = 0.1
@@ -151,31 +149,15 @@ class Agent:
     def _stacks(self, request: StackRequest) -> dict[int, str]:
         ranks = {rank: pid for rank, pid in request.pids.items() if self.ranks.get(pid) == rank}
         if request.signal_first:
-            for rank, pid in ranks.items():
-                stack_path(self.workdir, rank).write_text("")
-                lifecycle.signal_group(pid, signal.SIGUSR1)
-            end = time.monotonic() + STACK_DUMP_GRACE_S
-            sizes: dict[int, int] = {}
-            while ranks and time.monotonic() < end:
-                time.sleep(POLL_S)
-                now = {rank: len(self._read(rank)) for rank in ranks}
-                if all(now.values()) and now == sizes:
-                    break
-                sizes = now
+            stacks.collect(self.workdir, ranks, clear=True)
         host = socket.gethostname()
-        return {rank: self._read(rank) or f"(no stack written on {host}: the rank did not answer SIGUSR1)"
-                for rank in request.pids}
+        return {rank: stacks.read_stack(self.workdir, rank) or
+                f"(no stack written on {host}: the rank did not answer SIGUSR1)" for rank in request.pids}
 
     def _outputs(self, request: StackRequest) -> dict[int, RankOutput]:
         """What this host's ranks wrote in their call so far, from their output files here."""
         return {rank: read_output(output_paths(self.workdir, rank)) for rank, pid in request.pids.items()
                 if self.ranks.get(pid) == rank}
-
-    def _read(self, rank: int) -> str:
-        try:
-            return stack_path(self.workdir, rank).read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
 
     def _report_exits(self) -> None:
         for pid, code in self.zygote.exits().items():

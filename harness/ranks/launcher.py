@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from harness.ranks import lifecycle, tls
+from harness.ranks import lifecycle, stacks, tls
 from harness.ranks.failures import Died, DistributedError, failure_error, hidden_from_a_failure, timeout_error
 from harness.ranks.hosts import Placement
 from harness.ranks.output import output_paths, read_output
@@ -38,7 +38,6 @@ from harness.ranks.protocol import (
     BOOTSTRAP_TIMEOUT_S,
     DEVICES,
     PEER_FAILURE_GRACE_S,
-    STACK_DUMP_GRACE_S,
     Audit,
     Call,
     Done,
@@ -359,20 +358,10 @@ class RankSet:
         remote = {rank: self._remote[rank] for rank in ranks if rank in self._remote}
         ranks = [rank for rank in ranks if rank not in remote]
         found = self._ask_agents(remote, signal_first=True).stacks
-        for rank in ranks:
-            pid = self.pids[rank]
-            if pid is not None:
-                lifecycle.signal_group(pid, signal.SIGUSR1)
-        grace_end = time.monotonic() + STACK_DUMP_GRACE_S
-        sizes: dict[int, int] = {}
-        while ranks and time.monotonic() < grace_end:
-            time.sleep(POLL_S)
-            now = {rank: len(self._read_stack(rank)) for rank in ranks}
-            if all(now.values()) and now == sizes:  # written, and no longer growing
-                break
-            sizes = now
-        found.update({rank: self._read_stack(rank) or "(no stack written: the rank did not answer SIGUSR1)"
-                      for rank in ranks})
+        stacks.collect(self.workdir, {rank: pid for rank in ranks if (pid := self.pids[rank]) is not None},
+                       clear=False)
+        found.update({rank: stacks.read_stack(self.workdir, rank) or
+                      "(no stack written: the rank did not answer SIGUSR1)" for rank in ranks})
         return found
 
     def outputs(self, ranks: list[int]) -> dict[int, RankOutput]:
@@ -405,12 +394,6 @@ class RankSet:
             self.intact = False
             raise self.placement.hub.loss
 
-    def _read_stack(self, rank: int) -> str:
-        try:
-            return stack_path(self.workdir, rank).read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-
     def _died(self, rank: int, wait_s: float) -> Died:
         if rank in self._remote:
             assert self.placement is not None  # ranks on other hosts (adopt_remote) exist only with a placement
@@ -425,7 +408,8 @@ class RankSet:
             exit_code = process.exitcode
         elif (pid := self.pids[rank]) is not None and self._exit_code_of is not None:
             exit_code = self._exit_code_of(pid, wait_s)
-        return Died(exit_code=exit_code, last_stack=self._read_stack(rank), output=self.outputs([rank]).get(rank))
+        return Died(exit_code=exit_code, last_stack=stacks.read_stack(self.workdir, rank),
+                    output=self.outputs([rank]).get(rank))
 
     def kill(self) -> None:
         """Kill every rank (and what it started) and remove the work folder; safe to call twice."""

@@ -31,6 +31,8 @@ import types
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from harness.ranks.state import Setting, put_back, read_setting
+
 LIBRARY_PREFIXES = ("torch", "transformers")
 _MISSING = object()
 
@@ -133,13 +135,6 @@ def _refill(value: Any, contents: Any) -> None:
         _method(value, "extend")(value, contents)
     else:
         _method(value, "update")(value, contents)
-
-
-class Setting:
-    """One process setting: how to read it, how to put it back (None: it cannot be), and its words."""
-
-    def __init__(self, words: str, read: Callable[[], Any], write: Callable[[Any], object] | None = None):
-        self.words, self.read, self.write = words, read, write
 
 
 def process_settings(torch: Any) -> list[Setting]:
@@ -281,7 +276,7 @@ class BoundaryState:
 
     def __init__(self, torch: Any):
         self.settings = process_settings(torch)
-        self.values = [_read(setting) for setting in self.settings]
+        self.values = [read_setting(setting) for setting in self.settings]
         self.classes: dict[type, dict[str, Any]] = {}
         self.containers: dict[str, tuple[Any, Any]] = {}
         self.loggers = _library_loggers()
@@ -299,23 +294,11 @@ class BoundaryState:
                     self.containers[qualified] = (value, _contents(value))
 
     def settle(self) -> list[str]:
-        unfit = self._settings()
+        unfit = put_back(self.settings, self.values)
         unfit += _named("class attributes changed", self._classes())
         unfit += _named("module state changed", self._containers())
         unfit += _named("loggers changed", self._loggers())
         unfit += _named("config changed", self._configs())
-        return unfit
-
-    def _settings(self) -> list[str]:
-        unfit = []
-        for setting, fresh in zip(self.settings, self.values, strict=True):
-            now = _read(setting)
-            if now != fresh and setting.write is not None:
-                with contextlib.suppress(Exception):
-                    setting.write(fresh)
-                now = _read(setting)
-            if now != fresh:
-                unfit.append(f"{setting.words} left at {_short(now)} (fresh: {_short(fresh)})")
         return unfit
 
     def _classes(self) -> list[str]:
@@ -369,18 +352,6 @@ class BoundaryState:
                 if module.get_config_copy() != fresh:
                     changed.append(name)
         return changed
-
-
-def _read(setting: Setting) -> Any:
-    try:
-        return setting.read()
-    except Exception as error:  # a setting a test broke reads as its error
-        return f"unreadable ({type(error).__name__})"
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _named(what: str, names: list[str]) -> list[str]:

@@ -54,10 +54,29 @@ def _library_module(name: str) -> bool:
 
 
 class Setting:
-    """One global setting: how to read it, how to set it, and its words for a reason."""
+    """One global setting: how to read it, how to put it back (None: it cannot be), and its words for a reason."""
 
-    def __init__(self, words: str, read: Callable[[], Any], write: Callable[[Any], None] | None):
+    def __init__(self, words: str, read: Callable[[], Any], write: Callable[[Any], object] | None = None):
         self.words, self.read, self.write = words, read, write
+
+
+def put_back(settings: list[Setting], values: list[Any]) -> list[str]:
+    """Each setting back to its fresh value where it has a setter that takes; what stays otherwise, in words."""
+    unfit = []
+    for setting, fresh in zip(settings, values, strict=True):
+        now = read_setting(setting)
+        if now != fresh and setting.write is not None:
+            with contextlib.suppress(Exception):
+                setting.write(fresh)
+            now = read_setting(setting)
+        if now != fresh:
+            unfit.append(f"{setting.words} left at {_short(now)} (fresh: {_short(fresh)})")
+    return unfit
+
+
+def _short(value: Any) -> str:
+    text = repr(value) if not isinstance(value, str) else value
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def torch_settings(torch: Any) -> list[Setting]:
@@ -189,15 +208,7 @@ class FreshState:
     def settle(self) -> list[str]:
         """Put back what the last call changed where that is exact; what could not be, in words (empty: this
         rank is as a fresh one)."""
-        unfit: list[str] = []
-        for setting, fresh in zip(self.settings, self.values, strict=True):
-            now = _read(setting)
-            if now != fresh and setting.write is not None:
-                with contextlib.suppress(Exception):
-                    setting.write(fresh)
-                now = _read(setting)
-            if now != fresh:
-                unfit.append(f"{setting.words} left at {now} (fresh: {fresh})")
+        unfit = put_back(self.settings, self.values)
         for fd, identity in self.fds.items():
             if _fd_identity(fd) != identity and fd in self.fd_copies:
                 os.dup2(self.fd_copies[fd], fd)
@@ -258,7 +269,7 @@ class FreshState:
         return [f"module bindings changed: {', '.join(changed[:3])}{more}"]
 
 
-def _read(setting: Setting) -> Any:
+def read_setting(setting: Setting) -> Any:
     try:
         return setting.read()
     except Exception as error:  # a setting the call broke reads as its error

@@ -67,6 +67,7 @@ POOL_HELP = ("keep ranks, their process groups and warm caches across tests whil
 POOL_MODES = {"0": None, "1": "fork", "spawn": "spawn"}
 # The launch ends this long before pytest-timeout fires, leaving time to collect stacks and kill the ranks.
 TIMEOUT_MARGIN_S = 30.0
+RETIREMENTS_SHOWN = 3  # in the session's summary
 MIN_LAUNCH_TIMEOUT_S = 10.0
 
 Launcher = Callable[..., list[RankResult]]  # (world_size, fn, *args, timeout=seconds) -> results by rank
@@ -170,8 +171,13 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     launcher = config.stash.get(POOL_KEY, None)
     if launcher is not None and launcher.calls:
         terminalreporter.write_line(f"rank pool: {launcher.summary()}")
-        for line in launcher.retired_log:
+        # Retiring a set is how kept ranks stay fresh, not a fault: the first few say why; each test's report has its
+        # own (the JUnit property POOL_REPLACED).
+        for line in launcher.retired_log[:RETIREMENTS_SHOWN]:
             terminalreporter.write_line(f"rank pool: {line}")
+        if len(launcher.retired_log) > RETIREMENTS_SHOWN:
+            terminalreporter.write_line(f"rank pool: and {len(launcher.retired_log) - RETIREMENTS_SHOWN} more "
+                                        f"retirements, each in its test's report ({POOL_REPLACED})")
     log_line = sections.log_summary(config)
     if log_line is not None:
         terminalreporter.write_line(log_line)

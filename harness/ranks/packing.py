@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -42,6 +42,9 @@ NOT_FOR_WORKERS = ("--junitxml", "--junit-xml", "--random-order", "--pack-tests"
 OUTPUT_TAIL_LINES = 30
 POLL_S = 0.2
 COORDINATOR_KEY = pytest.StashKey[bool]()
+# How many ranks a test may have here: the ranks plugin's reading of the GPUs or HARNESS_CPU_RANKS (it imports this
+# module and sets the key; asked only when packing is, so a session that does not pack never imports torch for it).
+RANKS_KEY = pytest.StashKey[Callable[[], int]]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -66,9 +69,18 @@ def coordinating(config: pytest.Config) -> bool:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_finish(session: pytest.Session) -> None:
     option = session.config.option
-    session.config.stash[COORDINATOR_KEY] = bool(
-        option.pack_tests and not option.pack_worker and not option.collectonly and session.items
-        and worth_packing(sorted(by_need(session.items, host_units()).items()), host_units()))
+    if not (option.pack_tests and not option.pack_worker and not option.collectonly and session.items):
+        session.config.stash[COORDINATOR_KEY] = False
+        return
+    units = host_units()
+    groups = sorted(by_need(session.items, host_ranks(session.config, units)).items())
+    session.config.stash[COORDINATOR_KEY] = worth_packing(groups, units)
+
+
+def host_ranks(config: pytest.Config, units: Units) -> int:
+    """The most ranks a test may have here (a larger one skips at once)."""
+    ranks = config.stash.get(RANKS_KEY, None)
+    return ranks() if ranks is not None else len(units.ids)
 
 
 @pytest.hookimpl(trylast=True)
@@ -88,7 +100,7 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
         return None  # not asked, or one test at a time here whatever we do: the session runs them itself
     units = host_units()
     durations = read_durations(session.config.option.pack_durations)
-    groups = sorted(by_need(session.items, units).items())
+    groups = sorted(by_need(session.items, host_ranks(session.config, units)).items())
     packed = {item.nodeid for _, group in groups for item in group}
     run_here([item for item in session.items if item.nodeid not in packed], session)
     with tempfile.TemporaryDirectory(prefix="harness-pack-") as scratch:
@@ -150,10 +162,9 @@ def need_of(item: pytest.Item) -> int | None:
     return world if isinstance(world, int) and world > 0 else None
 
 
-def by_need(items: Sequence[pytest.Item], units: Units) -> dict[int, list[pytest.Item]]:
-    """The tests that name a world size this host can give, by it. One larger (a 4-rank test of a 2-rank cpu cell)
-    skips at once: it stays with the coordinator rather than cost a worker's start."""
-    capacity = len(units.ids) if units.kind == "gpu" else int(os.environ.get("HARNESS_CPU_RANKS") or 2)
+def by_need(items: Sequence[pytest.Item], capacity: int) -> dict[int, list[pytest.Item]]:
+    """The tests that name a world size of at most `capacity` ranks, by it. One larger (a 4-rank test of a 2-rank
+    cpu cell) skips at once: it stays with the coordinator rather than cost a worker's start."""
     groups: dict[int, list[pytest.Item]] = {}
     for item in items:
         if (need := need_of(item)) is not None and need <= capacity:

@@ -98,6 +98,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if mode != "fork" and HostsConfig.from_environment() is not None:
         raise pytest.UsageError("a cell across hosts places its ranks through the forked rank pool; "
                                 f"{POOL_ENV}=0, --no-ranks-pool and {POOL_ENV}=spawn cannot reach other hosts")
+    config.stash[packing.RANKS_KEY] = lambda: available_ranks()[0]
     if LAUNCHER_KEY in config.stash:  # another plugin chose the launcher
         return
     capture = sections.output_capture(config)

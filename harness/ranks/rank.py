@@ -12,11 +12,11 @@ The loop, in the rank process (spawned by the launcher, or forked by the zygote)
 A call's output (fds 1 and 2) is captured into its Done or Failed (harness.ranks.output); between calls the
 rank writes to the session's rank log. A rank that raised stays alive: when every rank answered and a probe
 collective succeeds, the launcher keeps the pool. The world group lives as long as the rank, and so do the
-process groups of the meshes that DTensor's caches keep: those caches stay warm across calls and tests (their
-cold start was a good part of a case's time), and a later call's equal mesh, handed back by a cache, names groups
-that are alive. A call's other groups are destroyed after it. After a failed call the caches are cleared and every
-group but the world's is destroyed (one a failure left half-used is never handed to the next call); past
-KEPT_GROUPS_MAX the caches are cleared too, so groups (and their threads) stay bounded.
+process groups of the meshes that DTensor's caches keep: those caches stay warm across calls and tests (a
+family's later cases skip its sharding propagation), and a later call's equal mesh, handed back by a cache, names
+groups that are alive. A call's other groups are destroyed after it. After a failed call the caches are cleared
+and every group but the world's is destroyed (one a failure left half-used is never handed to the next call);
+past KEPT_GROUPS_MAX the caches are cleared too, so groups (and their threads) stay bounded.
 Needs torch in the rank only (imported inside functions).
 """
 

@@ -123,20 +123,18 @@ def test_packing_is_left_off_where_no_two_tests_could_run_at_once(pytester, monk
         def __init__(self, world):
             self.callspec = type("Callspec", (), {"params": {"world_size": world}})()
 
-    assert not packing.worth_packing(sorted(packing.by_need([Item(2), Item(2), Item(1)], units).items()), units)
-    assert packing.worth_packing(sorted(packing.by_need([Item(1), Item(1), Item(2)], units).items()), units)
+    assert not packing.worth_packing(sorted(packing.by_need([Item(2), Item(2), Item(1)], 2).items()), units)
+    assert packing.worth_packing(sorted(packing.by_need([Item(1), Item(1), Item(2)], 2).items()), units)
 
 
-def test_a_world_larger_than_the_cell_stays_with_the_coordinator(monkeypatch):
+def test_a_world_larger_than_the_cell_stays_with_the_coordinator():
     """A cpu cell of 2 ranks on 16 cores: its 4- and 8-rank tests skip at once, in the coordinator."""
-    monkeypatch.setenv("HARNESS_CPU_RANKS", "2")
-    units = packing.Units("cpu", tuple(str(cpu) for cpu in range(16)))
 
     class Item:
         def __init__(self, world):
             self.callspec = type("Callspec", (), {"params": {"world_size": world}})()
 
-    assert sorted(packing.by_need([Item(1), Item(2), Item(4), Item(8)], units)) == [1, 2]
+    assert sorted(packing.by_need([Item(1), Item(2), Item(4), Item(8)], 2)) == [1, 2]
 
 
 def test_longest_tests_start_first_on_the_least_loaded_worker():

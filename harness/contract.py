@@ -33,8 +33,8 @@ HOST_MEMORY_JSON = "memory.host{index}.json"  # host I's own memory.json; harnes
 # through RUNNING_TEST_ENV.
 RUNNING_TEST = "running-test.txt"
 RUNNING_TEST_ENV = "HARNESS_RUNNING_TEST_FILE"
-# `harness repro TEST_ID` runs pytest on that test with this option (the suite's repro_writer.py takes it): the case's
-# standalone reproducer is written to the option's FILE in place of launching its ranks, and the test skips.
+# `harness repro TEST_ID` runs pytest on that test with this option (the suite's upstream/repro_writer.py takes it): the
+# case's standalone reproducer is written to the option's FILE in place of launching its ranks, and the test skips.
 WRITE_REPRO_OPTION = "--harness-write-repro"
 # What the ranks wrote outside any test's call (the zygote's imports, a pool's start); what they write in a call
 # is that test's, in junit.xml (harness.ranks.sections).
@@ -95,12 +95,12 @@ ROUTING_MARGIN = f"{MINIMUM_PREFIX}routing_margin"
 LOGITS_DIFFERENCE = "max_logits_difference"
 LOGITS_ATOL = "logits_atol"  # the logits' bound: largest |sharded - float64| allowed
 # The whole model's own distance from the float64 reference, in the case's dtype on this machine: the rounding
-# the bounds above are a stated multiple of (tests/gpu/tolerances.py), recorded beside them.
+# the bounds above are a stated multiple of (tests/gpu/checks/tolerances.py), recorded beside them.
 WHOLE_GRAD_ERROR = "whole_rel_grad_error"
 WHOLE_LOGITS_DIFFERENCE = "whole_logits_difference"
 PEAK_ALLOCATED_PREFIX = "peak_allocated_mib."  # + "rank" and the rank (harness.ranks.plugin)
 PEAK_RESERVED_PREFIX = "peak_reserved_mib."  # likewise: the allocator's reserved peak
-# Training cases (tests/gpu/training.py): the steps taken, then per step k (from 1) the sharded run's loss and
+# Training cases (tests/gpu/training/steps.py): the steps taken, then per step k (from 1) the sharded run's loss and
 # global gradient norm, and the whole model's loss beside it; a resume case says after which step it resumed.
 TRAIN_STEPS = "train_steps"
 LOSS_STEP = "loss_step_{step}"
@@ -108,19 +108,19 @@ WHOLE_LOSS_STEP = "whole_loss_step_{step}"
 GRAD_NORM_STEP = "grad_norm_step_{step}"
 RESUMED_AT_STEP = "resumed_at_step"
 # "made" or "reused": whether a training case ran the whole model's loops itself or compared with the identical
-# ones an earlier layout of its family ran in the same rank process (tests/gpu/training.py, WholeRuns)
+# ones an earlier layout of its family ran in the same rank process (tests/gpu/training/steps.py, WholeRuns)
 WHOLE_RUNS = "whole_runs"
 # A case a library refused on this device before any step (accelerate's ParallelismConfig on CPU ranks): its
-# message, recorded before the case is not run with it (tests/gpu/user_loops.py)
+# message, recorded before the case is not run with it (tests/gpu/training/user_loops.py)
 REFUSED_BY_LIBRARY = "refused_by_library"
 PARAM_ERROR = "max_rel_param_error"  # the updated parameters' worst relative error against float64, any step
 PARAM_BOUND = "param_error_bound"
 PARAM_ERROR_PARAM = "max_rel_param_error_param"  # "step K: NAME"
 CASE_METRICS = (GRAD_ERROR, GRAD_BOUND, GRAD_ERROR_PARAM, ROUTING_MARGIN, LOGITS_DIFFERENCE, LOGITS_ATOL)
 # (WHOLE_GRAD_ERROR and WHOLE_LOGITS_DIFFERENCE are the evidence behind each bound, recorded for the nightly's
-# history and tests/gpu/noise_table.py; the reports show the bound itself.)
+# history and tests/gpu/checks/noise_table.py; the reports show the bound itself.)
 # A case that plants a defect on purpose (a deliberate-bug or negative test) names it: its error over the bound is
-# the expected outcome, not noise a correct run left (tests/gpu/noise_table.py leaves it out).
+# the expected outcome, not noise a correct run left (tests/gpu/checks/noise_table.py leaves it out).
 PLANTED_DEFECT = "planted_defect"
 # The rank pool's note on a test whose calls left a rank unlike a fresh one: "pool replaced after TEST: why".
 POOL_REPLACED = "rank_pool_replaced"
@@ -173,10 +173,10 @@ TRIAGE_CLASSES = (TRIAGE_KNOWN_UPSTREAM, TRIAGE_FLAKY, TRIAGE_INFRASTRUCTURE, TR
 # what the report and triage decide by are the properties below.
 KNOWN_BUG_PREFIX = f"{TRIAGE_KNOWN_UPSTREAM}: "
 FIXED_UPSTREAM = "fixed upstream: close the range"
-# The suite's known-bugs table (tests/gpu/known_bugs.py) names the entry it matched, by the entry's key: a case whose
-# failure an entry explained (an expected failure) carries KNOWN_BUG; a covered case that passed (the strict xfail's
-# XPASS, "fixed upstream") carries KNOWN_BUG_FIXED, the keys of the entries covering it, comma-separated. Triage's
-# "known upstream bug" is a red carrying KNOWN_BUG_FIXED, nothing else. The values are untrusted: a key is
+# The suite's known-bugs table (tests/gpu/upstream/known_bugs.py) names the entry it matched, by the entry's key: a case
+# whose failure an entry explained (an expected failure) carries KNOWN_BUG; a covered case that passed (the strict
+# xfail's XPASS, "fixed upstream") carries KNOWN_BUG_FIXED, the keys of the entries covering it, comma-separated.
+# Triage's "known upstream bug" is a red carrying KNOWN_BUG_FIXED, nothing else. The values are untrusted: a key is
 # KNOWN_BUG_KEY_PATTERN of at most KNOWN_BUG_KEY_CHARS characters, at most KNOWN_BUG_KEYS of them.
 KNOWN_BUG = "known_bug"
 KNOWN_BUG_FIXED = "known_bug_fixed"

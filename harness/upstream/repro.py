@@ -2,7 +2,7 @@
 case's failure, for an upstream issue.
 
 pytest runs exactly that test, in this interpreter, from the project root, with `--harness-write-repro=FILE`: the
-suite (tests/gpu/repro_writer.py) writes the case's script in place of launching its ranks, and the test skips.
+suite (tests/gpu/upstream/repro_writer.py) writes the case's script in place of launching its ranks, and the test skips.
 Where no script comes back, how the test ended (its junit.xml, else pytest's own error) says why, in one line.
 
 The test id is untrusted text: it reaches pytest as one argument, never through a shell, and only where it names a

@@ -1,8 +1,8 @@
 """`harness known-bugs verify RESULTS...`: keep each known-bugs entry's newest release seen up to date from results.
 
-The suite's table (tests/gpu/known_bugs.py) gives each entry a range that starts at the first bad release and stays
-open while the bug is live; the newest releases it was seen on live beside it in a JSON file
-(tests/gpu/known_bugs_verified.json), so no range is capped at the last release someone checked. A case that
+The suite's table (tests/gpu/upstream/known_bugs.py) gives each entry a range that starts at the first bad release
+and stays open while the bug is live; the newest releases it was seen on live beside it in a JSON file
+(tests/gpu/upstream/known_bugs_verified.json), so no range is capped at the last release someone checked. A case that
 failed the way its entry says carries the entry's key (contract.KNOWN_BUG) in junit.xml; this command reads those
 keys with each cell's transformers and torch from env.json and moves the entry's verified releases forward, never
 back. A covered case that passed (contract.KNOWN_BUG_FIXED) is listed: closing a range is a person's edit of the
@@ -27,7 +27,7 @@ from harness.project import find_project_root
 from harness.results import CellResult, Outcome, load_results
 from harness.results.files import write_json_whole
 
-DEFAULT_TABLE = Path("tests") / "gpu" / "known_bugs_verified.json"
+DEFAULT_TABLE = Path("tests") / "gpu" / "upstream" / "known_bugs_verified.json"
 PACKAGES = ("transformers", "torch")
 TABLE_SCHEMA = 1
 
@@ -141,7 +141,7 @@ def command(args: argparse.Namespace) -> int:
         seen = next(sighting for sighting in fixed if sighting.key == key)
         releases = ", ".join(f"{package} {release}" for package, release in sorted(seen.versions.items()))
         print(f"fixed upstream: {key} passed on {releases} ({seen.test_id} in {seen.cell_id}): close its range "
-              "in tests/gpu/known_bugs.py")
+              "in tests/gpu/upstream/known_bugs.py")
     matched = len({sighting.key for sighting in present} & set(entries))
     print(f"{len(present)} cases matched {matched} entries; {len(changes)} releases moved forward"
           + (" (dry run: nothing written)" if args.dry_run else f" in {table}" if changes else ""))

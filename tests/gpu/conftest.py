@@ -23,15 +23,15 @@ os.environ["USE_HUB_KERNELS"] = "0"  # tf_adapter.HUB_KERNELS_ENV, HUB_KERNELS_O
 # Each family's tiny checkpoint (fixtures `checkpoints`, `checkpoint`): defined beside the suite's modules, as the
 # suite's self-tests (tests/unit/suite) use them too. Imported once the suite directory is on sys.path; bound by
 # assignment, as the case runners below take a `checkpoint` argument of their own.
-import checkpoint_fixtures  # noqa: E402
+from models import checkpoint_fixtures  # noqa: E402
 
 Checkpoint = checkpoint_fixtures.Checkpoint
 checkpoints = checkpoint_fixtures.checkpoints
 checkpoint = checkpoint_fixtures.checkpoint
 
 # `harness repro TEST_ID`: --harness-write-repro=FILE writes the selected case's standalone script in place of
-# launching its ranks (repro_writer.py, called at the start of _run_phases).
-import repro_writer  # noqa: E402
+# launching its ranks (upstream/repro_writer.py, called at the start of _run_phases).
+from upstream import repro_writer  # noqa: E402
 
 pytest_addoption = repro_writer.pytest_addoption
 pytest_collection_finish = repro_writer.pytest_collection_finish
@@ -51,7 +51,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_runtest_makereport(item, call):
     """A strict xfail from the known-bugs table that passed: name its entries as data (the KNOWN_BUG_FIXED property,
     what triage reads) and say what to do about it."""
-    import known_bugs
+    from upstream import known_bugs
 
     from harness.contract import KNOWN_BUG_FIXED
 
@@ -66,7 +66,7 @@ def pytest_runtest_makereport(item, call):
 @pytest.fixture(scope="session", autouse=True)
 def ep_coverage(record_testsuite_property) -> dict[str, str]:
     """EP families the installed transformers declares, and those the suite covers (testsuite properties)."""
-    import ep_coverage
+    from models import ep_coverage
 
     properties = ep_coverage.suite_properties()
     for name, value in properties.items():
@@ -83,7 +83,7 @@ def run_case(request, ranks, tmp_path):
     family's EP plan; marks a case the known-bugs table covers as a strict xfail with its reason, for the
     failure its entry names only (known_bugs.expecting).
     """
-    import rank_cases
+    from checks import rank_cases
 
     def run(world_size: int, checkpoint: Checkpoint, layout: str, checks: tuple[str, ...], **options) -> dict:
         case = rank_cases.Case(checkpoint.family, layout, checks, **options)
@@ -95,17 +95,17 @@ def run_case(request, ranks, tmp_path):
 
 @pytest.fixture
 def run_training(request, ranks, tmp_path):
-    """Run a `training.TrainCase` on N ranks, recorded and covered by the known-bugs table as `run_case` is; a
+    """Run a `steps.TrainCase` on N ranks, recorded and covered by the known-bugs table as `run_case` is; a
     resume case's checkpoints go to a folder under the test's tmp_path."""
-    import tf_adapter
-    import training
+    from loading import tf_adapter
+    from training import steps
 
     def run(world_size: int, checkpoint: Checkpoint, layout: str, **options) -> dict:
-        case = training.TrainCase(checkpoint.family, layout, **options)
+        case = steps.TrainCase(checkpoint.family, layout, **options)
         _skip_if_missing(case, tf_adapter.missing_mixed_precision(layout) if case.mixed_precision else None)
         saves = tmp_path / "checkpoints"
         saves.mkdir(exist_ok=True)
-        return _run_recorded(request, ranks, tmp_path, world_size, checkpoint, case, training.run_training,
+        return _run_recorded(request, ranks, tmp_path, world_size, checkpoint, case, steps.run_training,
                              str(saves))
 
     return run
@@ -116,7 +116,7 @@ def run_user_loop(request, ranks, tmp_path):
     """Run a `user_loops.UserLoopCase` (accelerate's or the Trainer's loop) on N ranks, recorded and covered by the
     known-bugs table as `run_case` is; not run, with the library's message, where the library refused the layout
     on this device at setup (user_loops.REFUSED)."""
-    import user_loops
+    from training import user_loops
 
     def run(world_size: int, checkpoint: Checkpoint, layout: str, loop: str, **options) -> dict:
         case = user_loops.UserLoopCase(checkpoint.family, layout, loop, **options)
@@ -133,8 +133,8 @@ def run_user_loop(request, ranks, tmp_path):
 def run_device_case(request, ranks, tmp_path):
     """Run a `device_cases.DeviceCase` on one rank (this host's first GPU, or the CPU), recorded and covered by
     the known-bugs table as `run_case` is."""
-    import device_cases
-    import tf_adapter
+    from loading import tf_adapter
+    from training import device_cases
 
     def run(checkpoint: Checkpoint, **options) -> dict:
         case = device_cases.DeviceCase(checkpoint.family, **options)
@@ -148,19 +148,19 @@ def run_device_case(request, ranks, tmp_path):
 
 @pytest.fixture
 def run_checkpoint_case(request, ranks, tmp_path):
-    """Run a `training_checkpoints.CheckpointCase`: phase 1 at its world size, then (a resume case) phase 2 at the
+    """Run a `checkpointing.CheckpointCase`: phase 1 at its world size, then (a resume case) phase 2 at the
     other, both saving to one folder under the test's tmp_path; recorded and covered by the known-bugs table as
     `run_case` is, the two launches' metrics summarized together."""
-    import training_checkpoints
+    from training import checkpointing
 
     def run(checkpoint: Checkpoint, layout: str, kind: str, **options) -> dict:
-        case = training_checkpoints.CheckpointCase(checkpoint.family, layout, kind, **options)
+        case = checkpointing.CheckpointCase(checkpoint.family, layout, kind, **options)
         _skip_if_missing(case)
         folder = tmp_path / "saved"
         folder.mkdir()
-        phases = [(case.world_size, training_checkpoints.train_and_save)]
+        phases = [(case.world_size, checkpointing.train_and_save)]
         if case.resumes:
-            phases.append((case.resume_world_size, training_checkpoints.resume_and_continue))
+            phases.append((case.resume_world_size, checkpointing.resume_and_continue))
         return _run_phases(request, ranks, tmp_path, checkpoint, case,
                            [(world_size, function, (str(folder),)) for world_size, function in phases])
 
@@ -170,8 +170,8 @@ def run_checkpoint_case(request, ranks, tmp_path):
 def _skip_if_missing(case, reason: str | None = None) -> None:
     """Not run, saying why: the installed release lacks the case's layout, its family's EP plan or its experts
     implementation (tf_adapter.missing_feature), or what else the caller found missing (`reason`)."""
-    import families
-    import tf_adapter
+    from loading import tf_adapter
+    from models import families
 
     reason = tf_adapter.missing_feature(case.layout, families.family(case.family), case.experts_implementation) \
         or reason
@@ -187,10 +187,10 @@ def _run_phases(request, ranks, tmp_path, checkpoint: Checkpoint, case,
                 phases: list[tuple[int, object, tuple]]) -> dict:
     """Launch each phase (world size, rank function, its extra arguments) in turn on the case; record the metrics
     every rank of every phase wrote, summarized (a failing case's too, before the failure propagates)."""
-    import families
-    import known_bugs
-    import rank_cases
-    import tf_adapter
+    from checks import rank_cases
+    from loading import tf_adapter
+    from models import families
+    from upstream import known_bugs
 
     from harness import contract
 

@@ -1,5 +1,5 @@
 """Every mechanic of every family, not only its defaults: each declared EP family's "switches on" tiny config (every
-config switch config_switches.py keeps flipped: a bias, a norm, tied embeddings, a gate variant) loaded EP and
+config switch models/config_switches.py keeps flipped: a bias, a norm, tied embeddings, a gate variant) loaded EP and
 FSDP2+EP with every portable experts implementation the release offers, against the whole model: load, logits,
 routing and gradients, float32, 2 ranks. The defaults configs run elsewhere (test_training.py: wide and deep
 cases, per experts implementation); here they add the experts implementations the wide EP cases leave out (those run
@@ -12,11 +12,10 @@ set, beyond the first (which then runs the model's own forward: its metrics say 
 
 from __future__ import annotations
 
-import checkpoint_fixtures
-import families
 import pytest
-import tf_adapter
-from checkpoint_fixtures import Checkpoint
+from loading import tf_adapter
+from models import checkpoint_fixtures, families
+from models.checkpoint_fixtures import Checkpoint
 
 LAYOUTS = ("ep", "fsdp_ep")
 WORLD_SIZE = 2
@@ -58,7 +57,7 @@ def _settable(name: str) -> bool:
 def switched_checkpoint(request, checkpoints) -> Checkpoint:
     """The switches-on checkpoint of a variant name (`<family>+switches`); skips a family none of whose switches
     changes its model, before building anything but the meta-device models of config_switches."""
-    import config_switches
+    from models import config_switches
 
     base, _ = families.split_variant(request.param)
     found = config_switches.family_switches(base)

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import re
 
-import families
 import pytest
-from families import NUM_EXPERTS
-from rank_cases import WORLD_SIZES
-from tiny_models import BATCH_SIZE, SEQUENCE_LENGTH
+from checks.rank_cases import WORLD_SIZES
+from models import families
+from models.families import NUM_EXPERTS
+from models.tiny_models import BATCH_SIZE, SEQUENCE_LENGTH
 
 from harness.contract import GRAD_BOUND, GRAD_ERROR, GRAD_ERROR_PARAM
 from harness.ranks import RankFailedError
 
 # A 1% error in one rank's gradient must stay at least this far over its bound: bounds from the run's own rounding
-# are tight enough to see subtle defects, not only gross ones (tolerances.py).
+# are tight enough to see subtle defects, not only gross ones (checks/tolerances.py).
 SUBTLE_DEFECT_MARGIN = 100
 
 

@@ -7,10 +7,10 @@ load serves both."""
 
 from __future__ import annotations
 
-import families
 import pytest
-from families import NUM_EXPERTS
-from rank_cases import WORLD_SIZES
+from checks.rank_cases import WORLD_SIZES
+from models import families
+from models.families import NUM_EXPERTS
 
 from harness.ranks import RankFailedError
 

@@ -6,9 +6,9 @@ their training cases (test_training.py), on the models the case then trains: one
 
 from __future__ import annotations
 
-import families
 import pytest
-from rank_cases import WORLD_SIZES
+from checks.rank_cases import WORLD_SIZES
+from models import families
 
 # "fsdp": from_pretrained(..., distributed_config=DistributedConfig(fsdp_size=N));
 # "fully_shard": the whole model loaded, then fully_shard on each decoder layer and the root.

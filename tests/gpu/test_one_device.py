@@ -2,7 +2,7 @@
 
 - Each mechanics family's whole model on this rank's device, per experts implementation and dtype, against
   float64: on a GPU, CUDA's grouped_mm, batched_mm and eager kernels against the CPU's rounding; on the CPU the
-  fused implementations against the eager loop (device_cases.py).
+  fused implementations against the eager loop (training/device_cases.py).
 - Fake-quantized training (fp8, nvfp4) on the device: the same quantized bits as the CPU's, gradients within the
   bound.
 - Hub kernels, where the release turns them on by default: a user's `from_pretrained(...).train()` kernelizes the
@@ -17,10 +17,10 @@ None of these is distributed: a cell where only they ran says that nothing distr
 
 from __future__ import annotations
 
-import families
 import pytest
-import tf_adapter
-from tf_adapter import PORTABLE_EXPERTS_IMPLEMENTATIONS
+from loading import tf_adapter
+from loading.tf_adapter import PORTABLE_EXPERTS_IMPLEMENTATIONS
+from models import families
 
 from harness.ranks.plugin import available_ranks
 

@@ -1,5 +1,5 @@
 """Training as users train: the same N-step loop (AdamW, gradient clipping, a warm-up schedule, 2 micro-batches
-accumulated) on the sharded model and the whole model, compared after every step (training.py). Each layout's
+accumulated) on the sharded model and the whole model, compared after every step (training/steps.py). Each layout's
 case first runs the one-step checks (load, logits, routing, gradients) on the models it then trains: FSDP2+EP,
 FSDP2, bare fully_shard and the wide EP cases have no one-step test of their own.
 
@@ -10,17 +10,17 @@ Two planted bugs show that the checks name the step."""
 
 from __future__ import annotations
 
-import families
 import pytest
-from rank_cases import DTYPES, WORLD_SIZES
-from tf_adapter import PORTABLE_EXPERTS_IMPLEMENTATIONS
+from checks.rank_cases import DTYPES, WORLD_SIZES
+from loading.tf_adapter import PORTABLE_EXPERTS_IMPLEMENTATIONS
+from models import families
 
 from harness import contract
 from harness.ranks import RankFailedError
 from harness.ranks.plugin import pool_mode
 
 # FSDP2+EP first: a family's EP case fails more often (EP alone has more known bugs), and a case that fails keeps
-# no whole runs for the next layout to reuse (training.WholeRuns)
+# no whole runs for the next layout to reuse (steps.WholeRuns)
 MOE_LAYOUTS = ("fsdp_ep", "ep")
 DENSE_LAYOUTS = ("fsdp", "fully_shard")
 STEPS = 3
@@ -29,7 +29,7 @@ STEPS = 3
 # Collection reads the registry's names only (building a family's tiny model belongs to its cases: an older
 # release that cannot build one must not fail the collection of every case).
 # The mechanics MoE families run every experts implementation (the dense ones have none: None, their own forward).
-# A family's layouts one after the other (innermost): they share the whole model's runs (training.WholeRuns).
+# A family's layouts one after the other (innermost): they share the whole model's runs (steps.WholeRuns).
 DEEP_FAMILIES = [(name, PORTABLE_EXPERTS_IMPLEMENTATIONS, MOE_LAYOUTS) for name in families.deep_moe()] + [
     (name, (None,), DENSE_LAYOUTS) for name in families.dense()]
 DEEP = [
@@ -116,7 +116,7 @@ LAYOUT_PAIRS = [(name, MOE_LAYOUTS) for name in TRAINED_MOE] + [(name, DENSE_LAY
 
 @pytest.mark.parametrize(("checkpoint", "layouts"), LAYOUT_PAIRS, indirect=["checkpoint"])
 def test_a_familys_layouts_share_the_whole_models_runs(request, run_training, checkpoint, layouts):
-    """The second layout compares with the whole runs the first made (training.WholeRuns) only because they are the
+    """The second layout compares with the whole runs the first made (steps.WholeRuns) only because they are the
     same computation: made again from scratch, they are the same numbers, bit for bit."""
     first, second = layouts
     # made here, whatever an earlier test of the family left in the session's handover folder (any test order)

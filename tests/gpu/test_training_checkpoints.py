@@ -1,12 +1,12 @@
-"""Checkpoints that leave the world they were written in (training_checkpoints.py): a torch.distributed.checkpoint
+"""Checkpoints that leave the world they were written in (training/checkpointing.py): a torch.distributed.checkpoint
 save resumed at another world size (DCP reshards), and save_pretrained from the sharded model loaded back whole.
 One MoE family (EP, FSDP2+EP) and one dense family (FSDP2, bare fully_shard), as the other training variants.
 A planted bug shows the resume check names the step."""
 
 from __future__ import annotations
 
-import families
 import pytest
+from models import families
 
 from harness.ranks import RankFailedError
 

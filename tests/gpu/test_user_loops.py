@@ -1,5 +1,6 @@
-"""The other two ways users train (user_loops.py): accelerate's loop and transformers' Trainer on the sharded model,
-compared after every step with the whole model's run of the same arithmetic, with training.py's checks. EP and
+"""The other two ways users train (training/user_loops.py):
+accelerate's loop and transformers' Trainer on the sharded model,
+compared after every step with the whole model's run of the same arithmetic, with training/steps.py's checks. EP and
 FSDP2+EP of the trained MoE family, FSDP2 and bare fully_shard of the trained dense one, 2 ranks.
 
 Where a library refuses a layout on these ranks at setup (accelerate's ParallelismConfig on DistributedType.MULTI_CPU,
@@ -8,9 +9,9 @@ skips an optimizer step on one rank is caught, naming the step."""
 
 from __future__ import annotations
 
-import families
 import pytest
-from user_loops import BUG_STEP, LOOPS
+from models import families
+from training.user_loops import BUG_STEP, LOOPS
 
 from harness.ranks import RankFailedError
 

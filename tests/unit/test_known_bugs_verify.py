@@ -12,7 +12,7 @@ import pytest
 from harness import cli
 from harness.contract import ENV_JSON, JUNIT_XML, KNOWN_BUG, KNOWN_BUG_FIXED
 
-SUITE_TABLE = Path(__file__).resolve().parents[1] / "gpu" / "known_bugs_verified.json"
+SUITE_TABLE = Path(__file__).resolve().parents[1] / "gpu" / "upstream/known_bugs_verified.json"
 
 
 def write_cell(results: Path, cell_id: str, versions: dict[str, str], cases: list[tuple[str, str, str | None]]) -> None:

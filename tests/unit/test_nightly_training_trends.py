@@ -35,7 +35,7 @@ STEADY = "test_training_steps[qwen3_moe-fsdp_ep-2-float32]"
 
 
 def curve(losses, whole=None, norms=None, **extra) -> dict:
-    """A training case's properties as tests/gpu/training.py records them."""
+    """A training case's properties as tests/gpu/training/steps.py records them."""
     whole = losses if whole is None else whole
     norms = norms or [1.0] * len(losses)
     properties = {contract.TRAIN_STEPS: len(losses), **extra}

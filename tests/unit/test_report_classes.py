@@ -17,7 +17,7 @@ from harness.results import CellStatus, Outcome, ResultSet, SuiteInfo, load_resu
 
 FORMATS = ("terminal", "pr-comment", "summary", "html")
 CELL = "h200-2gpu-torch2.13.0-tf5.25.0"
-XPASS = "[XPASS(strict)] fixed upstream: close the range in tests/gpu/known_bugs.py"
+XPASS = "[XPASS(strict)] fixed upstream: close the range in tests/gpu/upstream/known_bugs.py"
 
 
 def flat(text: str) -> str:

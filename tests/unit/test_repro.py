@@ -1,6 +1,6 @@
-"""`harness repro TEST_ID`: the suite writes one case's standalone reproducer (tests/gpu/repro_writer.py) and harness
-hands it back, or says in one line why not (exit 2). Real runs: harness as a user runs it, pytest on the real suite,
-the written script run alone on 2 CPU ranks."""
+"""`harness repro TEST_ID`: the suite writes one case's standalone reproducer (tests/gpu/upstream/repro_writer.py) and
+harness hands it back, or says in one line why not (exit 2). Real runs: harness as a user runs it, pytest on the real
+suite, the written script run alone on 2 CPU ranks."""
 
 from __future__ import annotations
 
@@ -51,7 +51,8 @@ def test_a_written_script_compiles_and_imports_torch_and_transformers_alone(sarv
     compile(tree, str(sarvam_script), "exec")
     imported = imported_modules(tree)
     assert imported <= set(sys.stdlib_module_names) | {"torch", "transformers"}, imported
-    assert not imported & {path.stem for path in SUITE.glob("*.py")}
+    suite_modules = {path.stem for path in SUITE.glob("*.py")} | {path.parent.name for path in SUITE.glob("*/__init__.py")}
+    assert not imported & suite_modules
     assert "harness" not in imported and "import harness" not in text
     docstring = ast.get_docstring(tree)
     import torch
@@ -98,10 +99,10 @@ def test_a_hostile_test_id_is_refused_or_inert(tmp_path, arguments, reason):
 
 
 def known_bug(key: str):
-    """The known-bugs table's entry (tests/gpu/known_bugs.py, imported by name as the suite's modules are)."""
+    """The known-bugs table's entry (tests/gpu/upstream/known_bugs.py, imported by name as the suite's modules are)."""
     if str(SUITE) not in sys.path:
         sys.path.insert(0, str(SUITE))
-    import known_bugs
+    from upstream import known_bugs
 
     return next(bug for bug in known_bugs.KNOWN_BUGS if bug.key == key)
 

@@ -32,7 +32,7 @@ LABEL_CASES = [
     ("[XPASS(strict)] known upstream bug: transformers 5.20-5.22 halves FSDP2+EP expert gradients", KNOWN_WORDS),
     ("known upstream bug: fixed upstream: remove the entry", KNOWN_WORDS),
     (  # the suite's strict XPASS of an entry naming both packages' releases (tests/gpu/conftest.py)
-        "[XPASS(strict)] fixed upstream: remove the entry in tests/gpu/known_bugs.py: known upstream bug: "
+        "[XPASS(strict)] fixed upstream: remove the entry in tests/gpu/upstream/known_bugs.py: known upstream bug: "
         "transformers >=5.23,<=5.24.0, torch ==2.13.0: a DTensor reaches a plain RMSNorm",
         KNOWN_WORDS,
     ),
@@ -118,7 +118,7 @@ def test_words_in_the_tests_source_never_label_its_failure(text, label):
         f">       assert error < bound  # {text}",
         f"E   RankFailedError: rank 1 raised {GRADIENT_FAILURE}",
         "E   Traceback (most recent call last):",
-        'E     File "tests/gpu/rank_cases.py", line 40, in check',
+        'E     File "tests/gpu/checks/rank_cases.py", line 40, in check',
         f"E       grads = backward(model)  # {text}",
         "E               ^^^^^^^^^^^^^^^",
         f"E   {GRADIENT_FAILURE}",
@@ -258,8 +258,8 @@ def test_a_dead_rank_or_a_hang_the_launcher_saw_is_a_real_crash(tmp_path, launch
     assert red["good"] == {"torch": "2.13.0", "transformers": "5.19.0"}
 
 
-@pytest.mark.parametrize("message", ["[XPASS(strict)] fixed upstream: remove the entry in tests/gpu/known_bugs.py",
-                                     "passed"])
+@pytest.mark.parametrize("message", [
+    "[XPASS(strict)] fixed upstream: remove the entry in tests/gpu/upstream/known_bugs.py", "passed"])
 def test_a_case_the_known_bugs_property_names_as_fixed_is_known(tmp_path, message):
     """The suite's property alone decides (contract.KNOWN_BUG_FIXED); its words are for people."""
     case = junit_case("test_x[2]", "failed", message, properties={"known_bug_fixed": "ep-eager-sentinel-one-hot"})

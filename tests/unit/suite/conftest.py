@@ -20,4 +20,4 @@ if str(SUITE_DIR) not in sys.path:
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # The suite's own checkpoint fixtures (each family's tiny checkpoint), not a copy of them.
-from checkpoint_fixtures import checkpoint, checkpoints  # noqa: E402, F401
+from models.checkpoint_fixtures import checkpoint, checkpoints  # noqa: E402, F401

@@ -1,4 +1,4 @@
-"""ep_plan_history.json (each model type's first release declaring an EP plan, read from the releases' sources)
+"""models/ep_plan_history.json (each model type's first release declaring an EP plan, read from the releases' sources)
 against the installed transformers, the reader on small sources, the choice of releases, and the EP floors the
 suite takes from the table."""
 
@@ -7,11 +7,9 @@ from __future__ import annotations
 import json
 import re
 
-import ep_floors
-import ep_plan_history
-import families
 import pytest
-import tf_adapter
+from loading import tf_adapter
+from models import ep_floors, ep_plan_history, families
 from packaging.version import Version
 
 # ---------------------------------------------------------------- the committed table
@@ -39,7 +37,7 @@ def test_every_family_the_installed_release_declares_has_a_first_release_no_late
             missing.append(model_type)
         elif Version(first) > installed:
             later.append(f"{model_type} ({first})")
-    assert not missing, f"declared by transformers {installed}, absent from ep_plan_history.json: {missing}"
+    assert not missing, f"declared by transformers {installed}, absent from models/ep_plan_history.json: {missing}"
     assert not later, f"declared by transformers {installed}, first release after it: {later}"
 
 
@@ -47,7 +45,7 @@ def test_the_table_read_the_installed_release_as_the_installed_release_declares_
     """Where the table read the installed release, its reading of the source equals transformers' own classes."""
     installed = str(tf_adapter.transformers_version())
     if installed not in ep_floors.releases_read():
-        pytest.skip(f"ep_plan_history.json did not read transformers {installed}")
+        pytest.skip(f"models/ep_plan_history.json did not read transformers {installed}")
     first = ep_floors.history()["first_release"]
     declared_by_then = {name for name, release in first.items() if Version(release) <= Version(installed)}
     assert set(families.declared_ep_families()) <= declared_by_then

@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
-import families
-import known_bugs
 import pytest
+from checks.rank_cases import Case
+from models import families
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
-from rank_cases import Case
 from rank_failures import REDUCE_VALUE, rank_raised
+from upstream import known_bugs
 
 from harness.ranks.failures import Died, failure_error
 from harness.ranks.raised import NO_MESSAGE, RaisingFrame
 from harness.results import read_junit_tests, triage
 
 pytest_plugins = ["pytester"]
-SUITE_CONFTEST = known_bugs.__file__.replace("known_bugs.py", "conftest.py")
+SUITE_CONFTEST = str(Path(known_bugs.__file__).resolve().parents[1] / "conftest.py")
 
 
 def a_bug(**fields) -> known_bugs.KnownBug:
@@ -39,7 +40,7 @@ def a_bug(**fields) -> known_bugs.KnownBug:
     )
 
 
-ELSEWHERE = RaisingFrame("checks.py", "check_gradients", 88)  # a bare assert of the suite's own
+ELSEWHERE = RaisingFrame("checks/verdicts.py", "check_gradients", 88)  # a bare assert of the suite's own
 BOTH = {"transformers": "5.19.0", "torch": "2.13.0"}
 
 
@@ -160,7 +161,7 @@ def test_a_bare_assert_is_the_known_bug_only_where_the_entry_says_it_is_raised()
     assert str(different) == (
         "failed differently from its known bug (transformers >=5.13,<5.20, torch >=2.11,<2.14: AssertionError "
         r"matching '^\\(no message\\)$' raised in torch/distributed/tensor/placement_types.py:_reduce_value): "
-        "AssertionError: (no message) (raised at checks.py:88 in check_gradients)"
+        "AssertionError: (no message) (raised at checks/verdicts.py:88 in check_gradients)"
     )
 
 
@@ -531,8 +532,8 @@ import importlib.util
 import sys
 
 import pytest
-import families
-import known_bugs
+from models import families
+from upstream import known_bugs
 
 # The suite's own report hook (the fixed-upstream message), not a copy of it.
 _spec = importlib.util.spec_from_file_location("suite_conftest", {SUITE_CONFTEST!r})
@@ -620,15 +621,17 @@ def test_a_covered_case_is_xfailed_only_for_the_failure_its_entry_names(pytester
             "FAILED *::test_another_exception*",
             "FAILED *::test_fixed*",
             "FAILED *::test_another_bare_assert*",
-            "E * known_bugs.DifferentFailure: failed differently from its known bug (transformers >=5.13,<5.20, "
+            "E * upstream.known_bugs.DifferentFailure: failed differently from its known bug "
+            "(transformers >=5.13,<5.20, "
             "torch >=2.11,<2.14: RuntimeError matching 'Class values must be smaller than num_classes'): "
             "RuntimeError: Could not resolve the process group registered under the name 11",
-            "E * known_bugs.DifferentFailure: failed differently from its known bug (*): "
+            "E * upstream.known_bugs.DifferentFailure: failed differently from its known bug (*): "
             "AssertionError: gradients differ from the whole model's: 1 of 9 parameters",
-            "E * known_bugs.DifferentFailure: failed differently from its known bug (* raised in "
+            "E * upstream.known_bugs.DifferentFailure: failed differently from its known bug (* raised in "
             "torch/distributed/tensor/placement_types.py:_reduce_value): AssertionError: (no message) (raised at "
             "test_*.py:* in test_another_bare_assert)",
-            "[[]XPASS(strict)[]] fixed upstream: close the range in tests/gpu/known_bugs.py: known upstream bug:*",
+            "[[]XPASS(strict)[]] fixed upstream: close the range in tests/gpu/upstream/known_bugs.py: "
+            "known upstream bug:*",
         ]
     )
     # The properties the suite recorded, as harness reads junit.xml, and nightly triage's class from them alone.

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from rank_cases import _plain_tp_share_problems, plan_style, tp_chunk
+from checks.rank_cases import _plain_tp_share_problems, plan_style, tp_chunk
 
 WHOLE = torch.arange(128 * 64, dtype=torch.float32).reshape(128, 64)
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ElementTree
 
-import families
 import pytest
+from models import families
 
 from harness.contract import FAMILY, NOT_BUILT, NOT_BUILT_PREFIX
 
@@ -40,8 +40,8 @@ def test_a_family_the_registry_cannot_read_is_not_built_and_a_built_one_is_none(
 
 NOT_BUILT_CONFTEST = """
 import pytest
-import families
-from checkpoint_fixtures import built_checkpoint
+from models import families
+from models.checkpoint_fixtures import built_checkpoint
 
 
 @pytest.fixture

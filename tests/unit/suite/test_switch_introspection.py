@@ -1,12 +1,11 @@
-"""config_switches.py without ranks: its introspection finds a family's known switches, ignores a flag that changes
-nothing, and its switches-on config is the family's tiny config with those switches flipped."""
+"""models/config_switches.py without ranks: its introspection finds a family's known switches, ignores a flag
+that changes nothing, and its switches-on config is the family's tiny config with those switches flipped."""
 
 from __future__ import annotations
 
-import config_switches
-import families
 import pytest
-from config_switches import BOOL, CHOICE, INERT, candidates, family_switches
+from models import config_switches, families
+from models.config_switches import BOOL, CHOICE, INERT, candidates, family_switches
 
 
 def _verdict(model_type: str, name: str) -> config_switches.Verdict:

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import checks
-import ep_coverage
-import fake_quant
-import families
 import pytest
-import tiny_models
-import tolerances
 import torch
+from checks import fake_quant, tolerances, verdicts
+from checks.rank_cases import DTYPES, summarize
+from checks.routing import RoutingRecorder
+from loading.tf_adapter import load_whole, transformers_version
+from models import ep_coverage, families, tiny_models
 from packaging.version import Version
-from rank_cases import DTYPES, summarize
-from routing import RoutingRecorder
-from tf_adapter import load_whole, transformers_version
 
 from harness import contract
 
@@ -74,7 +70,7 @@ def test_ep_coverage_counts_every_declared_family_but_the_listed_ones(monkeypatc
 
 def test_routing_check_fails_when_no_layer_was_recorded():
     with pytest.raises(AssertionError, match="routing not recorded: the sharded model routed in 0 MoE layers"):
-        checks.check_routing([], [])
+        verdicts.check_routing([], [])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -100,10 +96,10 @@ def test_secondary_expert_is_never_the_primary():
         assert tiny_models.secondary_expert(token) != tiny_models.primary_expert(token)
 
 
-def _routing(experts: list[list[int]]) -> checks.LayerRouting:
+def _routing(experts: list[list[int]]) -> verdicts.LayerRouting:
     chosen = torch.tensor(experts)
     logits = torch.zeros(len(experts), families.NUM_EXPERTS).scatter(1, chosen, 3.0)
-    return checks.LayerRouting(logits, chosen)
+    return verdicts.LayerRouting(logits, chosen)
 
 
 def test_routing_check_names_the_layer_and_counts_the_tokens():
@@ -111,57 +107,57 @@ def test_routing_check_names_the_layer_and_counts_the_tokens():
     # layer 1: the second token swaps an expert, the third only reorders its two (not a difference)
     sharded = [whole[0], _routing([[0, 1], [2, 4], [5, 4], [6, 7]])]
     with pytest.raises(AssertionError) as failure:
-        checks.check_routing(sharded, whole)
+        verdicts.check_routing(sharded, whole)
     assert str(failure.value) == "routing differs: layer 1 sends 1 of 4 tokens to other experts than the whole model"
-    checks.check_routing(whole, whole)
+    verdicts.check_routing(whole, whole)
 
 
 def test_routing_margin_is_the_gap_between_the_lowest_chosen_and_the_best_unchosen_logit():
     logits = torch.tensor([[5.0, 4.0, 1.5, 0.0], [3.0, 0.0, 2.5, 2.2]])
-    assert checks.LayerRouting(logits, logits.topk(2).indices).margin == pytest.approx(0.3)
+    assert verdicts.LayerRouting(logits, logits.topk(2).indices).margin == pytest.approx(0.3)
     # the router's own choice, not the logits' top k: a bias that picks expert 2 over 1 shows as a negative gap
-    assert checks.LayerRouting(logits[:1], torch.tensor([[0, 2]])).margin == pytest.approx(-2.5)
+    assert verdicts.LayerRouting(logits[:1], torch.tensor([[0, 2]])).margin == pytest.approx(-2.5)
 
 
 def test_gradient_check_lists_the_worst_parameters_over_the_bound():
     whole = {"a": torch.ones(4), "b": torch.ones(4), "c": None}
     sharded = {"a": torch.ones(4), "b": torch.ones(4) * 1.5, "c": None}
-    errors = checks.gradient_errors(sharded, whole)
+    errors = verdicts.gradient_errors(sharded, whole)
     assert errors == {"a": 0.0, "b": pytest.approx(0.5), "c": 0.0}
     bounds = dict.fromkeys(errors, 3e-2)
     with pytest.raises(AssertionError, match=r"1 of 3 parameters exceed their bound .*: b 0.5 \(its bound 0.03\)$"):
-        checks.check_gradients(errors, bounds)
-    assert checks.gradient_errors({"a": None}, {"a": torch.ones(1)}) == {"a": float("inf")}
+        verdicts.check_gradients(errors, bounds)
+    assert verdicts.gradient_errors({"a": None}, {"a": torch.ones(1)}) == {"a": float("inf")}
     with pytest.raises(AssertionError, match=r"b 0.5 \(its bound 0.03\) \(1.5 times the whole model's gradient\)$"):
-        checks.check_gradients(errors, bounds, {"b": "1.5 times the whole model's gradient"})
+        verdicts.check_gradients(errors, bounds, {"b": "1.5 times the whole model's gradient"})
     # each parameter is held to its own bound: b is within a looser one, a over a zero-width one is not
     with pytest.raises(AssertionError, match=r"1 of 2 parameters exceed their bound .*: a 0.1 \(its bound 0\)$"):
-        checks.check_gradients({"a": 0.1, "b": 0.5}, {"a": 0.0, "b": 1.0})
+        verdicts.check_gradients({"a": 0.1, "b": 0.5}, {"a": 0.0, "b": 1.0})
 
 
 def test_logits_check_measures_against_the_float64_reference_and_names_the_noise_it_allowed():
     reference = torch.linspace(-3, 3, 12, dtype=torch.float64).reshape(3, 4)
     close = reference.float() + 1e-6
-    assert checks.check_close_to_reference("logits", close, reference, bound=2e-6, whole_difference=1e-6) == (
+    assert verdicts.check_close_to_reference("logits", close, reference, bound=2e-6, whole_difference=1e-6) == (
         pytest.approx(1e-6, rel=0.1)
     )
     far = close.clone()
     far[1, 2] += 1e-3
     with pytest.raises(AssertionError, match=r"^logits differ from the whole model's: 1 of 12 values farther than "
                        r"2e-06 from the float64 reference \(the whole model's own rounding: 1e-06\)"):
-        checks.check_close_to_reference("logits", far, reference, bound=2e-6, whole_difference=1e-6)
+        verdicts.check_close_to_reference("logits", far, reference, bound=2e-6, whole_difference=1e-6)
     not_a_number = close.clone()
     not_a_number[1, 1] = float("nan")
     with pytest.raises(AssertionError, match="1 of 12 values"):  # NaN is never within a bound
-        checks.check_close_to_reference("logits", not_a_number, reference, bound=10.0, whole_difference=0.0)
+        verdicts.check_close_to_reference("logits", not_a_number, reference, bound=10.0, whole_difference=0.0)
 
 
 def test_gradient_notes_say_what_a_wrong_gradient_looks_like():
     expected = torch.randn(8, generator=torch.Generator().manual_seed(0))
     whole = {"halved": expected, "nan": expected, "missing": expected, "noisy": expected}
     sharded = {"halved": expected / 2, "nan": expected * float("nan"), "missing": None, "noisy": expected.flip(0)}
-    errors = checks.gradient_errors(sharded, whole)
-    assert checks.gradient_notes(sharded, whole, errors, dict.fromkeys(errors, 3e-2)) == {
+    errors = verdicts.gradient_errors(sharded, whole)
+    assert verdicts.gradient_notes(sharded, whole, errors, dict.fromkeys(errors, 3e-2)) == {
         "halved": "0.5 times the whole model's gradient",
         "nan": "the sharded gradient holds NaN or inf",
         "missing": "no gradient in the sharded model",
@@ -170,9 +166,9 @@ def test_gradient_notes_say_what_a_wrong_gradient_looks_like():
 
 def test_a_gradient_off_by_a_factor_is_recognised_as_scaled():
     expected = torch.randn(64, generator=torch.Generator().manual_seed(0))
-    assert checks.gradient_scale(0.5 * expected, expected) == pytest.approx(0.5)
-    assert checks.gradient_scale(expected + torch.randn(64), expected) is None
-    assert checks.gradient_scale(torch.ones(3), torch.zeros(3)) is None
+    assert verdicts.gradient_scale(0.5 * expected, expected) == pytest.approx(0.5)
+    assert verdicts.gradient_scale(expected + torch.randn(64), expected) is None
+    assert verdicts.gradient_scale(torch.ones(3), torch.zeros(3)) is None
 
 
 def test_fp8_rowwise_values_lie_on_the_e4m3_grid_of_their_row_scale():
@@ -267,7 +263,7 @@ def test_an_error_is_summarized_with_its_own_bound_from_the_rank_where_it_is_wor
 
 def test_the_float64_reference_keeps_float64_where_a_model_casts_to_float32():
     """A router that computes `linear(hidden.float(), weight)` in float32 on purpose, with a float64 weight."""
-    from float64_mode import stay_float64
+    from loading.float64_mode import stay_float64
 
     weight = torch.randn(4, 8, dtype=torch.float64)
     hidden = torch.randn(3, 8, dtype=torch.float64)

@@ -7,61 +7,62 @@ import re
 
 import pytest
 import torch
-import training
+from training import steps
 
 
 def test_a_case_refuses_what_it_cannot_run():
     with pytest.raises(ValueError, match="unknown optimizer 'lion'"):
-        training.TrainCase("mixtral", "ep", optimizer="lion")
+        steps.TrainCase("mixtral", "ep", optimizer="lion")
     with pytest.raises(ValueError, match="resume_at 3: a step before the last"):
-        training.TrainCase("mixtral", "ep", steps=3, resume_at=3)
+        steps.TrainCase("mixtral", "ep", steps=3, resume_at=3)
     with pytest.raises(ValueError, match="stale_optimizer_state needs resume_at >= 2"):
-        training.TrainCase("mixtral", "ep", steps=4, resume_at=1, bug="stale_optimizer_state")
+        steps.TrainCase("mixtral", "ep", steps=4, resume_at=1, bug="stale_optimizer_state")
     with pytest.raises(ValueError, match="unknown clip"):
-        training.TrainCase("mixtral", "ep", clip="norm")
+        steps.TrainCase("mixtral", "ep", clip="norm")
 
 
 def test_the_known_bugs_table_sees_a_training_case_by_what_it_runs():
-    assert training.TrainCase("mixtral", "ep").checks == ("load", "train")
-    assert training.TrainCase("mixtral", "ep", clip="torch", optimizer="fused").checks == (
+    assert steps.TrainCase("mixtral", "ep").checks == ("load", "train")
+    assert steps.TrainCase("mixtral", "ep", clip="torch", optimizer="fused").checks == (
         "load", "train", "torch_clip", "fused_adamw")
     # EP and FSDP2+EP put parameters on several meshes: the loop clips per mesh unless the case asks for torch's
-    assert [training.TrainCase("mixtral", layout).clipping for layout in ("ep", "fsdp_ep")] == ["per_mesh"] * 2
-    assert training.TrainCase("qwen3", "fsdp").clipping == "torch"
+    assert [steps.TrainCase("mixtral", layout).clipping for layout in ("ep", "fsdp_ep")] == ["per_mesh"] * 2
+    assert steps.TrainCase("qwen3", "fsdp").clipping == "torch"
 
 
 def test_a_case_with_the_one_step_checks_or_mixed_precision_says_so_to_the_known_bugs_table():
-    assert training.TrainCase("mixtral", "fsdp_ep", one_step=True).checks == ("load", "logits", "gradients", "train")
-    mixed = training.TrainCase("qwen3", "fully_shard", dtype="bfloat16", mixed_precision=True)
+    assert steps.TrainCase("mixtral", "fsdp_ep", one_step=True).checks == ("load", "logits", "gradients", "train")
+    mixed = steps.TrainCase("qwen3", "fully_shard", dtype="bfloat16", mixed_precision=True)
     assert mixed.checks == ("load", "train", "mixed_precision") and mixed.parameter_dtype == "float32"
-    assert training.TrainCase("qwen3", "fsdp", dtype="bfloat16").parameter_dtype == "bfloat16"
+    assert steps.TrainCase("qwen3", "fsdp", dtype="bfloat16").parameter_dtype == "bfloat16"
     for dtype, layout in (("float32", "fsdp"), ("bfloat16", "ep")):  # mixed precision: bfloat16 on an FSDP2 layout
         with pytest.raises(ValueError, match="mixed precision computes in bfloat16 on an FSDP2 layout"):
-            training.TrainCase("mixtral" if layout == "ep" else "qwen3", layout, dtype=dtype, mixed_precision=True)
+            steps.TrainCase("mixtral" if layout == "ep" else "qwen3", layout, dtype=dtype, mixed_precision=True)
 
 
 def test_the_whole_runs_kept_are_the_latest_and_found_only_by_all_that_determines_them(tmp_path):
-    runs = training.WholeRuns(tmp_path / "rank0")
-    steps = [(training.StepResult(1.0, 2.0, {"w": torch.arange(3.0)}, {"w": torch.ones(2, dtype=torch.float64)}),)]
+    runs = steps.WholeRuns(tmp_path / "rank0")
+    results = [(steps.StepResult(1.0, 2.0, {"w": torch.arange(3.0)}, {"w": torch.ones(2, dtype=torch.float64)}),)]
 
     def found(key):
         got = runs.get(key)
-        return got is not None and got[0][0].loss == 1.0 and torch.equal(got[0][0].params["w"], steps[0][0].params["w"])
+        return got is not None and got[0][0].loss == 1.0 and torch.equal(
+            got[0][0].params["w"], results[0][0].params["w"])
 
-    runs.put(("a",), steps)
-    runs.put(("b",), steps)
+    runs.put(("a",), results)
+    runs.put(("b",), results)
     assert found(("a",))  # and now the latest
-    runs.put(("a",), steps)
-    runs.put(("c",), steps)  # the oldest, b, goes
+    runs.put(("a",), results)
+    runs.put(("c",), results)  # the oldest, b, goes
     assert not found(("b",)) and found(("a",)) and found(("c",))
     assert sorted(path.name for path in (tmp_path / "rank0").iterdir()) == sorted(
-        training.handover.entry_name(key) for key in (("a",), ("c",)))
+        steps.handover.entry_name(key) for key in (("a",), ("c",)))
     # another process's ranks (a later test's) read them as they were written, grads and float64 params included
-    again = training.WholeRuns(tmp_path / "rank0").get(("c",))[0][0]
+    again = steps.WholeRuns(tmp_path / "rank0").get(("c",))[0][0]
     assert torch.equal(again.grads["w"], torch.arange(3.0)) and again.params["w"].dtype == torch.float64
     # with no folder (no pool: nothing is handed on) nothing is kept
-    nowhere = training.WholeRuns(None)
-    nowhere.put(("a",), steps)
+    nowhere = steps.WholeRuns(None)
+    nowhere.put(("a",), results)
     assert nowhere.get(("a",)) is None
 
     class Config:
@@ -71,7 +72,7 @@ def test_the_whole_runs_kept_are_the_latest_and_found_only_by_all_that_determine
         config = Config()
 
     def key(**options):
-        return training.whole_runs_key("ckpt", training.TrainCase("mixtral", **options), Model(), 2, None)
+        return steps.whole_runs_key("ckpt", steps.TrainCase("mixtral", **options), Model(), 2, None)
 
     # EP and FSDP2+EP (and a requested implementation the whole model resolved the same) share their whole runs
     assert key(layout="ep", experts_implementation="grouped_mm") == key(layout="fsdp_ep")
@@ -81,11 +82,11 @@ def test_the_whole_runs_kept_are_the_latest_and_found_only_by_all_that_determine
 
 
 def test_every_micro_batch_and_step_feeds_other_data_and_the_other_order_the_same_data():
-    first, second = training.micro_batches(1), training.micro_batches(2)
+    first, second = steps.micro_batches(1), steps.micro_batches(2)
     batches = [*first, *second]
-    assert len(first) == training.MICRO_BATCHES
+    assert len(first) == steps.MICRO_BATCHES
     assert all(not torch.equal(a, b) for i, a in enumerate(batches) for b in batches[i + 1:])
-    other = training.micro_batches(1, other_order=True)
+    other = steps.micro_batches(1, other_order=True)
     assert [torch.equal(a, b.flip(0)) for a, b in zip(first, reversed(other), strict=True)] == [True, True]
 
 
@@ -97,18 +98,18 @@ def test_the_per_mesh_clip_equals_torchs_where_there_is_one_mesh():
     inputs = torch.randn(4, 8)
     for model, clip in zip(models, ("torch", "per_mesh"), strict=True):
         model(inputs).square().sum().mul(100).backward()
-        norms.append(training.clip_gradients(model, clip).item())
-    assert norms[0] == pytest.approx(norms[1], rel=1e-6) and norms[0] > training.MAX_GRAD_NORM
+        norms.append(steps.clip_gradients(model, clip).item())
+    assert norms[0] == pytest.approx(norms[1], rel=1e-6) and norms[0] > steps.MAX_GRAD_NORM
     for one, other in zip(models[0].parameters(), models[1].parameters(), strict=True):
         assert torch.allclose(one.grad, other.grad, rtol=1e-6, atol=0)
     clipped = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in models[1].parameters()]))
-    assert clipped.item() == pytest.approx(training.MAX_GRAD_NORM, rel=1e-5)
+    assert clipped.item() == pytest.approx(steps.MAX_GRAD_NORM, rel=1e-5)
 
 
 def test_a_scalar_over_its_bound_names_the_step_the_quantity_and_both_runs():
-    assert training.scalar_problem(2, "loss", 4.0000001, [4.0000002, 3.9999999], 4.0, "float32") is None
-    problem = training.scalar_problem(2, "loss", 4.1, [4.0000002, 3.9999999], 4.0, "float32")
+    assert steps.scalar_problem(2, "loss", 4.0000001, [4.0000002, 3.9999999], 4.0, "float32") is None
+    problem = steps.scalar_problem(2, "loss", 4.1, [4.0000002, 3.9999999], 4.0, "float32")
     assert re.fullmatch(r"step 2: loss 4\.1 differs from the float64 run's 4 by 0\.1, over its bound \S+ "
                         r"\(the whole model's run: 4\.0000002\)", problem), problem
     # a NaN is never within a bound
-    assert training.scalar_problem(1, "gradient norm", float("nan"), [1.0], 1.0, "float32").startswith("step 1: ")
+    assert steps.scalar_problem(1, "gradient norm", float("nan"), [1.0], 1.0, "float32").startswith("step 1: ")

@@ -621,13 +621,13 @@ def test_a_covered_case_is_xfailed_only_for_the_failure_its_entry_names(pytester
             "FAILED *::test_another_exception*",
             "FAILED *::test_fixed*",
             "FAILED *::test_another_bare_assert*",
-            "E * upstream.known_bugs.DifferentFailure: failed differently from its known bug "
+            "E * upstream.entry.DifferentFailure: failed differently from its known bug "
             "(transformers >=5.13,<5.20, "
             "torch >=2.11,<2.14: RuntimeError matching 'Class values must be smaller than num_classes'): "
             "RuntimeError: Could not resolve the process group registered under the name 11",
-            "E * upstream.known_bugs.DifferentFailure: failed differently from its known bug (*): "
+            "E * upstream.entry.DifferentFailure: failed differently from its known bug (*): "
             "AssertionError: gradients differ from the whole model's: 1 of 9 parameters",
-            "E * upstream.known_bugs.DifferentFailure: failed differently from its known bug (* raised in "
+            "E * upstream.entry.DifferentFailure: failed differently from its known bug (* raised in "
             "torch/distributed/tensor/placement_types.py:_reduce_value): AssertionError: (no message) (raised at "
             "test_*.py:* in test_another_bare_assert)",
             "[[]XPASS(strict)[]] fixed upstream: close the range in tests/gpu/upstream/known_bugs.py: "

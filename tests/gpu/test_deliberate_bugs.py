@@ -28,7 +28,7 @@ def _failed_together(failure, world_size: int) -> None:
 
 
 def _expert_message(family: str, parameter: str, world_size: int) -> str:
-    """The load check's words for rank_cases.plant_bug's perturbed expert: the second local one, or the only one."""
+    """The load check's words for planted.plant_bug's perturbed expert: the second local one, or the only one."""
     entry = families.family(family)
     last_rank = world_size - 1
     per_rank = NUM_EXPERTS // world_size

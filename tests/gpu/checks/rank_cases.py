@@ -38,7 +38,9 @@ from models import (
 )
 from torch.distributed.tensor import DTensor
 
-from checks import fake_quant, routing, tolerances, verdicts
+from checks import fake_quant, planted, routing, tolerances, verdicts
+from checks.case import SuiteCase
+from checks.tensors import full, local
 from harness import contract
 from harness.ranks import together
 
@@ -52,25 +54,17 @@ DTYPES = ("float32", "bfloat16")
 # in the order they run; "quantized" (the sharded model computed with the whole model's quantized weights)
 # needs a `quant` recipe, and runs in the training step before routing and gradients
 CHECKS = ("load", "logits", "quantized", "gradients")
-# deliberate bugs, planted on the last rank after loading: see plant_bug
-LOAD_BUGS = ("perturb_expert", "perturb_router", "perturb_expert_bias", "perturb_correction_bias")
-# ... and after the backward: one rank's gradient 1% off (its experts under EP; its shard under FSDP2), the subtle
-# defect every bound must still catch by a wide margin
-GRADIENT_BUGS = ("scale_expert_gradient", "scale_shard_gradient")
-BUGS = LOAD_BUGS + GRADIENT_BUGS
-SUBTLE_GRADIENT_SCALE = 1.01
 
 
 @dataclass(frozen=True)
-class Case:
-    family: str  # a key of families.FAMILIES
-    layout: str  # a key of tf_adapter.LAYOUTS
+class Case(SuiteCase):
+    """The one-step checks of a sharded load against the whole model; a planted bug acts on the last rank."""
+
     checks: tuple[str, ...]
-    dtype: str = "float32"
-    experts_implementation: str | None = None  # transformers' experts_implementation (MoE families)
     quant: str | None = None  # a fake_quant recipe, applied in the gradient check
     quant_scope: str = "per_expert"  # how the sharded model computes its nvfp4 global scale
-    bug: str | None = None  # a defect planted on the last rank after loading (deliberate-bug tests)
+
+    BUGS = planted.ONE_STEP_BUGS
 
     @property
     def planted_defect(self) -> str | None:
@@ -80,15 +74,11 @@ class Case:
         return None if self.quant_scope == "per_expert" else f"{self.quant} scale over the {self.quant_scope}"
 
     def __post_init__(self):
-        families.family(self.family)  # raises naming the known families
-        if self.layout not in tf_adapter.LAYOUTS:
-            raise ValueError(f"unknown layout {self.layout!r}; known: {sorted(tf_adapter.LAYOUTS)}")
+        super().__post_init__()
         if unknown := set(self.checks) - set(CHECKS):
             raise ValueError(f"unknown checks {sorted(unknown)}; known: {CHECKS}")
         if "quantized" in self.checks and self.quant is None:
             raise ValueError("the quantized check needs a quant recipe")
-        if self.bug is not None and self.bug not in BUGS:
-            raise ValueError(f"unknown bug {self.bug!r}; known: {BUGS}")
 
 
 def run_case(checkpoint: str, case: Case, metrics_dir: str | None = None, model_class: type | None = None) -> dict:
@@ -150,8 +140,8 @@ def _run_checks(checkpoint: str, case: Case, metrics: dict, model_class: type | 
         sharded = tf_adapter.load_sharded(
             checkpoint, case.layout, world_size, dtype, case.experts_implementation, model_class
         )
-    if case.bug in LOAD_BUGS and rank == world_size - 1:
-        plant_bug(sharded, family, case.bug)
+    if case.bug in planted.LOAD_BUGS and rank == world_size - 1:
+        planted.plant_bug(sharded, family, case.bug)
 
     # A check that fails on one rank fails on all (together): its peers would wait in the next collective.
     if "load" in case.checks:
@@ -229,15 +219,6 @@ def share_rows(rank: int, world_size: int) -> slice:
     """Rank `rank`'s 1/world of the batch's sequences."""
     per_rank = tiny_models.BATCH_SIZE // world_size
     return slice(rank * per_rank, (rank + 1) * per_rank)
-
-
-def full(tensor: torch.Tensor) -> torch.Tensor:
-    """The whole tensor: gathered when it is a DTensor (a collective: every rank must call it)."""
-    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-
-
-def local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def expert_share(stack: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
@@ -505,8 +486,8 @@ def compare_training_step(
 
         for loss in (*whole_losses, sharded_loss):
             loss.backward()
-        if case.bug in GRADIENT_BUGS and rank == world_size - 1:
-            plant_gradient_bug(sharded, family, case.bug)
+        if case.bug in planted.GRADIENT_BUGS and rank == world_size - 1:
+            planted.plant_gradient_bug(sharded, family, case.bug)
         compare_gradients(models, other_order, family, case, layout, rank, world_size, metrics)
 
 
@@ -677,53 +658,6 @@ def check_quantized_weights(
         raise AssertionError("quantized weights differ: " + "; ".join(problems))
 
 
-# ---------------------------------------------------------------- deliberate bugs
-
-
-def plant_bug(model, family: families.Family, bug: str) -> None:
-    """A defect on this rank only, after loading (the deliberate-bug tests plant it on the last rank)."""
-    first_moe, last_moe = (
-        model.get_submodule(family.block_path(layer)) for layer in (family.moe_layers[0], family.moe_layers[-1])
-    )
-    experts = getattr(first_moe, family.experts)
-    with torch.no_grad():
-        if bug == "perturb_expert":
-            # the second local expert (or the only one) of the first MoE layer: 10% of the weights' scale added
-            stack = local(experts.gate_up_proj)
-            stack[min(1, stack.shape[0] - 1)] += 0.1 * families.INITIALIZER_RANGE
-        elif bug == "perturb_router":
-            # the last MoE layer's router scores the first two experts the other way round on this rank
-            _, weight, transposed = families.router_weight(getattr(last_moe, family.router))
-            weight = local(weight)
-            if transposed:
-                weight[:, [0, 1]] = weight[:, [1, 0]]
-            else:
-                weight[[0, 1]] = weight[[1, 0]]
-        elif bug == "perturb_expert_bias":
-            # GPT-OSS: the second local expert's gate/up bias of the first MoE layer shifted by 0.1
-            bias = local(experts.gate_up_proj_bias)
-            bias[min(1, bias.shape[0] - 1)] += 0.1
-        elif bug == "perturb_correction_bias":
-            # DeepSeek-V3: the first MoE layer's correction-bias buffer shifted (too little to flip a route)
-            getattr(first_moe, family.router).e_score_correction_bias.add_(0.01)
-        else:
-            raise ValueError(f"unknown bug {bug!r}; known: {BUGS}")
-
-
-def plant_gradient_bug(model, family: families.Family, bug: str) -> None:
-    """This rank's gradient of one parameter made 1% larger after the backward, as a defect in its backward would:
-    its local experts' gate/up stack in the first MoE layer (EP), or its shard of the first FSDP-sharded
-    parameter (FSDP2)."""
-    with torch.no_grad():
-        if bug == "scale_expert_gradient":
-            first_moe = model.get_submodule(family.block_path(family.moe_layers[0]))
-            local(getattr(first_moe, family.experts).gate_up_proj.grad).mul_(SUBTLE_GRADIENT_SCALE)
-        elif bug == "scale_shard_gradient":
-            local(first_layer_shard(model, family).grad).mul_(SUBTLE_GRADIENT_SCALE)
-        else:
-            raise ValueError(f"unknown gradient bug {bug!r}; known: {GRADIENT_BUGS}")
-
-
 # An error, its bound, and what else was measured beside it on the same rank: summarize takes them together from
 # the rank whose error is largest against its bound (each rank's bound is its own measurement).
 MEASURED_AGAINST_BOUND = (
@@ -731,14 +665,6 @@ MEASURED_AGAINST_BOUND = (
     (contract.LOGITS_DIFFERENCE, contract.LOGITS_ATOL, (contract.WHOLE_LOGITS_DIFFERENCE,)),
     (contract.PARAM_ERROR, contract.PARAM_BOUND, (contract.PARAM_ERROR_PARAM,)),
 )
-
-
-def first_layer_shard(model, family: families.Family) -> DTensor:
-    """The first FSDP-sharded parameter of the first decoder layer."""
-    prefix = f"{family.layers_prefix}.0."
-    return next(
-        param for name, param in model.named_parameters() if name.startswith(prefix) and isinstance(param, DTensor)
-    )
 
 
 def summarize(values: list[dict]) -> dict:

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from checks import rank_cases
-from checks.rank_cases import local
+from checks import planted, rank_cases
+from checks.case import SuiteCase
+from checks.tensors import local
 from loading import tf_adapter
-from models import families
 from torch.distributed.tensor import DTensor
 
 from harness.ranks import together
@@ -50,31 +50,24 @@ with contextlib.suppress(ImportError):
     import numpy.ctypeslib  # noqa: F401  # by save_pretrained's safetensors writer
 
 KINDS = ("resume_other_world", "save_pretrained")
-# deliberate bug: phase 2 loads the optimizer state saved after step k-1 instead of step k's (every rank)
-CHECKPOINT_BUGS = ("stale_optimizer_state",)
 # beside each DCP save: the sharded model's full weights, gathered (what the resumed model must hold)
 SAVED_WEIGHTS = "full_weights.pt"
 
 
 @dataclass(frozen=True)
-class CheckpointCase:
-    family: str  # a key of families.FAMILIES
-    layout: str  # a key of tf_adapter.LAYOUTS
+class CheckpointCase(SuiteCase):
+    """Training saved and loaded again: resumed at another world size, or saved whole with save_pretrained."""
+
     kind: str  # one of KINDS
     world_size: int = 2  # phase 1's (the only one of a save_pretrained case)
     resume_world_size: int | None = None  # resume_other_world: phase 2's
-    dtype: str = "float32"
     steps: int = 4
     save_at: int = 2  # resume_other_world: phase 1 saves after this step
-    experts_implementation: str | None = None
     # save_pretrained: pass torch's full state dict (get_model_state_dict, full_state_dict=True) as `state_dict=`,
     # what a model sharded outside transformers needs (upstream/repros/fully_shard_save_pretrained.py)
     full_state_dict: bool = False
-    bug: str | None = None
 
-    @property
-    def planted_defect(self) -> str | None:
-        return self.bug
+    BUGS = planted.CHECKPOINT_BUGS
 
     @property
     def checks(self) -> tuple[str, ...]:
@@ -97,9 +90,7 @@ class CheckpointCase:
         return (self.world_size, self.resume_world_size) if self.resumes else (self.world_size,)
 
     def __post_init__(self):
-        families.family(self.family)
-        if self.layout not in tf_adapter.LAYOUTS:
-            raise ValueError(f"unknown layout {self.layout!r}; known: {sorted(tf_adapter.LAYOUTS)}")
+        super().__post_init__()
         if self.kind not in KINDS:
             raise ValueError(f"unknown kind {self.kind!r}; known: {KINDS}")
         if self.resumes:
@@ -111,11 +102,8 @@ class CheckpointCase:
             raise ValueError(f"a {self.kind} case runs at one world size")
         if self.full_state_dict and self.resumes:
             raise ValueError("full_state_dict is a save_pretrained case's option")
-        if self.bug is not None:
-            if self.bug not in CHECKPOINT_BUGS:
-                raise ValueError(f"unknown bug {self.bug!r}; known: {CHECKPOINT_BUGS}")
-            if not self.resumes or self.save_at < 2:
-                raise ValueError("stale_optimizer_state needs a resume with save_at >= 2 (an earlier save to load)")
+        if self.bug is not None and (not self.resumes or self.save_at < 2):
+            raise ValueError("stale_optimizer_state needs a resume with save_at >= 2 (an earlier save to load)")
 
 
 # ---------------------------------------------------------------- the rank functions, one per launch

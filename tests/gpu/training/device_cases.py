@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 from checks import fake_quant, rank_cases, routing, verdicts
+from checks.case import SuiteCase
 from loading import tf_adapter
 from loading.float64_mode import stay_float64
 from models import families, tiny_models
@@ -31,17 +32,18 @@ CPU = torch.device("cpu")
 
 
 @dataclass(frozen=True)
-class DeviceCase:
-    family: str  # a key of families.FAMILIES
-    dtype: str = "float32"
-    experts_implementation: str | None = None
+class DeviceCase(SuiteCase):
+    """The whole model on this rank's device against the CPU's float64: nothing distributed, nothing planted."""
+
+    layout: str = LAYOUT
     quant: str | None = None  # a fake_quant recipe
     hub_kernels: bool = False  # the subject loaded with Hub kernels on (tf_adapter.hub_kernels), as a user's default
-    layout: str = LAYOUT
     checks: tuple[str, ...] = CHECKS
 
+    LAYOUTS = (LAYOUT,)
+
     def __post_init__(self):
-        families.family(self.family)
+        super().__post_init__()
         if self.quant is not None and self.quant not in fake_quant.RECIPES:
             raise ValueError(f"unknown recipe {self.quant!r}; known: {fake_quant.RECIPES}")
 

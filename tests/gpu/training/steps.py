@@ -39,8 +39,9 @@ import torch.distributed as dist
 # at a resume case's first save: a module first imported during a call makes the rank pool replace its ranks.
 import torch.distributed.checkpoint
 import torch.distributed.checkpoint.state_dict
-from checks import rank_cases, tolerances, verdicts
-from checks.rank_cases import full, local
+from checks import planted, rank_cases, tolerances, verdicts
+from checks.case import SuiteCase
+from checks.tensors import full, local
 from loading import tf_adapter
 from loading.float64_mode import stay_float64
 from models import families, tiny_models
@@ -73,21 +74,16 @@ WARMUP_STEPS = 2
 # Below the tiny models' global gradient norm (about 3-40 at the first step), so clipping scales every step.
 MAX_GRAD_NORM = 1.0
 MICRO_BATCHES = 2
-# deliberate bugs, planted on the last rank: the update of one replicated parameter skipped at step 2; the
-# optimizer state of the step before `resume_at` loaded on resume instead of its own
-TRAINING_BUGS = ("skip_replicated_update", "stale_optimizer_state")
 ONE_STEP_CHECKS = ("logits", "gradients")  # rank_cases.CHECKS a case with `one_step` runs before training
 BUG_STEP = 2
 
 
 @dataclass(frozen=True)
-class TrainCase:
-    family: str  # a key of families.FAMILIES
-    layout: str  # a key of tf_adapter.LAYOUTS
-    dtype: str = "float32"
+class TrainCase(SuiteCase):
+    """Steps of training, sharded and whole, compared after every step; a planted bug acts inside the loop."""
+
     steps: int = 3
     optimizer: str = "default"  # how AdamW runs: torch's default kernels, foreach=False, or fused=True
-    experts_implementation: str | None = None
     resume_at: int | None = None  # save after this step, load into a fresh sharded model, continue
     # "per_mesh" where the layout puts parameters on several device meshes (EP, FSDP2+EP), else torch's
     # clip_grad_norm_; "torch" asks for clip_grad_norm_ on any layout (the case that shows it cannot span meshes)
@@ -101,11 +97,8 @@ class TrainCase:
     # FSDP2's MixedPrecisionPolicy: parameters and optimizer state in float32, forward and backward in `dtype`
     # (bfloat16), gradients reduced in float32; the whole model's runs compute the same way (Run.compute)
     mixed_precision: bool = False
-    bug: str | None = None
 
-    @property
-    def planted_defect(self) -> str | None:
-        return self.bug
+    BUGS = planted.TRAINING_BUGS
 
     @property
     def clipping(self) -> str:
@@ -130,9 +123,7 @@ class TrainCase:
         return "float32" if self.mixed_precision else self.dtype
 
     def __post_init__(self):
-        families.family(self.family)
-        if self.layout not in tf_adapter.LAYOUTS:
-            raise ValueError(f"unknown layout {self.layout!r}; known: {sorted(tf_adapter.LAYOUTS)}")
+        super().__post_init__()
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; known: {OPTIMIZERS}")
         if self.steps < 1:
@@ -141,8 +132,6 @@ class TrainCase:
             raise ValueError(f"resume_at {self.resume_at}: a step before the last ({self.steps})")
         if self.clip not in (None, "torch", "per_mesh"):
             raise ValueError(f"unknown clip {self.clip!r}; known: torch, per_mesh")
-        if self.bug is not None and self.bug not in TRAINING_BUGS:
-            raise ValueError(f"unknown bug {self.bug!r}; known: {TRAINING_BUGS}")
         if self.mixed_precision and (self.dtype != "bfloat16" or not tf_adapter.LAYOUTS[self.layout].fsdp_sharded):
             raise ValueError(f"mixed precision computes in bfloat16 on an FSDP2 layout, not {self.dtype} on "
                              f"{self.layout}")

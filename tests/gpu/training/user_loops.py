@@ -46,8 +46,9 @@ import torch.distributed as dist
 # Imported with this module (the ranks unpickle the rank function, so they are part of a fresh rank's state): the
 # Trainer's and accelerate's modules, first imported during a call, would make the rank pool replace its ranks.
 import transformers.trainer  # noqa: F401
-from checks import rank_cases
-from checks.rank_cases import local
+from checks import planted, rank_cases
+from checks.case import SuiteCase
+from checks.tensors import full, local
 from loading import tf_adapter
 from models import families, tiny_models
 
@@ -59,26 +60,20 @@ LOOPS = ("accelerate", "trainer")
 STEPS = 3
 # A case's metric holding the library's refusal (its message): the case is not run, with that reason.
 REFUSED = contract.REFUSED_BY_LIBRARY
-# The planted bug: the last rank's loop skips the optimizer's update at this step (its parameters put back).
-USER_LOOP_BUGS = ("skip_optimizer_step",)
+# The planted bug (checks/planted.py: USER_LOOP_BUGS) acts at this step.
 BUG_STEP = 2
 # Trainer's schedule with a warm-up, the nearest to training/steps.py's (all of transformers' warm-ups start at 0).
 TRAINER_SCHEDULE = "constant_with_warmup"
 
 
 @dataclass(frozen=True)
-class UserLoopCase:
-    family: str  # a key of families.FAMILIES
-    layout: str  # a key of tf_adapter.LAYOUTS
-    loop: str  # one of LOOPS
-    dtype: str = "float32"
-    steps: int = STEPS
-    experts_implementation: str | None = None
-    bug: str | None = None
+class UserLoopCase(SuiteCase):
+    """A user's own training loop (accelerate's, the Trainer's) on the sharded model against the whole model's."""
 
-    @property
-    def planted_defect(self) -> str | None:
-        return self.bug
+    loop: str  # one of LOOPS
+    steps: int = STEPS
+
+    BUGS = planted.USER_LOOP_BUGS
 
     @property
     def checks(self) -> tuple[str, ...]:
@@ -86,15 +81,11 @@ class UserLoopCase:
         return ("load", "train")
 
     def __post_init__(self):
-        families.family(self.family)
-        if self.layout not in tf_adapter.LAYOUTS:
-            raise ValueError(f"unknown layout {self.layout!r}; known: {sorted(tf_adapter.LAYOUTS)}")
+        super().__post_init__()
         if self.loop not in LOOPS:
             raise ValueError(f"unknown loop {self.loop!r}; known: {LOOPS}")
         if self.steps < BUG_STEP and self.bug is not None:
             raise ValueError(f"the planted bug acts at step {BUG_STEP}: steps {self.steps} is too few")
-        if self.bug is not None and self.bug not in USER_LOOP_BUGS:
-            raise ValueError(f"unknown bug {self.bug!r}; known: {USER_LOOP_BUGS}")
 
 
 def run_user_loop(checkpoint: str, case: UserLoopCase, metrics_dir: str | None = None, model_class=None) -> dict:
@@ -295,7 +286,7 @@ class _AccelerateLoop:
                 total += global_loss / steps.MICRO_BATCHES
                 if accelerator.sync_gradients:
                     run.grads = _grads(run.model)
-                    run.grad_norm = float(rank_cases.full(
+                    run.grad_norm = float(full(
                         accelerator.clip_grad_norm_(run.model.parameters(), steps.MAX_GRAD_NORM)).item())
                 with _update_undone(run.model, accelerator.sync_gradients and _plants(setting.case, step)):
                     run.optimizer.step()

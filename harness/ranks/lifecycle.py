@@ -8,7 +8,7 @@ The layers, because each misses a case the next one covers:
    is the zygote, so this watches the launcher itself).
 3. A rank leads its own process group, so the launcher kills it and all it started at once.
 4. When the cell ends, `harness run` (and `harness host` on each host of a cell across hosts) ends every
-   process the cell started, however it forked (harness.ranks.containment): the cell's own cgroup where
+   process the cell started, however it forked (harness.containment.containment): the cell's own cgroup where
    the host offers one, else harness as the child subreaper of the cell's processes killing every
    descendant, and on top every process carrying the cell's token (`HARNESS_CELL_TOKEN`, inherited by
    pytest, the zygote, the ranks and whatever they start; `cell_processes` below finds them). What escapes

@@ -19,7 +19,7 @@ Three layers, each for what the one before cannot cover, all ended in `end()`:
    ends every descendant that was not there before the cell, one that left the cgroup (a process may write
    itself into another cgroup it can reach; root, into any) included. Where there is no cgroup this is what
    ends the cell.
-3. A token in the environment of every process of the cell (harness.ranks.lifecycle): what carries it dies,
+3. A token in the environment of every process of the cell (harness.containment.cell_token): what carries it dies,
    a process another service started with the cell's environment included.
 
 Each layer stops what it finds before it kills it, and kills through pidfds in rounds (harness.containment.pidkill): a
@@ -36,9 +36,9 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 
 from harness.containment import confine, pidkill, reaper
+from harness.containment.cell_token import CELL_TOKEN_ENV, cell_processes
 from harness.containment.cgroup import CGROUP_ENV, CellCgroup, CgroupUnavailable
 from harness.contract import CLEANUP_CGROUP, CLEANUP_SUBREAPER, CLEANUP_TOKEN, CleanupRecord
-from harness.ranks.lifecycle import CELL_TOKEN_ENV, cell_processes
 
 _PASSES = 3  # runs through every layer while the scans after one still find a process of the cell
 

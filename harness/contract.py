@@ -77,7 +77,7 @@ ERROR_KINDS = (ERROR_ENGINE, ERROR_HOST_LOST, ERROR_ENVIRONMENT, ERROR_BUSY_GPUS
                ERROR_INTERRUPTED, ERROR_SIGNALLED_HARNESS, ERROR_COLLECTION, ERROR_NO_TESTS, ERROR_NO_JUNIT,
                ERROR_PYTEST, ERROR_HARNESS)
 
-# env.json "cleanup": how the cell's processes were ended when it ended (harness.ranks.containment), and whether
+# env.json "cleanup": how the cell's processes were ended when it ended (harness.containment.containment), and whether
 # any survived. The mechanism is the strongest one the host offered:
 CLEANUP_CGROUP = "cgroup"  # the cell's own cgroup (v2), killed whole: no fork leaves it
 CLEANUP_SUBREAPER = "subreaper"  # no cgroup: harness, the cell's child subreaper, killed every descendant (pidfds)

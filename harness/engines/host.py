@@ -4,7 +4,7 @@ Host 0 runs the cell's pytest command, with the environment that makes its rank 
 host (harness.ranks.hosts); every other host runs its agent (harness.ranks.agent). Every host is given the path
 of the cell's TLS credentials (--credentials), which its engine wrote where only the job's user can read them.
 Each host starts what it runs (pytest, or the agent's zygote and ranks) in a containment of its own (its
-cgroup, else this process as their child subreaper, and a token: harness.ranks.containment) and kills every
+cgroup, else this process as their child subreaper, and a token: harness.containment.containment) and kills every
 process of it on the way out, however it ends, and says how in its log: Slurm's proctrack/pgid does not reach
 a rank that called setpgrp. The host's index, the number of hosts and host 0's name come from the options,
 else from Slurm's environment.
@@ -25,10 +25,11 @@ from pathlib import Path
 
 from harness.cell.gpus import NvmlUnavailable, resolve_gpus
 from harness.cell.memory import MemoryMonitor, write_memory_json
+from harness.containment import cgroup
+from harness.containment.containment import Containment, describe
+from harness.containment.tether import tethered
 from harness.errors import ConfigError
-from harness.ranks import cgroup, hosts
-from harness.ranks.containment import Containment, describe
-from harness.ranks.tether import tethered
+from harness.ranks import hosts
 
 # Host 0's name may take a moment to resolve, and its hub a moment to listen, while the hosts start.
 RENDEZVOUS_TIMEOUT_S = 300.0

@@ -22,7 +22,7 @@ each one. harness.engines.senders reads whose it is:
 Where the sender cannot be seen (no `sigtimedwait` or /proc here, a signal taken by a thread that was running
 before the scope began), a signal is an interruption, as Python's handlers report it.
 
-Children inherit the blocked mask: harness.ranks.tether unblocks both signals before it execs pytest, a pack's
+Children inherit the blocked mask: harness.containment.tether unblocks both signals before it execs pytest, a pack's
 member run or an installer, so those see them as usual. Short-lived tools started with a timeout (git, sbatch,
 kubectl) keep the blocked mask; their timeout ends them with SIGKILL.
 """

@@ -3,7 +3,7 @@
 pytest's output streams as it comes to pytest.log and the terminal. After the cell's timeout pytest gets
 SIGINT (it still writes junit.xml), then SIGKILL; when harness itself is interrupted, the same with a short
 grace. pytest starts in the cell's containment (its own cgroup, else under harness as child subreaper, and a
-token in its environment: harness.ranks.containment) and writes temporary files under a folder of its own;
+token in its environment: harness.containment.containment) and writes temporary files under a folder of its own;
 on every way out every process of the cell is killed, the folder removed, and what ended them recorded
 (env.json's "cleanup", through the job fields).
 """
@@ -22,14 +22,14 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from harness.containment import cgroup
+from harness.containment.containment import Containment, describe
+from harness.containment.tether import tethered
 from harness.contract import PYTEST_LOG, RUNNING_TEST, RUNNING_TEST_ENV, CleanupRecord
 from harness.engines.base import Interrupted, JobFields, Launch, Ran, pytest_command, pytest_environment
 from harness.errors import ConfigError
 from harness.plan.cells import Cell, SubmitOptions
-from harness.ranks import cgroup
-from harness.ranks.containment import Containment, describe
 from harness.ranks.output import PrintableStream
-from harness.ranks.tether import tethered
 
 # After the cell's timeout pytest gets SIGINT (it still writes junit.xml), then this long before SIGKILL.
 INTERRUPT_GRACE_SECONDS = 20

@@ -2,7 +2,7 @@
 
 The kernel names a signal's sender (its pid, `si_pid`); this reads the sender's ancestry from /proc. A process
 that descends from harness is the cell's (its pytest, its ranks, anything they started): harness is the child
-subreaper of what a cell starts (harness.ranks.reaper), so a process that double-forks away from its parent is
+subreaper of what a cell starts (harness.containment.reaper), so a process that double-forks away from its parent is
 reparented to harness and still descends from it. The walk reads the kernel's parent links, which no process can
 forge (its environment and its command line it can).
 

@@ -32,9 +32,9 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from harness.containment.tether import tethered
 from harness.envs import markers
 from harness.plan.index import index_arguments
-from harness.ranks.tether import tethered
 
 # Besides the pinned torch and transformers, what the suite imports in its own environment.
 SUITE_PACKAGES = ("accelerate>=1.10", "pytest>=8", "pytest-rerunfailures>=14", "pytest-timeout>=2.3")

@@ -2,7 +2,7 @@
 a rank says of what it raised (raised.py), what a rank does (rank.py), the launcher's side
 (launcher.py), one spawn per call (spawn.py), the zygote (zygote.py), pools of fresh ranks per test (pool.py), what
 ranks hand on to later tests' ranks as files (handover.py), nothing
-outliving its launcher (lifecycle.py) nor its cell (containment.py, through cgroup.py, reaper.py and pidkill.py),
+outliving its launcher (lifecycle.py; what ends a whole cell is harness.containment),
 checks that fail on every rank together (agree.py), each call's output
 captured on its ranks (output.py) and the pytest plugin with the `ranks` fixture (plugin.py), which puts that
 output into the test's report (sections.py); across hosts, host 0's hub (hosts.py), each other host's agent

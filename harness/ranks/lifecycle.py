@@ -8,10 +8,10 @@ The layers, because each misses a case the next one covers:
    is the zygote, so this watches the launcher itself).
 3. A rank leads its own process group, so the launcher kills it and all it started at once.
 4. When the cell ends, `harness run` (and `harness host` on each host of a cell across hosts) ends every
-   process the cell started, however it forked (harness.ranks.containment): the cell's own cgroup where
+   process the cell started, however it forked (harness.containment.containment): the cell's own cgroup where
    the host offers one, else harness as the child subreaper of the cell's processes killing every
    descendant, and on top every process carrying the cell's token (`HARNESS_CELL_TOKEN`, inherited by
-   pytest, the zygote, the ranks and whatever they start; `cell_processes` below finds them). What escapes
+   pytest, the zygote, the ranks and whatever they start: harness.containment.cell_token). What escapes
    them all: a process another service starts on the cell's behalf (systemd --user, at, ssh, a container
    runtime) from an environment without the token.
 
@@ -28,7 +28,6 @@ import threading
 import time
 from pathlib import Path
 
-CELL_TOKEN_ENV = "HARNESS_CELL_TOKEN"
 ORPHAN_CHECK_INTERVAL_S = 1.0
 _PR_SET_PDEATHSIG = 1
 
@@ -84,23 +83,3 @@ def own_process_group() -> None:
     terminal then reaches pytest alone, which tears the ranks down."""
     with contextlib.suppress(PermissionError):  # already a group (or session) leader
         os.setpgrp()
-
-
-# ---------------------------------------------------------------- a cell's processes (harness run)
-
-
-def cell_processes(token: str) -> list[int]:
-    """The pids of live processes whose environment carries `HARNESS_CELL_TOKEN=token` (own user only)."""
-    marker = f"{CELL_TOKEN_ENV}={token}".encode()
-    found = []
-    with contextlib.suppress(OSError):
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit() or int(entry.name) == os.getpid():
-                continue
-            try:
-                environ = Path(entry.path, "environ").read_bytes()
-            except OSError:  # gone, or another user's
-                continue
-            if marker in environ.split(b"\0") and alive(int(entry.name)):
-                found.append(int(entry.name))
-    return found

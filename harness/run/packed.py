@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import BinaryIO
 
 from harness import contract
+from harness.containment.tether import tethered
 from harness.engines import Interrupted, engine
 from harness.engines.local import echo_terminal
 from harness.plan.cells import Cell
 from harness.plan.packing import first_fit_decreasing
 from harness.ranks.ports import PORT_SLOT_ENV
-from harness.ranks.tether import tethered
 from harness.results import read_cell
 from harness.run import prepare, record
 from harness.run.plan import Host, Plan

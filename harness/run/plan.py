@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from harness.cell import memory, preflight
+from harness.containment import cgroup
 from harness.engines import check_settings, engine
 from harness.envs.build import env_root, probe_versions
 from harness.errors import ConfigError, HostMismatchError
@@ -24,7 +25,6 @@ from harness.plan.matrix import DEFAULT_MATRIX, load_matrix, select
 from harness.plan.packing import job_cells, plan_jobs
 from harness.plan.runners import load_runners
 from harness.project import find_project_root, results_path, shipped_matrices_dir
-from harness.ranks import cgroup
 
 # A refusal names at most this many distinct reasons; the rest are counted.
 REFUSAL_REASONS_SHOWN = 3

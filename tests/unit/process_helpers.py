@@ -74,7 +74,7 @@ def host_0_environ(hub_port: int, credentials: Path, hosts: int = 2) -> dict[str
 def cgroup_unavailable() -> str | None:
     """Why this host gives harness no cgroup (None: it does), found as harness finds it: by making one (once per
     session: the skip markers ask at collection)."""
-    from harness.ranks.cgroup import CellCgroup, CgroupUnavailable
+    from harness.containment.cgroup import CellCgroup, CgroupUnavailable
 
     try:
         CellCgroup.create(prefix="harness-test").remove()

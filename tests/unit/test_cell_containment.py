@@ -1,4 +1,4 @@
-"""The parts that end a cell's processes (harness.ranks.containment): where this process's cgroup shows, the
+"""The parts that end a cell's processes (harness.containment.containment): where this process's cgroup shows, the
 choice of HARNESS_CELL_CGROUP, killing in rounds through pidfds, and a containment's end with and without
 cgroup.kill, or with no cgroup at all. Real processes throughout; the attacks are in test_hostile_cell.py."""
 
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from process_helpers import cgroup_unavailable, is_alive
 
+from harness.containment import cgroup, pidkill, reaper
+from harness.containment.cgroup import CellCgroup, CgroupUnavailable, cgroup_folder
+from harness.containment.containment import Containment
 from harness.errors import ConfigError
-from harness.ranks import cgroup, pidkill, reaper
-from harness.ranks.cgroup import CellCgroup, CgroupUnavailable, cgroup_folder
-from harness.ranks.containment import Containment
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 from process_helpers import REPO, cgroup_unavailable, host_0_environ, is_alive, start_agent
 
+from harness.containment import cgroup, reaper
+from harness.containment.containment import Containment
 from harness.engines import credentials
-from harness.ranks import cgroup, reaper
-from harness.ranks.containment import Containment
 
 pytest.importorskip("torch")
 TORCH, TRANSFORMERS = (__import__("importlib.metadata").metadata.version(name).split("+")[0]

@@ -6,7 +6,7 @@ newest copy is one no scan saw (issue 44). Played three ways through the contain
 - a plain chain under the child subreaper alone (HARNESS_CELL_CGROUP=off), on every Linux host;
 - a chain that first writes itself into the cgroup root's cgroup.procs by the cgroup2 mount's path (root may, and
   so may a user into a cgroup delegated to it): where harness runs as root the cell's mounts show its own cgroup
-  as the root (harness.ranks.confine), so it stays in, and is frozen and killed with the cgroup;
+  as the root (harness.containment.confine), so it stays in, and is frozen and killed with the cgroup;
 - as root, a chain that goes around those namespaces (through /proc/PID/root of a process outside them) and does
   leave the cell's cgroup: harness ends it as a descendant, stopping each copy it finds until none runs.
 
@@ -30,9 +30,9 @@ from pathlib import Path
 import pytest
 from process_helpers import REPO, cgroup_unavailable
 
-from harness.ranks import cgroup, confine, reaper
-from harness.ranks.cgroup import own_cgroup
-from harness.ranks.containment import Containment
+from harness.containment import cgroup, confine, reaper
+from harness.containment.cgroup import own_cgroup
+from harness.containment.containment import Containment
 
 NO_CGROUP = cgroup_unavailable()
 needs_cgroup = pytest.mark.skipif(bool(NO_CGROUP), reason=f"cgroup v2 is not writable here: {NO_CGROUP}")

@@ -12,17 +12,17 @@ each host of a cell across hosts (host 0 around its pytest, every other host aro
 
 Three layers, each for what the one before cannot cover, all ended in `end()`:
 
-1. The cell's own cgroup where the host offers one (harness.ranks.cgroup): frozen, then killed whole. Where
+1. The cell's own cgroup where the host offers one (harness.containment.cgroup): frozen, then killed whole. Where
    harness runs as root, the cell starts where that cgroup is the root of every cgroup2 mount it sees
-   (harness.ranks.confine), so that none of it moves itself out by the mount's path.
-2. harness as the child subreaper of the cell's processes (harness.ranks.reaper), on every Linux host: it
+   (harness.containment.confine), so that none of it moves itself out by the mount's path.
+2. harness as the child subreaper of the cell's processes (harness.containment.reaper), on every Linux host: it
    ends every descendant that was not there before the cell, one that left the cgroup (a process may write
    itself into another cgroup it can reach; root, into any) included. Where there is no cgroup this is what
    ends the cell.
-3. A token in the environment of every process of the cell (harness.ranks.lifecycle): what carries it dies,
+3. A token in the environment of every process of the cell (harness.containment.cell_token): what carries it dies,
    a process another service started with the cell's environment included.
 
-Each layer stops what it finds before it kills it, and kills through pidfds in rounds (harness.ranks.pidkill): a
+Each layer stops what it finds before it kills it, and kills through pidfds in rounds (harness.containment.pidkill): a
 process that forks and exits over and over is caught stopped, no stranger that inherited a pid is hit, and no
 clock gives up while something of the cell still runs. After the last layer every layer's scan looks again: what
 one still finds goes through the layers once more, and what is left after _PASSES passes is a survivor.
@@ -35,10 +35,10 @@ import os
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 
+from harness.containment import confine, pidkill, reaper
+from harness.containment.cell_token import CELL_TOKEN_ENV, cell_processes
+from harness.containment.cgroup import CGROUP_ENV, CellCgroup, CgroupUnavailable
 from harness.contract import CLEANUP_CGROUP, CLEANUP_SUBREAPER, CLEANUP_TOKEN, CleanupRecord
-from harness.ranks import confine, pidkill, reaper
-from harness.ranks.cgroup import CGROUP_ENV, CellCgroup, CgroupUnavailable
-from harness.ranks.lifecycle import CELL_TOKEN_ENV, cell_processes
 
 _PASSES = 3  # runs through every layer while the scans after one still find a process of the cell
 
@@ -90,7 +90,7 @@ class Containment:
 
     def confined(self, command: list[str]) -> list[str]:
         """`command`, for the cell's first process (started in born_inside): where the cell has a cgroup, it starts
-        where that cgroup is the root of every cgroup2 mount it sees (harness.ranks.confine; as root only)."""
+        where that cgroup is the root of every cgroup2 mount it sees (harness.containment.confine; as root only)."""
         return list(command) if self.cgroup is None else confine.confined(command)
 
     def spare(self, pid: int) -> None:

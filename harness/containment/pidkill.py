@@ -13,7 +13,7 @@ copy is one no scan saw. So a round first stops what its scan finds (SIGSTOP: a 
 nor exits, so its pid stays its own), scan after scan, until STEADY_SCANS scans in a row, STEADY_GAP_S apart,
 find the same processes and every one of them stopped; only then does each get SIGKILL. A stop that lands after
 a copy's fork leaves its child running, which the next scan finds; the chain ends at the first stop that lands
-before. Where a frozen cgroup holds the processes (harness.ranks.cgroup) nothing can fork, and the stops are left
+before. Where a frozen cgroup holds the processes (harness.containment.cgroup) nothing can fork, and the stops are left
 out. No sweep reports that nothing survived before STEADY_SCANS scans in a row after its last kill found nothing.
 
 Rounds, not a clock: each round kills what its scan finds and waits for those to exit; the sweep ends when the

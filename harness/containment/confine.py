@@ -1,9 +1,9 @@
 """The cell's first process, started where its cgroup is the root of every cgroup it can see: so that no process of
 the cell moves itself out of the cell's cgroup by writing its pid to the root's cgroup.procs.
 
-    subprocess.Popen(confined(command))    # inside the cell's cgroup (harness.ranks.containment.born_inside)
+    subprocess.Popen(confined(command))    # inside the cell's cgroup (harness.containment.containment.born_inside)
 
-runs `python -I harness/ranks/confine.py -- COMMAND...`, which enters two namespaces of its own and then execs the
+runs `python -I harness/containment/confine.py -- COMMAND...`, which enters two namespaces of its own and then execs the
 command: a cgroup namespace, rooted at the cgroup it was born in, and a mount namespace in which every cgroup2
 mount point shows that cgroup as its root. Both are needed. A cgroup namespace alone changes what
 /proc/PID/cgroup says, not what the host's cgroup2 mount shows, and unless that mount was made with `nsdelegate`
@@ -13,7 +13,7 @@ path leads to the cell's own cgroup, where the process already is.
 
 What it does not stop: a process running as root can still reach the host's mount, through /proc/PID/root of
 a process outside or by entering harness's namespaces (setns); the kernel cannot keep root in a cgroup. Such a
-process is still a descendant of harness, which ends it as one (harness.ranks.containment). Making namespaces
+process is still a descendant of harness, which ends it as one (harness.containment.containment). Making namespaces
 needs CAP_SYS_ADMIN: elsewhere `confined` leaves the command as it is.
 
 Standard library only; run as a file in isolated mode, like tether.py (harness need not be importable there).

@@ -7,13 +7,13 @@ Made below the cgroup harness runs in (`/proc/self/cgroup` on the cgroup2 mount 
 user whose cgroup was delegated to it (systemd `Delegate=yes`). Harness moves itself in while it starts the
 cell's first process and back out at once, so that process and all it starts are born inside, and harness
 never is. Where harness runs as root, that process starts where the cell's cgroup is the root of every cgroup2
-mount it sees (harness.ranks.confine), so none of the cell moves itself out by writing to the root's cgroup.procs
+mount it sees (harness.containment.confine), so none of the cell moves itself out by writing to the root's cgroup.procs
 by the mount's path; a process that still leaves (root going around that) is ended as a descendant of harness.
 Ending it: first the whole cgroup is frozen (`cgroup.freeze`, Linux 5.2+), so that no member forks or moves itself
 out meanwhile, then `cgroup.kill` (Linux 5.14+) kills every member at once; before that kernel, each member is
-killed in rounds (harness.ranks.pidkill). Then the cgroup is removed.
+killed in rounds (harness.containment.pidkill). Then the cgroup is removed.
 
-`HARNESS_CELL_CGROUP=off` leaves cgroups alone (the child subreaper then ends the cell: harness.ranks.reaper).
+`HARNESS_CELL_CGROUP=off` leaves cgroups alone (the child subreaper then ends the cell: harness.containment.reaper).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
+from harness.containment import pidkill
 from harness.errors import ConfigError
-from harness.ranks import pidkill
 
 CGROUP_ENV = "HARNESS_CELL_CGROUP"
 CGROUP_CHOICES = ("auto", "off")

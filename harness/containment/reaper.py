@@ -1,7 +1,7 @@
 """The process tree below harness, where no cgroup holds a cell: harness is the child subreaper of what it
 starts (`PR_SET_CHILD_SUBREAPER`, Linux 3.4+), so a process of the cell that double-forks away from its
 parent is reparented to harness instead of init and stays a descendant, however it hid otherwise (a new
-session, a clean environment, another cgroup). Standard library and harness.ranks.pidkill only; Linux (elsewhere:
+session, a clean environment, another cgroup). Standard library and harness.containment.pidkill only; Linux (elsewhere:
 nothing is adopted, and the tree is empty without /proc).
 
 The tree is walked through each process's /proc/PID/task/TID/children, which lists only that process's children:
@@ -17,7 +17,7 @@ import os
 import sys
 from collections.abc import Iterable
 
-from harness.ranks.pidkill import process_state
+from harness.containment.pidkill import process_state
 
 _PR_SET_CHILD_SUBREAPER = 36
 

@@ -11,7 +11,7 @@ relays, NVML's sampler):
 The signal comes when the *thread* that started the child exits, so only the main thread starts tethered
 children. Elsewhere than Linux the command runs as it is. Needs only the standard library.
 
-    python -I harness/ranks/tether.py PARENT_PID SIGNUM -- COMMAND...
+    python -I harness/containment/tether.py PARENT_PID SIGNUM -- COMMAND...
 
 Run as a file in isolated mode: it needs harness neither importable from the child's folder nor on its path.
 """

@@ -19,7 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pull-request", action="store_true",
                         help="the plan runs a pull request's code: refuse cells on runners not declared ephemeral")
     parser.add_argument("--check", action="store_true",
-                        help="also check that every pinned torch and transformers version is on the package index")
+                        help="refuse (exit 2) when the package index cannot be asked; every pinned torch and "
+                             "transformers version is checked there with or without it, and without it an index out "
+                             "of reach is one warning line on stderr")
 
 
 def command(args: argparse.Namespace) -> int:

@@ -1,10 +1,12 @@
 """`harness matrix`: list the named matrices, or print a matrix's selected cells as ids, JSON or the
 workflow's `strategy.matrix`, refusing persistent runners for a pull request (`--pull-request`) and pins the
-package index lacks (`--check`) first."""
+package index lacks first (an index that cannot be asked is a warning, or with `--check` an error)."""
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 from collections.abc import Callable, Mapping
 
 from harness.errors import ConfigError
@@ -32,10 +34,15 @@ def command(args, check_settings: Callable[[list[Cell]], None]) -> int:
     runners = load_runners(matrix.root, beside=matrix.path.parent)
     if args.pull_request:
         isolation.refuse_persistent_runners(cells, runners, str(matrix.path))
-    if args.check:  # asks the package index: only when told to
-        pins.check_pins(cells, str(matrix.path))
+    pins.check_pins(cells, str(matrix.path), warn=None if args.check else warn)
     print(format_cells(cells, args.format, runners))
     return 0
+
+
+def warn(message: str) -> None:
+    """One line on stderr, an annotation under GitHub Actions: stdout is the plan a workflow reads."""
+    prefix = "::warning::" if os.environ.get("GITHUB_ACTIONS") == "true" else "harness: warning: "
+    print(prefix + message, file=sys.stderr, flush=True)
 
 
 def format_cells(cells: list[Cell], fmt: str, runners: Mapping[str, Runner]) -> str:

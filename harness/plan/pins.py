@@ -1,6 +1,6 @@
 """Pinned torch and transformers versions checked against the package index before anything is built:
-a version that does not exist is one line naming the matrix, found in seconds (`harness matrix --check`,
-and `harness run` for each cell it would build), not after half a minute of a failing install."""
+a version that does not exist is one line naming the matrix, found in seconds (`harness matrix`, and
+`harness run` for each cell it would build), not after half a minute of a failing install."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from packaging.version import InvalidVersion, Version
 
 from harness.errors import ConfigError
 from harness.plan.cells import Cell
-from harness.plan.versions import available_versions
+from harness.plan.versions import VersionLookupError, available_versions
 
 PACKAGES = ("torch", "transformers")
 
@@ -34,7 +34,17 @@ def _same(pinned: str, release: str) -> bool:
         return False
 
 
-def check_pins(cells: Iterable[Cell], source: str, *, ask: Callable[[str, bool], str] | None = None) -> None:
-    problems = missing_pins(cells, ask=ask)
+def check_pins(cells: Iterable[Cell], source: str, *, ask: Callable[[str, bool], str] | None = None,
+               warn: Callable[[str], None] | None = None) -> None:
+    """A pin the index lacks is bad input. So is an index that cannot be asked, unless `warn` is given: then that is
+    only said, since some runners and CI machines have no network and a plan must still print there."""
+    try:
+        problems = missing_pins(cells, ask=ask)
+    except VersionLookupError as error:
+        unchecked = f"{source}: the pins were not checked: {error}"
+        if warn is None:
+            raise VersionLookupError(unchecked) from None
+        warn(unchecked)
+        return
     if problems:
         raise ConfigError(f"{source}: {'; '.join(problems)}")

@@ -22,6 +22,9 @@ from harness.plan.index import FLOATING, INDEX_VARIABLES, index_arguments
 
 # pip prints the releases it found newest first on this line.
 AVAILABLE = re.compile(r"^Available versions:\s*(.*)$", re.M)
+# pip's warning each time it retries a request that got no answer: the one sign that the index was not reached
+# (pip then says only "No matching distribution found", as for a package the index lacks).
+RETRIED = re.compile(r"after connection broken by '(\w+)\((.*)\)': ")
 
 
 class VersionLookupError(ConfigError):
@@ -54,12 +57,26 @@ def ask_pip(package: str, pre: bool) -> str:
     except (OSError, subprocess.TimeoutExpired) as error:
         raise VersionLookupError(f"{package}: cannot ask the package index: {error}") from None
     if done.returncode != 0:
+        unreachable = _unreachable_reason(done.stderr)
+        if unreachable:
+            raise VersionLookupError(f"{package}: cannot reach the package index ({unreachable})")
         said = [line for line in done.stderr.splitlines() if line.startswith("ERROR")] or done.stderr.splitlines()
         raise VersionLookupError(
             f"{package}: the package index has no releases for it "
             f"({(said[-1] if said else 'pip exited ' + str(done.returncode)).strip()})"
         )
     return done.stdout
+
+
+def _unreachable_reason(stderr: str) -> str | None:
+    """From pip's last retry warning: the error's type and its errno words or message, e.g.
+    `NewConnectionError: [Errno -2] Name or service not known`; None when pip retried nothing."""
+    retries = RETRIED.findall(stderr)
+    if not retries:
+        return None
+    kind, detail = retries[-1]
+    words = re.findall(r"\[Errno -?\d+\][^'\")]*", detail) or re.findall(r"'([^'<]+)'", detail)
+    return f"{kind}: {words[-1].strip()}" if words else kind
 
 
 def available_versions(package: str, *, pre: bool = False, ask: Callable[[str, bool], str] | None = None) -> list[str]:

@@ -5,8 +5,8 @@ ranks hand on to later tests' ranks as files (handover.py), nothing
 outliving its launcher (lifecycle.py; what ends a whole cell is harness.containment),
 checks that fail on every rank together (agree.py), each call's output
 captured on its ranks (output.py) and the pytest plugin with the `ranks` fixture (plugin.py), which puts that
-output into the test's report (sections.py); across hosts, host 0's hub (hosts.py), each other host's agent
-(agent.py) and the TLS wire between them (tls.py)."""
+output into the test's report (sections.py) and says how far a long session is (progress.py); across hosts, host
+0's hub (hosts.py), each other host's agent (agent.py) and the TLS wire between them (tls.py)."""
 
 from harness.ranks.agree import together
 from harness.ranks.failures import DistributedError, RankFailedError, RankTimeoutError

@@ -21,6 +21,8 @@ options (`--no-ranks-pool`) exist when the command line is parsed.
   instead of pytest-timeout's dump of the waiting parent.
 - What the ranks write in a test's calls is that test's: sections of its report, not the terminal (unless
   `-s`); what they write outside calls goes to the rank log (`--ranks-log`). See harness.ranks.sections.
+- A long session's terminal gets a line now and then with the tests finished, the time elapsed and about how long
+  is left (harness.ranks.progress).
 
 Needs the standard library and pytest (and torch, to count GPUs).
 """
@@ -51,7 +53,7 @@ from harness.contract import (
     RUNNING_TEST_ENV,
     WORLD_SIZE,
 )
-from harness.ranks import packing, sections
+from harness.ranks import packing, progress, sections
 from harness.ranks.failures import HostLostError, RankFailedError, RankTimeoutError, hidden_from_a_failure
 from harness.ranks.hosts import HostsConfig
 from harness.ranks.pool import PoolLauncher
@@ -113,6 +115,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
+    progress.start(session)  # a line now and then on how far a long session is, and about how long is left
     # The zygote imports torch while pytest sets up the first test's fixtures.
     launcher = session.config.stash.get(POOL_KEY, None)
     if launcher is None or session.config.option.collectonly or packing.coordinating(session.config):

@@ -6,6 +6,7 @@ autouse, and it imports nothing but the standard library, pytest and those helpe
 from __future__ import annotations
 
 import importlib.metadata
+import socket
 import threading
 from http.server import ThreadingHTTPServer
 
@@ -78,4 +79,55 @@ def pip_index(monkeypatch):
     monkeypatch.setattr(versions, "ask_pip", ask_pip)
     versions._cached.cache_clear()
     yield asked
+    versions._cached.cache_clear()
+
+
+# Where pip looks, and how often it retries: set by the fixtures below for this process and the harness processes a
+# test starts, so none of them asks the internet.
+PIP_SOURCES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_NO_INDEX", "PIP_RETRIES",
+               "HARNESS_INDEX_URL", "HARNESS_EXTRA_INDEX_URL", "HARNESS_FIND_LINKS")
+
+
+def _pip_sees_only(monkeypatch, **variables: str) -> None:
+    from harness.plan import versions
+
+    for name in PIP_SOURCES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")  # the machine's pip.conf may name other indexes
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    versions._cached.cache_clear()
+
+
+@pytest.fixture
+def local_index(tmp_path, monkeypatch):
+    """`local_index({"torch": ["2.13.0"], ...})`: a folder of empty wheels as the only index, for real
+    `pip index versions` (it reads releases from the file names alone)."""
+    def serve(releases: dict[str, list[str]]):
+        folder = tmp_path / "local-index"
+        folder.mkdir(exist_ok=True)
+        for package, listed in releases.items():
+            for release in listed:
+                (folder / f"{package}-{release}-py3-none-any.whl").write_bytes(b"")
+        _pip_sees_only(monkeypatch, PIP_NO_INDEX="1", HARNESS_FIND_LINKS=str(folder))
+        return folder
+
+    yield serve
+    from harness.plan import versions
+
+    versions._cached.cache_clear()
+
+
+@pytest.fixture
+def unreachable_index(monkeypatch):
+    """An index URL whose port refuses connections (bound, never listening), asked by real pip with one retry (its
+    warning is what says the index was not reached; the retry waits nothing). Returns the URL."""
+    refusing = socket.socket()
+    refusing.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{refusing.getsockname()[1]}/simple"
+    _pip_sees_only(monkeypatch, PIP_INDEX_URL=url, PIP_RETRIES="1")
+    yield url
+    refusing.close()
+    from harness.plan import versions
+
     versions._cached.cache_clear()

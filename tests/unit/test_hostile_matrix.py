@@ -79,7 +79,7 @@ def test_a_fifo_named_as_a_runners_file_is_refused(tmp_path, capsys):
     assert "runners.yaml: not a regular file" in capsys.readouterr().err
 
 
-def test_a_matrix_of_exactly_the_limit_expands(tmp_path, capsys):
+def test_a_matrix_of_exactly_the_limit_expands(unreachable_index, tmp_path, capsys):
     path = tmp_path / "m.yaml"
     path.write_text(AXES.format(torch=versions(16, 2), transformers=versions(16, 5)))
     assert main(["matrix", "--matrix", str(path), "--format", "ids"]) == 0

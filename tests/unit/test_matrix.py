@@ -144,7 +144,7 @@ def write(tmp_path, text):
     return str(path)
 
 
-def test_github_format_is_what_strategy_matrix_takes(capsys):
+def test_github_format_is_what_strategy_matrix_takes(pip_index, capsys):
     assert main(["matrix", "--matrix", "pr", "--format", "github"]) == 0
     payload = json.loads(capsys.readouterr().out)
     assert set(payload) == {"include"} and payload["include"]
@@ -181,10 +181,11 @@ def test_cli_no_cell_matches_is_an_error(capsys):
     assert "no cell matches --cell tpu-*" in capsys.readouterr().err
 
 
-def test_python_dash_m_and_console_script_agree():
+def test_python_dash_m_and_console_script_agree(local_index):
     import subprocess
     import sys
 
+    local_index({"torch": ["2.13.0"], "transformers": ["5.25.0"]})
     done = subprocess.run([sys.executable, "-m", "harness", "matrix", "--matrix", "cpu"], cwd=REPO,
                           capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "cpu-2rank-torch2.13.0-tf5.25.0"

@@ -98,7 +98,7 @@ def test_pack_defaults_to_false_and_the_shipped_runners_do_not_pack(tmp_path):
     assert (runners["h200"].pack, runners["cpu"].pack) == (False, True)
 
 
-def test_github_format_gives_one_job_per_pack_and_unpacked_cells_unchanged(tmp_path, capsys):
+def test_github_format_gives_one_job_per_pack_and_unpacked_cells_unchanged(pip_index, tmp_path, capsys):
     matrix = write_packed_matrix(tmp_path / "m", ["tests/gpu"], {"h200": {"labels": ["gpu-h200"], "gpus": 8,
                                                                            "nvml_name": "NVIDIA H200", "pack": True},
                                                                   "ada": {"labels": ["gpu-ada"], "gpus": 8}},

@@ -1,4 +1,4 @@
-"""Pinned versions checked against the package index before anything builds (`matrix --check`, and
+"""Pinned versions checked against the package index before anything builds (`harness matrix`, and
 `harness run` for the cells it would build); `--dry-run` says why it would build."""
 
 from __future__ import annotations
@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import textwrap
+
+import pytest
 
 from harness.cli import main
 from harness.plan import versions
@@ -37,14 +39,32 @@ def _cell(torch: str) -> Cell:
                 timeout_minutes=5, reruns=0, suite=("tests",))
 
 
-def test_matrix_check_fails_in_one_line(pip_index, tmp_path, capsys):
-    path = matrix(tmp_path, "2.99.0")
-    assert main(["matrix", "--matrix", path]) == 0  # without --check the index is not asked
-    assert pip_index == []
-    capsys.readouterr()
+def test_matrix_refuses_a_pin_the_index_lacks_in_one_line(pip_index, tmp_path, capsys):
+    path = matrix(tmp_path, TORCH, "9.9.9")
+    for check in ([], ["--check"]):
+        assert main(["matrix", "--matrix", path, *check]) == 2
+        assert capsys.readouterr() == ("", f"harness: error: {path}: transformers 9.9.9 is not on the package index "
+                                          f"(newest: {TRANSFORMERS})\n")
+
+
+@pytest.mark.parametrize(("actions", "prefix"), [("", "harness: warning: "), ("true", "::warning::")])
+def test_an_index_out_of_reach_leaves_the_cells_printed_with_one_warning(unreachable_index, tmp_path, capsys,
+                                                                         monkeypatch, actions, prefix):
+    monkeypatch.setenv("GITHUB_ACTIONS", actions)
+    path = matrix(tmp_path, "9.9.9")
+    assert main(["matrix", "--matrix", path]) == 0
+    assert capsys.readouterr() == (
+        f"cpu-2rank-torch9.9.9-tf{TRANSFORMERS}\n",
+        f"{prefix}{path}: the pins were not checked: torch: cannot reach the package index "
+        "(NewConnectionError: [Errno 111] Connection refused)\n",
+    )
+
+
+def test_matrix_check_is_an_error_when_the_index_is_out_of_reach(unreachable_index, tmp_path, capsys):
+    path = matrix(tmp_path, TORCH)
     assert main(["matrix", "--matrix", path, "--check"]) == 2
-    assert capsys.readouterr().err == (f"harness: error: {path}: torch 2.99.0 is not on the package index "
-                                       f"(newest: {TORCH})\n")
+    assert capsys.readouterr() == ("", f"harness: error: {path}: the pins were not checked: torch: cannot reach the "
+                                       "package index (NewConnectionError: [Errno 111] Connection refused)\n")
 
 
 def test_run_errors_a_cell_whose_pin_is_missing_at_once_and_runs_the_others(pip_index, tmp_path, capsys, monkeypatch):

@@ -180,7 +180,8 @@ def test_debug_works_after_the_subcommand(capsys):
     assert "Traceback" in capsys.readouterr().err
 
 
-def test_a_closed_pipe_ends_quietly():
+def test_a_closed_pipe_ends_quietly(local_index):
+    local_index({"torch": ["2.11.0", "2.13.0"], "transformers": ["5.0.0", "5.17.0", "5.20.0", "5.24.0", "5.25.0"]})
     reader = subprocess.Popen(
         [sys.executable, "-m", "harness", "matrix", "--matrix", "nightly", "--format", "json"],
         stdout=subprocess.PIPE,

@@ -32,6 +32,10 @@ HOST_MEMORY_JSON = "memory.host{index}.json"  # host I's own memory.json; harnes
 # left in the folder, it names the test a timeout, a crash or an interrupt stopped. Its path reaches pytest
 # through RUNNING_TEST_ENV.
 RUNNING_TEST = "running-test.txt"
+# Beside the cells, in the results folder: the earlier runs `harness run` kept aside, one folder each, named by when
+# that run began (harness.run.earlier). A cell on one host starts its longest tests first, by their seconds in the
+# newest kept run of the same cell (harness.results.durations).
+EARLIER_FOLDER = ".earlier"
 RUNNING_TEST_ENV = "HARNESS_RUNNING_TEST_FILE"
 # `harness repro TEST_ID` runs pytest on that test with this option (the suite's upstream/repro_writer.py takes it): the
 # case's standalone reproducer is written to the option's FILE in place of launching its ranks, and the test skips.

@@ -124,7 +124,7 @@ class Engine(Protocol):
 
 
 def pytest_command(cell: Cell, python: Path, folder: Path, pytest_args: list[str] | tuple[str, ...],
-                   pack_tests: bool = False) -> list[str]:
+                   pack_tests: bool = False, durations: Path | None = None) -> list[str]:
     # -p: the ranks plugin's options must exist when pytest parses them, where harness is not installed in
     # the cell's environment (installed, its pytest11 entry point has the same name and is not loaded twice).
     # A test's captured output, its ranks' included, goes to its testcase in junit.xml (junit_logging) and is
@@ -138,6 +138,8 @@ def pytest_command(cell: Cell, python: Path, folder: Path, pytest_args: list[str
         command.append(f"--reruns={cell.reruns}")
     if pack_tests and cell.hosts == 1:  # several tests at once where they fit (harness.ranks.packing)
         command.append("--pack-tests")
+        if durations is not None:  # the longest first, by the last kept run's seconds (harness.results.durations)
+            command.append(f"--pack-durations={durations}")
     return command + list(pytest_args)
 
 

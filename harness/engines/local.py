@@ -30,6 +30,7 @@ from harness.engines.base import Interrupted, JobFields, Launch, Ran, pytest_com
 from harness.errors import ConfigError
 from harness.plan.cells import Cell, SubmitOptions
 from harness.ranks.output import PrintableStream
+from harness.results.durations import earlier_durations, write_durations
 
 # After the cell's timeout pytest gets SIGINT (it still writes junit.xml), then this long before SIGKILL.
 INTERRUPT_GRACE_SECONDS = 20
@@ -71,9 +72,10 @@ def run_pytest(cell: Cell, python: Path, folder: Path, gpus: list, pytest_args: 
 
     pytest starts in the cell's containment and writes temporary files under a folder of its own; on every
     way out every process of the cell is killed and the folder removed."""
-    command = pytest_command(cell, python, folder, pytest_args, pack_tests)
-    log("   " + shlex.join(command))
     temporary = tempfile.mkdtemp(prefix="harness-cell-")
+    durations = _earlier_durations(cell, folder, Path(temporary)) if pack_tests else None
+    command = pytest_command(cell, python, folder, pytest_args, pack_tests, durations)
+    log("   " + shlex.join(command))
     containment = Containment(use_cgroup=cgroup.wanted(os.environ))
     environ = {**pytest_environment(cell, gpus, import_path), **containment.environ, "TMPDIR": temporary,
                RUNNING_TEST_ENV: str(folder / RUNNING_TEST)}
@@ -108,6 +110,15 @@ def run_pytest(cell: Cell, python: Path, folder: Path, gpus: list, pytest_args: 
             cleaned_up(record)
         shutil.rmtree(temporary, ignore_errors=True)
     return process.returncode, timed_out
+
+
+def _earlier_durations(cell: Cell, folder: Path, temporary: Path) -> Path | None:
+    """The cell's tests' seconds in the newest run the results folder kept, as a file for `--pack-durations`."""
+    durations = earlier_durations(folder.parent, cell.id)
+    try:
+        return write_durations(durations, temporary / "durations.json") if durations else None
+    except OSError:  # the tests then run by world size, as with no earlier run
+        return None
 
 
 def stream_output(source, log_file, echo: Callable[[bytes], None]) -> None:

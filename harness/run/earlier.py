@@ -23,13 +23,13 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from harness.cell.preflight import earlier_was_full_run
-from harness.contract import ENV_JSON
+from harness.contract import EARLIER_FOLDER, ENV_JSON
 from harness.errors import ConfigError
 from harness.results import find_cell_folders
 from harness.results.files import read_json
 from harness.results.values import utc_moment
 
-KEPT_FOLDER = ".earlier"  # in the results folder: one folder per kept run
+KEPT_FOLDER = EARLIER_FOLDER  # in the results folder: one folder per kept run
 STAMP_FORMAT = "%Y%m%dT%H%M%SZ"  # sorts by time, and no colon (artifact names and some file systems refuse one)
 NAMES_SHOWN = 5
 

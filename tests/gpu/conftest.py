@@ -158,9 +158,9 @@ def run_checkpoint_case(request, ranks, tmp_path):
         _skip_if_missing(case)
         folder = tmp_path / "saved"
         folder.mkdir()
-        phases = [(case.world_size, checkpointing.train_and_save)]
-        if case.resumes:
-            phases.append((case.resume_world_size, checkpointing.resume_and_continue))
+        functions = (checkpointing.train_and_save, checkpointing.resume_and_continue)
+        # save, then (a resume case) resume at the other world: a save_pretrained case has one world, one phase
+        phases = list(zip(case.world_sizes, functions, strict=False))
         return _run_phases(request, ranks, tmp_path, checkpoint, case,
                            [(world_size, function, (str(folder),)) for world_size, function in phases])
 

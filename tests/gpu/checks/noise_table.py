@@ -15,6 +15,7 @@ import math
 import sys
 import xml.etree.ElementTree as ET
 from collections import defaultdict
+from typing import Any
 
 from harness import contract
 
@@ -37,7 +38,9 @@ def read_cases(paths: list[str]) -> list[dict]:
     cases = []
     for path in paths:
         for testcase in ET.parse(path).getroot().iter("testcase"):
-            properties = {prop.get("name"): prop.get("value") for prop in testcase.iter("property")}
+            properties: dict[str, Any] = {
+                str(prop.get("name")): prop.get("value") for prop in testcase.iter("property")
+            }
             if not all(name in properties for name in KEY):
                 continue
             for name, value in properties.items():
@@ -52,7 +55,7 @@ def read_cases(paths: list[str]) -> list[dict]:
     return cases
 
 
-def _worst(values: list[float]) -> float | None:
+def _worst(values: list[Any]) -> float | None:
     numbers = [value for value in values if isinstance(value, float)]
     if not numbers:
         return None

@@ -68,9 +68,9 @@ def plant_gradient_bug(model, family: families.Family, bug: str) -> None:
     with torch.no_grad():
         if bug == "scale_expert_gradient":
             first_moe = model.get_submodule(family.block_path(family.moe_layers[0]))
-            local(getattr(first_moe, family.experts).gate_up_proj.grad).mul_(SUBTLE_GRADIENT_SCALE)
+            local(_grad(getattr(first_moe, family.experts).gate_up_proj)).mul_(SUBTLE_GRADIENT_SCALE)
         elif bug == "scale_shard_gradient":
-            local(first_layer_shard(model, family).grad).mul_(SUBTLE_GRADIENT_SCALE)
+            local(_grad(first_layer_shard(model, family))).mul_(SUBTLE_GRADIENT_SCALE)
         else:
             raise ValueError(f"unknown gradient bug {bug!r}; known: {GRADIENT_BUGS}")
 
@@ -81,3 +81,10 @@ def first_layer_shard(model, family: families.Family) -> DTensor:
     return next(
         param for name, param in model.named_parameters() if name.startswith(prefix) and isinstance(param, DTensor)
     )
+
+
+def _grad(param: torch.Tensor) -> torch.Tensor:
+    """The gradient the backward left, which a gradient defect needs: planted after it, never before."""
+    if param.grad is None:
+        raise RuntimeError("a gradient defect is planted after the backward: this parameter has no gradient")
+    return param.grad

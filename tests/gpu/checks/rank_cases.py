@@ -22,6 +22,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -281,6 +282,8 @@ def dtensor_share(whole: torch.Tensor, sharded: DTensor) -> torch.Tensor:
 
     share = whole
     coordinate = sharded.device_mesh.get_coordinate()
+    if coordinate is None:  # a DTensor on a mesh this rank is not in: it holds no share of it
+        raise ValueError("this rank holds no share of a DTensor on a mesh it is not in")
     for mesh_dim, placement in enumerate(sharded.placements):
         if isinstance(placement, Shard):
             chunks = share.chunk(sharded.device_mesh.size(mesh_dim), dim=placement.dim)
@@ -464,7 +467,8 @@ def compare_training_step(
 
         def whole_loss(model) -> torch.Tensor:
             logits = model_logits(model, batch)
-            return sum(next_token_loss(logits[share], batch[share]) for share in shares) / len(shares)
+            total = sum(next_token_loss(logits[share], batch[share]) for share in shares)
+            return cast(torch.Tensor, total) / len(shares)
 
         with stay_float64():
             reference_loss = whole_loss(reference)
@@ -488,6 +492,7 @@ def compare_training_step(
             loss.backward()
         if case.bug in planted.GRADIENT_BUGS and rank == world_size - 1:
             planted.plant_gradient_bug(sharded, family, case.bug)
+        assert other_order is not None  # sampled above whenever the gradients check runs
         compare_gradients(models, other_order, family, case, layout, rank, world_size, metrics)
 
 

@@ -40,6 +40,8 @@ class LayerRouting:
     def top_weight_range(self) -> tuple[float, float]:
         """Smallest and largest share of a token's first expert in its chosen experts' routing weights, as the
         router returned them (a share, so that a family's routed scaling factor does not move it)."""
+        if self.weights is None:
+            raise ValueError("no routing weights were recorded for this layer")
         weights = self.weights.float().abs()
         share = weights.amax(dim=-1) / weights.sum(dim=-1).clamp_min(torch.finfo(torch.float32).tiny)
         return share.min().item(), share.max().item()

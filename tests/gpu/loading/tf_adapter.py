@@ -249,7 +249,7 @@ def distributed_config_kwargs(layout_name: str, world_size: int) -> dict:
     version = transformers_version()
     if layout_name == "ep":
         if "ep_size" not in fields:
-            kwargs = {"enable_expert_parallel": True}
+            kwargs: dict[str, bool | int] = {"enable_expert_parallel": True}
             if "tp_size" in fields:  # before 5.13 the TP (and so EP) group is the whole world
                 kwargs["tp_size"] = world_size
             return kwargs

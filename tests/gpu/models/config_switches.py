@@ -235,22 +235,22 @@ def family_switches(model_type: str) -> FamilySwitches:
     for switch in found:
         singles[switch.name] = _try_alone(model_type, tiny, base.signature, switch)
     taken: dict[str, object] = {}
-    verdicts: dict[str, Verdict] = {}
+    by_name: dict[str, Verdict] = {}
     for switch in found:
         single = singles[switch.name]
         if isinstance(single, str):
-            verdicts[switch.name] = Verdict(switch, None, False, single)
+            by_name[switch.name] = Verdict(switch, None, False, single)
             continue
         value, changes = single
         attempt = tiny | taken | {switch.name: value}
         built = build(model_type, attempt)
         if built.signature is None:
-            verdicts[switch.name] = Verdict(switch, None, False, _conflict(model_type, tiny, taken, switch, value,
-                                                                           built.error))
+            by_name[switch.name] = Verdict(switch, None, False, _conflict(model_type, tiny, taken, switch, value,
+                                                                           str(built.error)))
             continue
         taken[switch.name] = value
-        verdicts[switch.name] = Verdict(switch, value, True, changes)
-    ordered = tuple(verdicts[switch.name] for switch in found)
+        by_name[switch.name] = Verdict(switch, value, True, changes)
+    ordered = tuple(by_name[switch.name] for switch in found)
     return FamilySwitches(model_type, found, ordered, MappingProxyType(tiny | taken))
 
 
@@ -264,7 +264,7 @@ def _try_alone(model_type: str, tiny: dict, base: tuple, switch: Switch) -> tupl
             continue
         built = build(model_type, tiny | {switch.name: value})
         if built.signature is None:
-            reasons.append(f"{value!r}: {built.error}" if switch.kind == CHOICE else built.error)
+            reasons.append(f"{value!r}: {built.error}" if switch.kind == CHOICE else str(built.error))
             continue
         if built.signature != base:
             return value, _difference(base, built.signature)

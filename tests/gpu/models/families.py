@@ -574,6 +574,7 @@ def _read_layout(model, model_type: str, layers: str, block: str, experts: str) 
             f"{model_type}: expected one router beside {suffix} (a child holding a [{NUM_EXPERTS}, {HIDDEN_SIZE}] "
             f"weight), found {routers or 'none'}"
         )
+    assert prefix is not None  # set by the first module found, and found is not empty
     return prefix, tuple(sorted(found)), routers[0]
 
 

@@ -118,11 +118,10 @@ def token_table(model, family: families.Family) -> torch.Tensor:
     embedding = model.get_input_embeddings()
     if family.inputs != "pixel_patches":
         return embedding.weight
-    projection = _patch_projection(model)
-    return projection.weight.flatten(1).T[: families.VOCAB_SIZE]
+    return _patch_weight(model).flatten(1).T[: families.VOCAB_SIZE]
 
 
-def _patch_projection(model) -> torch.nn.Module:
+def _patch_projection(model) -> torch.nn.Conv2d | torch.nn.Conv3d | torch.nn.Linear:
     """The patch embedding's projection: its one convolution or linear layer over the pixels of a patch."""
     layers = [
         module
@@ -134,6 +133,11 @@ def _patch_projection(model) -> torch.nn.Module:
             f"expected one projection in {type(model.get_input_embeddings()).__name__}, found {layers}"
         )
     return layers[0]
+
+
+def _patch_weight(model) -> torch.Tensor:
+    """The patch projection's weight (a Tensor, as mypy cannot tell from nn.Module's attributes)."""
+    return _patch_projection(model).weight
 
 
 def _pass_code_through(router, family: families.Family) -> None:
@@ -215,7 +219,7 @@ def make_batch() -> torch.Tensor:
 
 
 def _inputs_kind(model) -> str:
-    return families.MODEL_INPUTS.get(getattr(model.config, "model_type", None), "input_ids")
+    return families.MODEL_INPUTS.get(str(getattr(model.config, "model_type", "")), "input_ids")
 
 
 def model_inputs(model, batch: torch.Tensor) -> dict:
@@ -227,9 +231,9 @@ def model_inputs(model, batch: torch.Tensor) -> dict:
     if kind in ("input_ids", "inputs_embeds"):
         return {"input_ids": batch, "use_cache": False}  # no generation here: hybrids would build Mamba caches
     if kind == "pixel_patches":
-        projection = _patch_projection(model)
-        pixels = projection.weight[0].numel()
-        patches = torch.nn.functional.one_hot(batch.flatten(), pixels).to(projection.weight.dtype)
+        weight = _patch_weight(model)
+        pixels = weight[0].numel()
+        patches = torch.nn.functional.one_hot(batch.flatten(), pixels).to(weight.dtype)
         merge = model.config.spatial_merge_size
         sequences, tokens = batch.shape
         if tokens % merge:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -87,7 +88,9 @@ class CheckpointCase(SuiteCase):
 
     @property
     def world_sizes(self) -> tuple[int, ...]:
-        return (self.world_size, self.resume_world_size) if self.resumes else (self.world_size,)
+        if self.resumes and self.resume_world_size is not None:  # always set on a resume (__post_init__)
+            return (self.world_size, self.resume_world_size)
+        return (self.world_size,)
 
     def __post_init__(self):
         super().__post_init__()
@@ -209,7 +212,8 @@ def _save_pretrained_round_trip(phase: Phase, folder: Path) -> None:
         state_dict = get_model_state_dict(phase.sharded.model,
                                           options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     with together("save_pretrained"):
-        phase.sharded.model.save_pretrained(folder, state_dict=state_dict)
+        transformers_model: Any = phase.sharded.model  # nn.Module does not declare save_pretrained
+        transformers_model.save_pretrained(folder, state_dict=state_dict)
     dist.barrier()  # transformers' own barrier follows rank 0's writes; this one holds where it has none
     with together("save_pretrained: the saved tensor names check"):
         names_problem = _saved_names_problem(Path(phase.checkpoint), folder)

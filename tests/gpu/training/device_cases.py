@@ -84,7 +84,8 @@ def _compare(checkpoint: str, case: DeviceCase, metrics: dict, model_class: type
         _check_same_quantization(*quantizers[:2])
     if recorders:
         verdicts.check_routing(recorders[0].layers, recorders[1].layers)
-    rank_cases.compare_logits(*logits, case.dtype, metrics)
+    subject_logits, whole_logits, reference_logits = logits
+    rank_cases.compare_logits(subject_logits, whole_logits, reference_logits, case.dtype, metrics)
     for loss in losses:
         loss.backward()
     grads = [

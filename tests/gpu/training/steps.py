@@ -29,8 +29,9 @@ import io
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -165,7 +166,7 @@ def training_metrics(case, resumed_at: int | None = None) -> dict:
 def optimizer_for(model, case: TrainCase, *, reference: bool = False) -> torch.optim.Optimizer:
     """AdamW as the case asks; the float64 truth always takes the plain loop (fused kernels have no float64 on
     every device, and its arithmetic is the truth whatever kernel the others use)."""
-    options = {"foreach": False} if reference else OPTIMIZER_OPTIONS[case.optimizer]
+    options: dict[str, Any] = {"foreach": False} if reference else OPTIMIZER_OPTIONS[case.optimizer]
     return torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=WEIGHT_DECAY, eps=ADAM_EPS, **options)
 
 
@@ -196,7 +197,7 @@ class Run:
     # compute dtype, its parameters cast from the float32 ones before each micro-batch, its gradients cast to
     # float32 and summed into theirs
     compute: torch.nn.Module | None = None
-    grads: dict = None  # the accumulated gradients of the latest step, before clipping
+    grads: dict = field(default_factory=dict)  # the accumulated gradients of the latest step, before clipping
     loss: float = math.nan
     grad_norm: float = math.nan
 
@@ -271,6 +272,8 @@ class WholeRuns:
 
     def _entries(self) -> list[Path]:
         """Oldest first."""
+        if self.folder is None:
+            return []
         entries = [path for path in self.folder.iterdir() if not path.name.startswith(".")]
         return sorted(entries, key=lambda path: path.stat().st_mtime_ns)
 
@@ -408,7 +411,7 @@ class CaseLoop:
         batch = batch.to(self.device)
         logits = rank_cases.model_logits(model, batch)
         loss = sum(rank_cases.next_token_loss(logits[share], batch[share]) for share in self.shares) / len(self.shares)
-        return loss, loss.item()
+        return loss, float(loss)
 
     def sharded_loss(self, model, batch):
         """This rank's loss on its rows of `batch` (to backward), and the global loss every rank agrees on."""
@@ -442,10 +445,9 @@ def _train_and_compare(checkpoint: str, case: TrainCase, metrics: dict, model_cl
     metrics[contract.WHOLE_RUNS] = "made" if recorded is None else "reused"
     # The truth (float64), and the whole model's rounding sampled twice: as it is, and summed in another order
     # with every leaf output moved by up to an ulp (checks/tolerances.py: one sample can be lucky).
-    reference = None
-    if case.one_step or recorded is None:
-        reference = loop.start(loop.load_reference(), reference=True)
+    reference = loop.start(loop.load_reference(), reference=True) if case.one_step or recorded is None else None
     if case.one_step:
+        assert reference is not None  # made above for a case with one-step checks
         check_one_step(case, layout, family, (sharded, whole, reference), metrics)
     samples = (whole, loop.start(loop.load_whole(), other_order=True)) if recorded is None else ()
 
@@ -460,6 +462,7 @@ def _train_and_compare(checkpoint: str, case: TrainCase, metrics: dict, model_cl
         if before is not None:
             _skip_one_update(sharded.model, before)
         if recorded is None:
+            assert reference is not None  # made above whenever the whole runs are
             made.append(loop.step_whole_runs(step, samples, reference))
         *whole_samples, truth = (recorded or made)[step - 1]
         record_step(metrics, step, sharded, whole_samples[0])
@@ -665,7 +668,9 @@ def _part(name: str, tensor: torch.Tensor, whole: torch.Tensor, family, layout,
     if layout.experts_sharded and family.is_expert_stack(name):
         return tensor, rank_cases.expert_share(whole, dist.get_rank(), dist.get_world_size())
     if tensor.shape != whole.shape and rank_cases.is_plain_tp_shard(model, name, tensor):
-        return tensor, rank_cases.tp_share(model, name, whole)
+        share = rank_cases.tp_share(model, name, whole)
+        assert share is not None  # whole is a tensor: so is its share
+        return tensor, share
     return tensor, whole
 
 

@@ -137,6 +137,7 @@ class Setting:
     def step_and_compare(self, step: int, sharded: steps.Run, metrics: dict) -> None:
         """The whole runs take the same step with steps.py's plain loop; then steps.py's per-step
         checks."""
+        assert self.reference is not None  # the float64 truth is loaded before the first step
         *samples, truth = self.loop.step_whole_runs(step, self.samples, self.reference)
         steps.record_step(metrics, step, sharded, samples[0])
         steps.compare_step(step, sharded, tuple(samples), truth, self.family, self.layout, self.case.dtype,
@@ -425,7 +426,7 @@ def _recording_trainer_class(trainer_class):
     """The Trainer, keeping each step's accumulated gradients before it clips them (its callbacks only see them
     clipped): `training_step` is its documented point of extension, and the arithmetic stays its own."""
 
-    class RecordingTrainer(trainer_class):
+    class RecordingTrainer(trainer_class):  # type: ignore[misc,valid-type]  # the Trainer class it is given
         accumulated_grads: dict | None = None
 
         def training_step(self, model, inputs, num_items_in_batch=None):
@@ -442,7 +443,8 @@ def _step_checks(trainer, setting: Setting, metrics: dict):
     loss and gradient norm as the Trainer logs them) the whole runs' step and training/steps.py's checks."""
     from transformers import TrainerCallback
 
-    sharded = steps.Run(trainer.model, None, None)
+    # The Trainer steps its own optimizer and schedule: the sharded run only measures.
+    sharded = steps.Run(trainer.model, None, None)  # type: ignore[arg-type]
 
     class StepChecks(TrainerCallback):
         undo = None
@@ -452,6 +454,7 @@ def _step_checks(trainer, setting: Setting, metrics: dict):
             self.undo.__enter__()
 
         def on_optimizer_step(self, args, state, control, **kwargs):
+            assert self.undo is not None  # entered in on_pre_optimizer_step
             self.undo.__exit__(None, None, None)
 
         def on_log(self, args, state, control, logs=None, **kwargs):

@@ -145,7 +145,7 @@ def known_as_of(bugs: tuple[KnownBug, ...], release: str | None) -> tuple[KnownB
     if not release:
         return bugs
     newest = Version(release)
-    return tuple(bug for bug in bugs if first_bad(bug) is None or first_bad(bug) <= newest)
+    return tuple(bug for bug in bugs if (bad := first_bad(bug)) is None or bad <= newest)
 
 
 

@@ -31,7 +31,7 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.overrides import TorchFunctionMode
 
 # The case, as data: written by upstream/repro_writer.py from the suite's own values.
-CASE = {}
+CASE: dict = {}
 
 # What each rank is doing, for the failure record.
 STAGE = ["starting"]
@@ -569,7 +569,8 @@ class Run:
         warmup = training["warmup_steps"]
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda step: min(1.0, (step + 1) / warmup))
         self.loss = self.grad_norm = math.nan
-        self.grads, self.params = {}, {}
+        self.grads: dict = {}
+        self.params: dict = {}
 
 
 def micro_batches(case: dict, step: int, other_order: bool) -> list:
@@ -587,7 +588,7 @@ def clip_gradients(run: Run, max_norm: float) -> torch.Tensor:
         return torch.nn.utils.clip_grad_norm_(run.model.parameters(), max_norm)
     from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 
-    by_mesh = {}
+    by_mesh: dict = {}
     for param in run.model.parameters():
         if param.grad is not None:
             by_mesh.setdefault(param.grad.device_mesh if isinstance(param.grad, DTensor) else None, []).append(param)
@@ -632,7 +633,7 @@ def train_and_compare(case: dict, models: tuple, second_whole, device: torch.dev
         batch = batch.to(device)
         logits = model_logits(case, model, batch)
         loss = sum(next_token_loss(logits[share], batch[share]) for share in shares) / len(shares)
-        return loss, loss.item()
+        return loss, float(loss)
 
     def sharded_loss(model, batch):
         batch = batch.to(device)

@@ -1,6 +1,6 @@
 """The fixed body of every script `harness repro` writes (upstream/repro_writer.py): torch and transformers only.
 
-The writer replaces this docstring with the case's and the `CASE = {}` line with the case as a literal, and
+The writer replaces this docstring with the case's and the `CASE: dict = {}` line with the case as a literal, and
 changes nothing else. Imported as it is (CASE empty), it builds a case's tiny model for the writer, which checks
 that the script's weights are the suite's checkpoint, tensor for tensor.
 

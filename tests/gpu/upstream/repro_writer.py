@@ -2,7 +2,7 @@
 place of launching its ranks; the test then skips with "repro written to FILE".
 
 The script is repro_template.py with two parts replaced: its docstring (the test id, the releases and the harness
-commit it was written for, how to run it) and its `CASE = {}` line, by the case as data: plain literals printed by
+commit it was written for, how to run it) and its `CASE: dict = {}` line, by the case as data: plain literals printed by
 pprint from the suite's own values (the family's tiny config, tf_adapter's loading arguments, tolerances' factors,
 tiny_models' seeds and routing code). Nothing is formatted into code. Before it is written, the script's tiny model
 is built here and saved, and compared with the suite's checkpoint tensor for tensor; the docstring says how that
@@ -28,7 +28,7 @@ DEST = "harness_write_repro"
 HELP = ("write the selected test's standalone reproducer (torch and transformers only) to FILE instead of running "
         "its ranks; the test skips (harness repro)")
 TEMPLATE = Path(__file__).with_name("repro_template.py")
-CASE_LINE = "CASE = {}"
+CASE_LINE = "CASE: dict = {}"
 WRITTEN = "repro written to "
 REFUSED = "cannot write a reproducer: "
 CASE_INDENT = " " * len("CASE = ")

@@ -177,10 +177,10 @@ TRIAGE_CLASSES = (TRIAGE_KNOWN_UPSTREAM, TRIAGE_FLAKY, TRIAGE_INFRASTRUCTURE, TR
 # what the report and triage decide by are the properties below.
 KNOWN_BUG_PREFIX = f"{TRIAGE_KNOWN_UPSTREAM}: "
 FIXED_UPSTREAM = "fixed upstream: close the range"
-# The suite's known-bugs table (tests/gpu/upstream/known_bugs.py) names the entry it matched, by the entry's key: a case
-# whose failure an entry explained (an expected failure) carries KNOWN_BUG; a covered case that passed (the strict
-# xfail's XPASS, "fixed upstream") carries KNOWN_BUG_FIXED, the keys of the entries covering it, comma-separated.
-# Triage's "known upstream bug" is a red carrying KNOWN_BUG_FIXED, nothing else. The values are untrusted: a key is
+# The suite's known-bugs table (tests/gpu/upstream/table/) names the entry it matched, by the entry's key: a case whose
+# failure an entry explained (an expected failure) carries KNOWN_BUG; a covered case that passed (the strict xfail's
+# XPASS, "fixed upstream") carries KNOWN_BUG_FIXED, the keys of the entries covering it, comma-separated. Triage's
+# "known upstream bug" is a red carrying KNOWN_BUG_FIXED, nothing else. The values are untrusted: a key is
 # KNOWN_BUG_KEY_PATTERN of at most KNOWN_BUG_KEY_CHARS characters, at most KNOWN_BUG_KEYS of them.
 KNOWN_BUG = "known_bug"
 KNOWN_BUG_FIXED = "known_bug_fixed"

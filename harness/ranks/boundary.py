@@ -283,8 +283,15 @@ class BoundaryState:
         self.configs = _config_modules()
         self.accept_imports(list(sys.modules))
 
-    def accept_imports(self, names: Iterable[str]) -> None:
-        """Modules a fresh rank has too (imported before a call ran): their classes and containers as they are."""
+    def accept_imports(self, names: Iterable[str], *, first_since_audit: bool = False) -> None:
+        """Modules a fresh rank has too (imported before a call ran): their classes and containers as they are.
+        The first call after an audit (or a rank's start) finds every class and container as fresh; what its
+        unpickling imported and changed there (a pytree node, a higher-order op, a torch.library definition
+        registered at import) a fresh rank that imports the same modules has too: taken as fresh. A later call's
+        imports find the earlier calls' changes beside theirs, so those still meet the audit."""
+        names = list(names)
+        if first_since_audit and names:
+            self._take_as_fresh()
         for name, module in _library_modules(names):
             for cls in _own_classes(name, module):
                 self.classes.setdefault(cls, dict(vars(cls)))
@@ -292,6 +299,14 @@ class BoundaryState:
                 qualified = f"{name}.{key}"
                 if _is_container(value) and qualified not in CACHES and qualified not in self.containers:
                     self.containers[qualified] = (value, _contents(value))
+
+    def _take_as_fresh(self) -> None:
+        for cls, fresh in self.classes.items():
+            if not _unchanged(cls, fresh):
+                self.classes[cls] = dict(vars(cls))
+        for name, (value, contents) in self.containers.items():
+            if not _same(value, contents):
+                self.containers[name] = (value, _contents(value))
 
     def settle(self) -> list[str]:
         unfit = put_back(self.settings, self.values)
@@ -305,7 +320,7 @@ class BoundaryState:
         changed = []
         for cls, fresh in self.classes.items():
             namespace = vars(cls)
-            if len(namespace) == len(fresh) and all(namespace.get(k, _MISSING) is v for k, v in fresh.items()):
+            if _unchanged(cls, fresh):
                 continue
             for key in [key for key in namespace if key not in fresh]:
                 with contextlib.suppress(Exception):
@@ -314,7 +329,7 @@ class BoundaryState:
                 if namespace.get(key, _MISSING) is not value:
                     with contextlib.suppress(Exception):
                         setattr(cls, key, value)
-            if len(namespace) != len(fresh) or any(namespace.get(k, _MISSING) is not v for k, v in fresh.items()):
+            if not _unchanged(cls, fresh):
                 changed.append(f"{cls.__module__}.{cls.__qualname__}")
         return changed
 
@@ -352,6 +367,11 @@ class BoundaryState:
                 if module.get_config_copy() != fresh:
                     changed.append(name)
         return changed
+
+
+def _unchanged(cls: type, fresh: dict[str, Any]) -> bool:
+    namespace = vars(cls)
+    return len(namespace) == len(fresh) and all(namespace.get(k, _MISSING) is v for k, v in fresh.items())
 
 
 def _named(what: str, names: list[str]) -> list[str]:

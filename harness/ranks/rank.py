@@ -298,12 +298,14 @@ class RankState:
         self.modules = set(sys.modules)
         self.fresh = FreshState(torch)  # after every import and setting the rank makes itself
         self.boundary = BoundaryState(torch)  # what a test may leave for the next one (audit)
+        self.audited = True  # no call since the last audit (or the start): the boundary state is as fresh
         gc.freeze()  # collections between calls skip what exists now
 
     def call(self, payload: bytes) -> Done:
         torch = self.torch
         fn, args = pickle.loads(payload)
-        self.boundary.accept_imports(self.fresh.accept_imports())
+        self.boundary.accept_imports(self.fresh.accept_imports(), first_since_audit=self.audited)
+        self.audited = False
         self.suite = SuiteSnapshot(_suite_modules(fn))
         self.groups_before_call = set(self._process_groups())
         if self.use_cuda:
@@ -333,7 +335,9 @@ class RankState:
 
     def audit(self) -> list[str]:
         """After a test's last call: put back what it left for the next test; what could not be, in words."""
-        return self.boundary.settle()
+        unfit = self.boundary.settle()
+        self.audited = not unfit
+        return unfit
 
     def imported(self) -> list[str]:
         """Modules imported since the last time this was asked (the launcher has the zygote import them)."""

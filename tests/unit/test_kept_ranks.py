@@ -171,3 +171,38 @@ def test_what_cannot_be_put_back_retires_the_ranks_and_says_why(launcher, pollut
     after = view(launcher)
     assert {pid["pid"] for pid in after}.isdisjoint({pid["pid"] for pid in fresh})
     assert [{**v, "pid": None} for v in after] == [{**v, "pid": None} for v in fresh]
+
+
+def registering_module(tmp_path, monkeypatch, name: str):
+    """A module whose import registers a pytree node of its own class, as many a library's import does."""
+    (tmp_path / f"{name}.py").write_text(
+        "import torch.utils._pytree as pytree\n\n\n"
+        "class Pair:\n"
+        "    def __init__(self, a, b):\n"
+        "        self.a, self.b = a, b\n\n\n"
+        "pytree.register_pytree_node(Pair, lambda p: ((p.a, p.b), None), lambda values, _: Pair(*values))\n\n\n"
+        "def registered():\n"
+        "    return Pair in pytree.SUPPORTED_NODES\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return __import__(name)
+
+
+def test_what_a_tests_first_call_imports_and_registers_is_a_fresh_ranks_state_too(launcher, tmp_path, monkeypatch):
+    module = registering_module(tmp_path, monkeypatch, "registers_at_its_first_call")
+    launcher.renew()
+    before = view(launcher)  # its own test: this view ends with an audit
+    launcher.renew()
+    assert [result.value for result in launcher(2, module.registered, timeout=60, device="cpu")] == [True, True]
+    assert launcher.renew() == []  # kept: a rank that imports the module fresh registers the same node
+    assert [v["pid"] for v in view(launcher)] == [v["pid"] for v in before]
+
+
+def test_what_a_later_call_of_the_test_imports_and_registers_still_retires_the_ranks(launcher, tmp_path,
+                                                                                     monkeypatch):
+    module = registering_module(tmp_path, monkeypatch, "registers_at_a_later_call")
+    launcher.renew()
+    view(launcher)  # the test's first call
+    assert [result.value for result in launcher(2, module.registered, timeout=60, device="cpu")] == [True, True]
+    retirements = launcher.renew()  # its import met what the first call could have left: the audit decides
+    assert len(retirements) == 1 and "module state changed: torch.utils._pytree" in retirements[0], retirements

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from harness.commands.parsers import Subcommands
 
@@ -14,6 +15,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     append.add_argument("--db", required=True, metavar="FILE", help="the history database (created if missing)")
     append.add_argument("--night", required=True, metavar="ID", help="the night's id, e.g. the workflow run id")
     append.add_argument("--date", metavar="ISO", help="when the night ran, ISO 8601 (default now, UTC)")
+    append.add_argument("--renamed", type=Path, metavar="FILE",
+                        help="a YAML mapping of renamed test files, old path to new: earlier nights' tests "
+                             "follow their new names (their trends go on)")
     append.add_argument("results", nargs="+", metavar="RESULTS_DIR", help="cell folders, or folders holding them")
 
 

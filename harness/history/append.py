@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from harness.errors import ConfigError
+from harness.history.renames import Rename, apply_renames
 from harness.history.rows import NightCell, NightTest, insert_cell, intern
 
 # The rule needs 16 nights and the page shows 30; twice that leaves room to change either without losing data,
@@ -22,6 +23,7 @@ class Appended:
     night: str
     tests: int
     nights_kept: int
+    renamed: int = 0  # stored test names the renames moved to their new file
 
 
 def night_date(raw: str | None) -> str:
@@ -43,12 +45,15 @@ def check_night_id(night: str) -> str:
     return night
 
 
-def append_night(connection: sqlite3.Connection, night: str, date: str, cells: Sequence[NightCell]) -> Appended:
-    """Write `cells` as night `night` in one transaction (a crash leaves the history as it was)."""
+def append_night(connection: sqlite3.Connection, night: str, date: str, cells: Sequence[NightCell],
+                 renames: tuple[Rename, ...] = ()) -> Appended:
+    """Write `cells` as night `night` in one transaction (a crash leaves the history as it was), after moving the
+    earlier nights' tests of renamed files to their new names (`renames`)."""
     check_night_id(night)
     per_cell = merged(cells)
     connection.execute("BEGIN IMMEDIATE")
     try:
+        renamed = apply_renames(connection, renames)
         night_row = _replace_night(connection, night, date)
         name_ids = intern(connection, "names", "test", (test.test for tests in per_cell.values() for test in tests))
         for cell, tests in per_cell.items():
@@ -58,7 +63,8 @@ def append_night(connection: sqlite3.Connection, night: str, date: str, cells: S
         connection.execute("ROLLBACK")
         raise
     connection.execute("COMMIT")
-    return Appended(night=night, tests=sum(len(tests) for tests in per_cell.values()), nights_kept=kept)
+    return Appended(night=night, tests=sum(len(tests) for tests in per_cell.values()), nights_kept=kept,
+                    renamed=renamed)
 
 
 def merged(cells: Sequence[NightCell]) -> dict[str, list[NightTest]]:

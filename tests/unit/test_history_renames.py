@@ -87,3 +87,20 @@ def test_a_bad_mapping_is_one_line_naming_the_file_and_exit_2(tmp_path, capsys, 
     err = capsys.readouterr().err.strip()
     assert says in err and str(mapping) in err and len(err.splitlines()) == 1
     assert not db.exists()  # read before the database is touched
+
+
+def test_the_suites_renames_name_files_that_exist_and_the_nightly_passes_them():
+    """tests/gpu/renamed.yaml is read by the nightly: each new file exists, each old one is gone (a test file
+    brought back under an old name would have its nights taken by the new one)."""
+    import yaml
+
+    from harness.history.renames import read_renames
+
+    root = Path(__file__).resolve().parents[2]
+    listed = read_renames(root / "tests/gpu/renamed.yaml")
+    assert listed
+    for rename in listed:
+        assert (root / rename.new).is_file() and not (root / rename.old).exists()
+    nightly = yaml.safe_load((root / ".github/workflows/nightly.yml").read_text())
+    runs = [step.get("run", "") for job in nightly["jobs"].values() for step in job.get("steps", [])]
+    assert any("harness history append" in run and "--renamed tests/gpu/renamed.yaml" in run for run in runs)

@@ -1,5 +1,5 @@
 """Every defect the suite plants on purpose, to show that a check can fail: the deliberate-bug tests
-(test_deliberate_bugs.py) and the planted-bug tests at the end of test_training.py, test_user_loops.py and
+(test_planted_bugs.py) and the planted-bug tests at the end of test_training.py, test_user_loops.py and
 test_training_checkpoints.py. A case names its defect in `bug`; its kind of case refuses a name not listed here for
 it. The load and gradient defects are planted here; the training, user-loop and checkpoint ones act inside their
 loops (training/steps.py, training/user_loops.py, training/checkpointing.py), where the step they spoil runs."""

@@ -46,7 +46,7 @@ REFERENCE_DTYPE = torch.float64
 #     one sample on the GPU host's CPU (torch 2.11, 8 gloo ranks, worlds 2-8); 1.0 on the H200 (one-device cases)
 #   bfloat16 gradients: 0.77 (the floor of 4 ulps dominates); logits: 1.30 float32, 0.32 bfloat16
 # FACTOR leaves 2.5x over the worst float32 ratio for kernels not measured yet, and keeps a 1% error in float32
-# (1e-2 against bounds of about 1e-5) more than 100x over its bound (test_deliberate_bugs.py asserts it).
+# (1e-2 against bounds of about 1e-5) more than 100x over its bound (test_planted_bugs.py asserts it).
 FACTOR = {"float32": 8.0, "bfloat16": 4.0}
 # The floor, in units in the last place of the dtype (relative): a gradient the whole model computes exactly,
 # or luckily close, still gets the room a few roundings need.

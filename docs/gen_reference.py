@@ -12,7 +12,9 @@ is rendered here:
 - docs/reference/results-folder.md from `harness.contract`: the files, env.json's and memory.json's fields, the
   statuses, error kinds and cleanup mechanisms, with the comment that defines each;
 - docs/reference/environment.md from `harness.environment.VARIABLES`: each `HARNESS_*` variable, those you set apart
-  from those harness sets for its own processes.
+  from those harness sets for its own processes;
+- docs/reference/matrices.md (below its hand-written guide) from `harness.plan.matrix.MATRIX_KEYS`, the axes,
+  `harness.plan.runners.RUNNER_KEYS` and each engine's settings type (runners.yaml's `submit:`).
 
 The rendering reads argparse's parser objects, not `format_help()`, so the page does not change with the terminal's
 width or the Python release. Standard library and harness only.
@@ -293,6 +295,45 @@ def render_environment() -> str:
     return "\n".join([*lines, ""])
 
 
+# --- matrices.md ----------------------------------------------------------------------------------------------
+
+
+def _key_table(keys: dict[str, str]) -> list[str]:
+    lines = ["| key | what |", "| --- | --- |"]
+    lines += [f"| `{key}` | {_cell(what)} |" for key, what in keys.items()]
+    return [*lines, ""]
+
+
+def render_matrices() -> str:
+    from harness.engines import REGISTRY
+    from harness.plan.cells import AXES, OPTIONAL_AXES
+    from harness.plan.matrix import MATRIX_KEYS
+    from harness.plan.runners import RUNNER_KEYS
+
+    lines = ["## Matrix keys", "",
+             "A matrix file takes these keys and no other (`harness.plan.matrix.MATRIX_KEYS`).", ""]
+    lines += _key_table(MATRIX_KEYS)
+    lines += ["`axes:` takes " + ", ".join(f"`{axis}`" for axis in AXES) + " (required), and "
+              + ", ".join(f"`{axis}` (default `[{default}]`)" for axis, default in OPTIONAL_AXES.items()) + ".", "",
+              "## runners.yaml keys", "",
+              "Each GPU type's entry takes these keys and no other (`harness.plan.runners.RUNNER_KEYS`).", ""]
+    lines += _key_table(RUNNER_KEYS)
+    lines += ["### `submit:` by engine", "",
+              "Each engine reads `submit:` into its own settings type and refuses a key that is no field of it.", ""]
+    for name, engine in REGISTRY.items():
+        settings = engine.settings(None)
+        if settings is None or not dataclasses.is_dataclass(settings):
+            lines += [f"`{name}` takes no `submit:`.", ""]
+            continue
+        lines += [f"`{name}` (`{type(settings).__name__}`): {_cell(inspect.getdoc(type(settings)) or '')}", "",
+                  "| key | default |", "| --- | --- |"]
+        for item in dataclasses.fields(settings):
+            default = getattr(settings, item.name)
+            lines.append(f"| `{item.name}` | {'none' if default in (None, ()) else f'`{default}`'} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 # --- pages ----------------------------------------------------------------------------------------------------
 
 PAGES: dict[str, tuple[str, Callable[[], str]]] = {
@@ -300,6 +341,7 @@ PAGES: dict[str, tuple[str, Callable[[], str]]] = {
     "reference/exit-codes.md": ("Exit codes", render_exit_codes),
     "reference/results-folder.md": ("Results folder", render_results_folder),
     "reference/environment.md": ("Environment variables", render_environment),
+    "reference/matrices.md": ("Matrices", render_matrices),
 }
 
 

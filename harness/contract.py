@@ -30,13 +30,12 @@ HOST_LOST_JSON = "host-lost.json"
 HOST_MEMORY_JSON = "memory.host{index}.json"  # host I's own memory.json; harness merges them into memory.json
 # The id of the test that is running, written when it starts and removed when it ends (harness.ranks.plugin):
 # left in the folder, it names the test a timeout, a crash or an interrupt stopped. Its path reaches pytest
-# through RUNNING_TEST_ENV.
+# through $HARNESS_RUNNING_TEST_FILE (harness.environment).
 RUNNING_TEST = "running-test.txt"
 # Beside the cells, in the results folder: the earlier runs `harness run` kept aside, one folder each, named by when
 # that run began (harness.run.earlier). A cell on one host starts its longest tests first, by their seconds in the
 # newest kept run of the same cell (harness.results.durations).
 EARLIER_FOLDER = ".earlier"
-RUNNING_TEST_ENV = "HARNESS_RUNNING_TEST_FILE"
 # `harness repro TEST_ID` runs pytest on that test with this option (the suite's upstream/repro_writer.py takes it): the
 # case's standalone reproducer is written to the option's FILE in place of launching its ranks, and the test skips.
 WRITE_REPRO_OPTION = "--harness-write-repro"

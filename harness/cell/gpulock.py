@@ -22,9 +22,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from harness import safedir
+from harness.environment import GPU_LOCK_DIR_ENV as LOCK_DIR_ENV
 from harness.errors import ConfigError
-
-LOCK_DIR_ENV = "HARNESS_GPU_LOCK_DIR"
 
 
 def lock_dir() -> Path:

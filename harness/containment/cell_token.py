@@ -12,8 +12,7 @@ import os
 from pathlib import Path
 
 from harness.containment.pidkill import start_time
-
-CELL_TOKEN_ENV = "HARNESS_CELL_TOKEN"
+from harness.environment import CELL_TOKEN_ENV
 
 
 def cell_processes(token: str) -> list[int]:

@@ -28,9 +28,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from harness.containment import pidkill
+from harness.environment import CELL_CGROUP_ENV as CGROUP_ENV
 from harness.errors import ConfigError
 
-CGROUP_ENV = "HARNESS_CELL_CGROUP"
 CGROUP_CHOICES = ("auto", "off")
 _FREEZE_POLL_S = 0.01
 

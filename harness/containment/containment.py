@@ -36,9 +36,10 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 
 from harness.containment import confine, pidkill, reaper
-from harness.containment.cell_token import CELL_TOKEN_ENV, cell_processes
+from harness.containment.cell_token import cell_processes
 from harness.containment.cgroup import CGROUP_ENV, CellCgroup, CgroupUnavailable
 from harness.contract import CLEANUP_CGROUP, CLEANUP_SUBREAPER, CLEANUP_TOKEN, CleanupRecord
+from harness.environment import CELL_TOKEN_ENV
 
 _PASSES = 3  # runs through every layer while the scans after one still find a process of the cell
 

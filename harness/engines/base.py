@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol, TypedDict
 from harness import contract
 from harness.contract import HOST_LOST_JSON, JUNIT_XML, RANKS_LOG, CleanupRecord
 from harness.engines.interruption import Interrupted, interruptible  # noqa: F401 (engines raise it; runs open it)
+from harness.environment import CELL_ID_ENV, CPU_RANKS_ENV
 from harness.errors import ConfigError
 from harness.plan.files import reject_unknown_keys
 
@@ -148,9 +149,9 @@ def pytest_environment(cell: Cell, gpus: list | tuple, import_path: Path | None 
     if import_path is not None:
         environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(import_path), environ.get("PYTHONPATH")]))
     # No bytecode written: a cached environment stays as built, so its manifest check passes next time.
-    environ.update(HARNESS_CELL_ID=cell.id, PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
+    environ.update({CELL_ID_ENV: cell.id, "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1"})
     if cell.is_cpu:
-        environ["HARNESS_CPU_RANKS"] = str(cell.gpus)
+        environ[CPU_RANKS_ENV] = str(cell.gpus)
         environ["CUDA_VISIBLE_DEVICES"] = ""  # a cpu cell means gloo, even on a GPU machine
     else:
         # UUIDs name exactly the GPUs the monitor watches, whatever order CUDA enumerates in.

@@ -28,8 +28,8 @@ from harness.cell.memory import MemoryMonitor, write_memory_json
 from harness.containment import cgroup
 from harness.containment.containment import Containment, describe
 from harness.containment.tether import tethered
+from harness.environment import CPU_RANKS_ENV, HOST_CAUSE_ENV, HOST_RANKS_ENV, HOSTS_CREDENTIALS_ENV, HOSTS_ENV, HUB_ENV
 from harness.errors import ConfigError
-from harness.ranks import hosts
 
 # Host 0's name may take a moment to resolve, and its hub a moment to listen, while the hosts start.
 RENDEZVOUS_TIMEOUT_S = 300.0
@@ -72,12 +72,12 @@ def run_leader(args, count: int, address: str, credentials: Path, containment: C
         command = command[1:]
     if not command:
         raise ConfigError("harness host: host 0 needs the pytest command after --")
-    environ = {**os.environ, hosts.HOSTS_ENV: str(count), hosts.HOST_RANKS_ENV: str(args.ranks_per_host),
-               hosts.HUB_ENV: f"{address}:{args.hub_port}", hosts.CREDENTIALS_ENV: str(credentials)}
+    environ = {**os.environ, HOSTS_ENV: str(count), HOST_RANKS_ENV: str(args.ranks_per_host),
+               HUB_ENV: f"{address}:{args.hub_port}", HOSTS_CREDENTIALS_ENV: str(credentials)}
     if args.cause_file:
-        environ[hosts.CAUSE_ENV] = args.cause_file
+        environ[HOST_CAUSE_ENV] = args.cause_file
     if args.cpu_ranks:
-        environ["HARNESS_CPU_RANKS"] = str(count * args.ranks_per_host)
+        environ[CPU_RANKS_ENV] = str(count * args.ranks_per_host)
     log = Path(args.pytest_log).open("wb") if args.pytest_log else None  # noqa: SIM115 - closed below
     with containment.born_inside():
         # tethered: a SIGKILLed `harness host` (Slurm's last word after KillWait) takes pytest with it

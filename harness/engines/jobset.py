@@ -34,6 +34,7 @@ from harness.contract import HOST_LOG, HOST_LOST_JSON, HOST_MEMORY_JSON, JOB_MAN
 from harness.engines import hostmemory
 from harness.engines.base import EngineCause, JobFields, Launch, Ran, host_lost, pytest_command, submitted, word
 from harness.engines.credentials import CREDENTIALS_FILE, private_credentials
+from harness.environment import CELL_ID_ENV
 from harness.errors import ConfigError
 from harness.plan.cells import Cell, SubmitOptions
 from harness.plan.files import positive_int
@@ -120,7 +121,7 @@ def render(cell: Cell, name: str, host_command: list[str], timeout_s: int, resul
         "image": submit.image,
         "command": [*host_command[:1]],
         "args": [*host_command[1:]],
-        "env": [{"name": "HARNESS_CELL_ID", "value": cell.id}],
+        "env": [{"name": CELL_ID_ENV, "value": cell.id}],
         "volumeMounts": [{"name": "cell-credentials", "mountPath": CREDENTIALS_MOUNT, "readOnly": True}],
     }
     if not cell.is_cpu:

@@ -25,8 +25,9 @@ from pathlib import Path
 from harness.containment import cgroup
 from harness.containment.containment import Containment, describe
 from harness.containment.tether import tethered
-from harness.contract import PYTEST_LOG, RUNNING_TEST, RUNNING_TEST_ENV, CleanupRecord
+from harness.contract import PYTEST_LOG, RUNNING_TEST, CleanupRecord
 from harness.engines.base import Interrupted, JobFields, Launch, Ran, pytest_command, pytest_environment
+from harness.environment import RUNNING_TEST_FILE_ENV
 from harness.errors import ConfigError
 from harness.plan.cells import Cell, SubmitOptions
 from harness.ranks.output import PrintableStream
@@ -78,7 +79,7 @@ def run_pytest(cell: Cell, python: Path, folder: Path, gpus: list, pytest_args: 
     log("   " + shlex.join(command))
     containment = Containment(use_cgroup=cgroup.wanted(os.environ))
     environ = {**pytest_environment(cell, gpus, import_path), **containment.environ, "TMPDIR": temporary,
-               RUNNING_TEST_ENV: str(folder / RUNNING_TEST)}
+               RUNNING_TEST_FILE_ENV: str(folder / RUNNING_TEST)}
     try:
         with (folder / PYTEST_LOG).open("wb") as pytest_log:
             with containment.born_inside():

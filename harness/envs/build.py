@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from harness.containment.tether import tethered
+from harness.environment import ENV_DIR_ENV, INSTALLER_ENV
 from harness.envs import markers
 from harness.plan.index import index_arguments
 
@@ -110,8 +111,8 @@ class Environment:
 def env_root(override: str | None = None) -> Path:
     if override:
         return Path(override).expanduser()
-    if os.environ.get("HARNESS_ENV_DIR"):
-        return Path(os.environ["HARNESS_ENV_DIR"]).expanduser()
+    if os.environ.get(ENV_DIR_ENV):
+        return Path(os.environ[ENV_DIR_ENV]).expanduser()
     return Path.home() / ".cache" / "harness" / "envs"
 
 
@@ -353,9 +354,9 @@ def install(python: Path, installer: str, arguments: list[str], log: Callable[[s
 
 
 def choose_installer() -> str:
-    chosen = os.environ.get("HARNESS_INSTALLER", "").strip()
+    chosen = os.environ.get(INSTALLER_ENV, "").strip()
     if chosen and chosen not in ("uv", "pip"):
-        raise EnvironmentBuildError(f"HARNESS_INSTALLER={chosen!r}: expected uv or pip")
+        raise EnvironmentBuildError(f"{INSTALLER_ENV}={chosen!r}: expected uv or pip")
     if chosen:
         return chosen
     return "uv" if _uv() else "pip"
@@ -375,7 +376,7 @@ def _uv() -> str | None:
 def _uv_or_fail() -> str:
     found = _uv()
     if found is None:
-        raise EnvironmentBuildError("HARNESS_INSTALLER=uv, but no uv beside this python nor on PATH")
+        raise EnvironmentBuildError(f"{INSTALLER_ENV}=uv, but no uv beside this python nor on PATH")
     return found
 
 

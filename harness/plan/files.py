@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from harness.environment import MATRICES_DIR_ENV
 from harness.errors import ConfigError
 from harness.project import shipped_matrices_dir
 
@@ -22,8 +23,8 @@ def matrix_dirs(root: Path) -> list[tuple[str, Path]]:
     matrices/, the matrices harness ships."""
     shipped = shipped_matrices_dir()
     folders = []
-    if os.environ.get("HARNESS_MATRICES_DIR"):
-        folders.append(("$HARNESS_MATRICES_DIR", Path(os.environ["HARNESS_MATRICES_DIR"])))
+    if os.environ.get(MATRICES_DIR_ENV):
+        folders.append((f"${MATRICES_DIR_ENV}", Path(os.environ[MATRICES_DIR_ENV])))
     own = root / "matrices"
     if own.is_dir() and not same_folder(own, shipped):
         folders.append(("repository", own))

@@ -32,8 +32,21 @@ from harness.plan.index import FLOATING
 from harness.plan.runners import load_runners
 from harness.project import find_project_root, project_root
 
-MATRIX_KEYS = {"description", "axes", "exclude", "include", "suite", "markers", "timeout_minutes", "reruns",
-               "test_timeout_seconds", "install"}
+# The keys a matrix may have, and what each means (docs/reference/matrices.md is rendered from this table).
+MATRIX_KEYS = {
+    "description": "A line for the matrix's readers.",
+    "axes": "Required: the axes crossed into cells, each a non-empty list (the axes are listed below the table).",
+    "exclude": "Partial cells: a cell of the product that matches every key given is dropped.",
+    "include": "Whole cells (every required axis) added after the product.",
+    "suite": "What pytest runs: a non-empty list of test paths. Default `[tests/gpu]`.",
+    "markers": "A pytest `-m` expression, one line, in place of the project's default selection.",
+    "timeout_minutes": "The cell's pytest budget in minutes; past it the cell is killed and marked errored. "
+                       "Default 30.",
+    "reruns": "pytest-rerunfailures reruns; a test that passes on a rerun shows as flaky. Default 0.",
+    "test_timeout_seconds": "The per-test timeout (pytest-timeout), with every rank's stack. Default 600.",
+    "install": "What else the cell's environment installs: pip arguments, local paths from the project root. "
+               "Part of the environment's cache key.",
+}
 MAX_MARKERS_LENGTH = 200  # a marker expression, from a pull request's matrix too
 DEFAULT_MATRIX = "cpu"
 # Matrices come from pull requests too: bounded before anything is expanded or written to GITHUB_OUTPUT.

@@ -13,7 +13,21 @@ from harness.plan.cells import ENGINES, Runner, parse_submit
 from harness.plan.files import matrix_dirs, non_negative_int, positive_int, read_yaml, reject_unknown_keys, same_folder
 from harness.project import project_root
 
-RUNNER_KEYS = {"labels", "gpus", "nvml_name", "ranks", "ephemeral", "engine", "hosts", "submit", "pack"}
+# The keys of one GPU type's entry, and what each means (docs/reference/matrices.md is rendered from this table).
+RUNNER_KEYS = {
+    "labels": "Required: the `runs-on` labels of the type's jobs, a non-empty list.",
+    "gpus": "Required: GPUs one runner has; 0 for CPU ranks.",
+    "nvml_name": "The start of the GPU's name as NVML reports it: `harness run` without `--matrix` picks the type "
+                 "whose `nvml_name` this machine's GPU name starts with.",
+    "ranks": "CPU ranks one runner can run; required when `gpus` is 0. Default 0.",
+    "ephemeral": "`true`: every job gets a fresh machine or container and nothing is kept; only such runners take "
+                 "a pull request's cells. Default `false`.",
+    "engine": f"What starts a cell's hosts, one of {', '.join(f'`{name}`' for name in ENGINES)}. Default `local`.",
+    "hosts": "The most hosts one cell of the type may span. Default 1.",
+    "submit": "What the engine needs, a mapping; each engine's keys are listed below the table.",
+    "pack": "`true`: one runner's host runs several cells at once, each on GPUs (or cores) of its own; only with "
+            "`engine: local` and `hosts: 1`. Default `false`.",
+}
 
 
 def load_runners(root: Path | None = None, beside: Path | None = None) -> dict[str, Runner]:

@@ -1,15 +1,17 @@
 """Which environment variables belong to a host rather than to a cell: a rank on another host than the
 launcher's keeps its own host's values for them, whatever host 0's environment says (Slurm's per-node
 SLURM_*, the host name, the per-host temporary folder and cell token, the GPUs the host was given, where the
-host keeps the cell's credentials). Standard library only."""
+host keeps the cell's credentials). Standard library and harness.environment only."""
 
 from __future__ import annotations
 
+from harness.environment import CELL_TOKEN_ENV, HOSTS_CREDENTIALS_ENV
+
 HOST_LOCAL_PREFIXES = ("SLURM_", "SLURMD_", "PMI_", "PMIX_", "OMPI_")
 HOST_LOCAL_NAMES = frozenset({
-    "HOSTNAME", "HOST", "TMPDIR", "HARNESS_CELL_TOKEN", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL",
+    "HOSTNAME", "HOST", "TMPDIR", CELL_TOKEN_ENV, "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL",
     "ROCR_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK",
-    "WORLD_SIZE", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS", "HARNESS_HOSTS_CREDENTIALS",
+    "WORLD_SIZE", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS", HOSTS_CREDENTIALS_ENV,
 })
 
 

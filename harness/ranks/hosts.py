@@ -36,6 +36,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TypeVar, overload
 
+from harness.environment import HOST_CAUSE_ENV as CAUSE_ENV
+from harness.environment import HOST_RANKS_ENV, HOSTS_ENV, HUB_ENV
+from harness.environment import HOSTS_CREDENTIALS_ENV as CREDENTIALS_ENV
 from harness.ranks import tls
 from harness.ranks.failures import HostLostError
 from harness.ranks.hostenv import portable
@@ -55,12 +58,6 @@ from harness.ranks.protocol import (
     Stacks,
 )
 
-HOSTS_ENV = "HARNESS_HOSTS"
-HOST_RANKS_ENV = "HARNESS_HOST_RANKS"
-HUB_ENV = "HARNESS_HUB"
-CREDENTIALS_ENV = "HARNESS_HOSTS_CREDENTIALS"
-CAUSE_ENV = "HARNESS_HOST_CAUSE"
-# The share of ports of one cell among the cells `harness run` packs on this host at once (runners.yaml pack).
 # A host silent this long (at least two beats missed) counts as silent when naming who went first.
 SILENT_AFTER_S = 3 * HEARTBEAT_INTERVAL_S
 AGENT_REPLY_TIMEOUT_S = 30.0

@@ -33,7 +33,7 @@ from typing import Any, BinaryIO
 
 import pytest
 
-from harness.contract import RUNNING_TEST_ENV
+from harness.environment import RUNNING_TEST_FILE_ENV
 
 PACK_HELP = "run the tests several at once on disjoint GPU or core sets of this host (harness run passes it)"
 WORKER_OPTION = "--pack-worker"
@@ -274,7 +274,7 @@ def _start(config: pytest.Config, units: Units, plan: WorkerPlan, folder: Path) 
     folder.mkdir()
     (folder / "tests.json").write_text(json.dumps(plan.tests))
     # The coordinator names the running test (it replays each); several workers would overwrite one another.
-    environ = {name: value for name, value in os.environ.items() if name != RUNNING_TEST_ENV}
+    environ = {name: value for name, value in os.environ.items() if name != RUNNING_TEST_FILE_ENV}
     affinity: set[int] | None = None
     if units.kind == "gpu":
         environ["CUDA_VISIBLE_DEVICES"] = ",".join(plan.units)

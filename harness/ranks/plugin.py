@@ -50,9 +50,10 @@ from harness.contract import (
     POOL_REPLACED,
     RANK_UNIT_CPU,
     RANK_UNIT_GPUS,
-    RUNNING_TEST_ENV,
     WORLD_SIZE,
 )
+from harness.environment import CPU_RANKS_ENV, RUNNING_TEST_FILE_ENV
+from harness.environment import RANKS_POOL_ENV as POOL_ENV
 from harness.ranks import packing, progress, sections
 from harness.ranks.failures import HostLostError, RankFailedError, RankTimeoutError, hidden_from_a_failure
 from harness.ranks.hosts import HostsConfig
@@ -60,9 +61,7 @@ from harness.ranks.pool import PoolLauncher
 from harness.ranks.protocol import DEFAULT_TIMEOUT_S, RankOutput, RankResult
 from harness.ranks.spawn import run_distributed
 
-CPU_RANKS_ENV = "HARNESS_CPU_RANKS"
 DEFAULT_CPU_RANKS = 2
-POOL_ENV = "HARNESS_RANKS_POOL"
 POOL_HELP = ("keep ranks, their process groups and warm caches across tests while an audit finds them as fresh ones, "
              "forked from a template that has imported torch and the suite, instead of spawning them for every call "
              f"(default on; {POOL_ENV}=0 turns it off, {POOL_ENV}=spawn spawns the pool's ranks)")
@@ -133,14 +132,14 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 def pytest_runtest_logstart(nodeid: str, location) -> None:
     """Under `harness run`: the running test's id in the cell's folder, so a cell stopped mid-test names it."""
-    path = os.environ.get(RUNNING_TEST_ENV)
+    path = os.environ.get(RUNNING_TEST_FILE_ENV)
     if path:
         with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as running:
             running.write(nodeid + "\n")
 
 
 def pytest_runtest_logfinish(nodeid: str, location) -> None:
-    path = os.environ.get(RUNNING_TEST_ENV)
+    path = os.environ.get(RUNNING_TEST_FILE_ENV)
     if path:
         with contextlib.suppress(OSError):
             os.remove(path)

@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from harness.environment import RANKS_TIMING_ENV as TIMING_ENV
 from harness.ranks import handover
 from harness.ranks.failures import DistributedError, RankFailedError, RankTimeoutError, hidden_from_a_failure
 from harness.ranks.hosts import HostsConfig, Hub, Placement
@@ -56,8 +57,6 @@ from harness.ranks.protocol import (
     collective_timeout,
 )
 from harness.ranks.zygote import ForkRefused, Zygote
-
-TIMING_ENV = "HARNESS_RANKS_TIMING"
 
 
 class PoolLauncher:

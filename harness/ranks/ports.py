@@ -1,6 +1,6 @@
 """Ports a single-host or multi-host launch binds: below the kernel's ephemeral range, and within this cell's share
 when `harness run` packs several cells on one host ($HARNESS_PORT_SLOT). Every launch needs it; no launch on one
-host needs the multi-host module it came from. Needs only the standard library.
+host needs the multi-host module it came from. Needs only the standard library and harness.environment.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import random
 import socket
 from pathlib import Path
 
-PORT_SLOT_ENV = "HARNESS_PORT_SLOT"
+from harness.environment import PORT_SLOT_ENV
 
 
 def port_share(candidates: range, slot: str | None) -> range:

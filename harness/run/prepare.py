@@ -27,6 +27,7 @@ from harness import __version__, contract
 from harness.cell import gpulock, memory, preflight
 from harness.contract import INSTALL_LOG, EnvRecord
 from harness.engines import Launch, engine
+from harness.environment import BUSY_THRESHOLD_MIB_ENV
 from harness.envs import cache as env_cache
 from harness.envs.build import EnvironmentBuildError
 from harness.plan.cells import Cell
@@ -35,7 +36,7 @@ from harness.run import earlier
 from harness.run.plan import Host, Plan
 
 # Memory other processes may hold on a cell's GPUs before the cell refuses to start.
-BUSY_THRESHOLD_MIB = float(os.environ.get("HARNESS_BUSY_THRESHOLD_MIB", "2048"))
+BUSY_THRESHOLD_MIB = float(os.environ.get(BUSY_THRESHOLD_MIB_ENV, "2048"))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -19,9 +19,9 @@ import tempfile
 from pathlib import Path
 
 from harness.contract import WRITE_REPRO_OPTION
+from harness.environment import CPU_RANKS_ENV, RANKS_POOL_ENV
 from harness.errors import ConfigError, FatalError
 from harness.project import project_root
-from harness.ranks.plugin import CPU_RANKS_ENV, POOL_ENV
 from harness.results.junit import read_junit
 from harness.results.model import Outcome
 
@@ -71,7 +71,7 @@ def run_pytest(test_id: str, script: Path, junit: Path, root: Path) -> subproces
     arguments = [sys.executable, "-m", "pytest", test_id, "-p", "no:cacheprovider", "-q", "-m", "",
                  f"{WRITE_REPRO_OPTION}={script}", f"--junitxml={junit}"]
     # No ranks are launched: no rank pool to start, and on CPU a case of any world size is written.
-    environment = dict(os.environ, **{POOL_ENV: "0"})
+    environment = dict(os.environ, **{RANKS_POOL_ENV: "0"})
     environment.setdefault(CPU_RANKS_ENV, str(WRITABLE_CPU_RANKS))
     return subprocess.run(arguments, cwd=root, env=environment, capture_output=True, text=True, check=False)
 

@@ -1,7 +1,8 @@
 """The documentation: generated reference pages match their sources, relative links land on files, the site builds.
 
-docs/gen_reference.py renders docs/reference/{cli,exit-codes,results-folder}.md from harness's parser, errors and
-contract; `python docs/gen_reference.py` rewrites them after a change there.
+docs/gen_reference.py renders docs/reference/{cli,exit-codes,results-folder,environment}.md and the lower part of
+matrices.md from harness's parser, errors, contract, environment variables and plan's key tables (every page of its
+PAGES); `python docs/gen_reference.py` rewrites them after a change there.
 """
 
 from __future__ import annotations

@@ -42,6 +42,7 @@ from packaging.version import Version
 from harness.contract import FIXED_UPSTREAM as FIXED_MESSAGE
 from harness.contract import KNOWN_BUG
 from harness.contract import KNOWN_BUG_PREFIX as REASON_PREFIX  # what the report shows
+from harness.environment import KNOWN_BUGS_AS_OF_ENV as AS_OF_ENV
 from upstream import table
 from upstream.entry import (  # noqa: F401 - the entry's type and a failure's, used by the suite through this module
     DIFFERENT_MESSAGE,
@@ -127,12 +128,6 @@ def fixed_upstream_message(longrepr: str) -> str:
 
 
 
-# A release day replayed: HARNESS_KNOWN_BUGS_AS_OF=V keeps the entries known when V was the newest transformers
-# release (their range's lower end at or below V; a torch bug's entry always), so a run of the release after V
-# shows what that morning would have: every red left is a change of the new release.
-AS_OF_ENV = "HARNESS_KNOWN_BUGS_AS_OF"
-
-
 def first_bad(bug: KnownBug) -> Version | None:
     """The lower end of the entry's transformers range (None: a torch bug, or no lower end)."""
     if bug.transformers is None:
@@ -149,4 +144,7 @@ def known_as_of(bugs: tuple[KnownBug, ...], release: str | None) -> tuple[KnownB
 
 
 
+# A release day replayed: HARNESS_KNOWN_BUGS_AS_OF=V keeps the entries known when V was the newest transformers
+# release (their range's lower end at or below V; a torch bug's entry always), so a run of the release after V
+# shows what that morning would have: every red left is a change of the new release.
 KNOWN_BUGS = known_as_of(table.ENTRIES, os.environ.get(AS_OF_ENV))

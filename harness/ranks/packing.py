@@ -34,6 +34,7 @@ from typing import Any, BinaryIO
 import pytest
 
 from harness.environment import RUNNING_TEST_FILE_ENV
+from harness.ranks.gpushare import MARKER_HELP, host_cpus, one_device_peak, shared_slots
 
 PACK_HELP = "run the tests several at once on disjoint GPU or core sets of this host (harness run passes it)"
 WORKER_OPTION = "--pack-worker"
@@ -57,6 +58,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", MARKER_HELP)
     if config.option.pack_worker:
         config.pluginmanager.register(WorkerReports(Path(config.option.pack_worker), config), "harness-pack-worker")
 
@@ -75,6 +77,17 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     units = host_units()
     groups = sorted(by_need(session.items, host_ranks(session.config, units)).items())
     session.config.stash[COORDINATOR_KEY] = worth_packing(groups, units)
+
+
+def group_units(items: Sequence[pytest.Item], need: int, units: Units) -> Units:
+    """The units a group's workers split: the host's, or for one-device tests on GPUs each GPU as many times as
+    such tests may share it (harness.ranks.gpushare)."""
+    if units.kind != "gpu" or need != 1:
+        return units
+    peaks = [one_device_peak(item) for item in items]
+    if not peaks or None in peaks:
+        return units
+    return Units("gpu", shared_slots(units.ids, max(peak for peak in peaks if peak is not None), host_cpus()))
 
 
 def host_ranks(config: pytest.Config, units: Units) -> int:
@@ -105,7 +118,8 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
     run_here([item for item in session.items if item.nodeid not in packed], session)
     with tempfile.TemporaryDirectory(prefix="harness-pack-") as scratch:
         for need, group in groups:
-            run_group(session, units, plan_workers(group, need, units, durations), Path(scratch) / f"need{need}")
+            shared = group_units(group, need, units)
+            run_group(session, shared, plan_workers(group, need, shared, durations), Path(scratch) / f"need{need}")
             if session.shouldstop:
                 break
     return True
@@ -126,7 +140,7 @@ def worth_packing(groups: list[tuple[int, list[pytest.Item]]], units: Units) -> 
     if not groups:
         return False
     need, items = max(groups, key=lambda group: len(group[1]))
-    return min(len(items), len(units.ids) // need) >= 2
+    return min(len(items), len(group_units(items, need, units).ids) // need) >= 2
 
 
 # ---------------------------------------------------------------- planning
@@ -156,10 +170,13 @@ def _cuda_devices() -> int:
 
 
 def need_of(item: pytest.Item) -> int | None:
-    """How many units the test takes: its world size (None: it names none, and runs in the coordinator)."""
+    """How many units the test takes: its world size, 1 for a one-device test (None: it names neither, and runs in
+    the coordinator)."""
     callspec = getattr(item, "callspec", None)
     world = callspec.params.get("world_size") if callspec is not None else None
-    return world if isinstance(world, int) and world > 0 else None
+    if isinstance(world, int) and world > 0:
+        return world
+    return 1 if one_device_peak(item) is not None else None
 
 
 def by_need(items: Sequence[pytest.Item], capacity: int) -> dict[int, list[pytest.Item]]:
@@ -277,7 +294,7 @@ def _start(config: pytest.Config, units: Units, plan: WorkerPlan, folder: Path) 
     environ = {name: value for name, value in os.environ.items() if name != RUNNING_TEST_FILE_ENV}
     affinity: set[int] | None = None
     if units.kind == "gpu":
-        environ["CUDA_VISIBLE_DEVICES"] = ",".join(plan.units)
+        environ["CUDA_VISIBLE_DEVICES"] = ",".join(dict.fromkeys(plan.units))  # a shared GPU's slots name it once
     else:
         affinity = {int(cpu) for cpu in plan.units}
         environ["OMP_NUM_THREADS"] = str(max(1, len(plan.units) // plan.need))

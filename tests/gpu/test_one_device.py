@@ -26,6 +26,9 @@ from harness.ranks.plugin import available_ranks
 
 DEEP_MOE = families.deep_moe()
 DTYPES = ("float32", "bfloat16")
+# One rank on one device each: with --pack-tests on a GPU host several share a GPU (harness.ranks.gpushare). The
+# tiny models' peaks are tens of MiB; 2 GiB leaves room for a kernel's workspace.
+pytestmark = pytest.mark.one_device(peak_mib=2048)
 
 
 def _on_gpu() -> bool:

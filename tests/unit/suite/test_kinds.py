@@ -1,12 +1,16 @@
 """The suite's names (checks/kinds.py) read as their plain values wherever they are written, so test ids, JUnit
-properties and results stay as they were with string literals."""
+properties and results stay as they were with string literals; and the tables that name layouts and checks use them."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from checks import rank_cases
 from checks.kinds import Check, Layout
+from loading import tf_adapter
+from training import device_cases, steps
+from upstream import table
 
 MEMBERS = [*Layout, *Check]
 
@@ -35,3 +39,12 @@ def test_a_member_and_its_plain_string_are_the_same_key(member):
     assert value in {member} and member in {value}
     assert type(member)(value) is member
 
+
+def test_the_suites_tables_name_their_layouts_and_checks_as_members():
+    assert all(isinstance(name, Layout) for name in tf_adapter.LAYOUTS)
+    assert all(isinstance(layout.name, Layout) and layout.name == name for name, layout in tf_adapter.LAYOUTS.items())
+    assert isinstance(device_cases.LAYOUT, Layout)
+    assert all(isinstance(name, Check) for name in (*rank_cases.CHECKS, *steps.ONE_STEP_CHECKS, *device_cases.CHECKS))
+    for bug in table.ENTRIES:
+        assert all(isinstance(layout, Layout) for layout in bug.layouts), bug.key
+        assert all(isinstance(check, Check) for check in bug.checks), bug.key

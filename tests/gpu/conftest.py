@@ -20,6 +20,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # other case loads with them off, in this process and the ranks it starts, whatever the caller's environment said.
 os.environ["USE_HUB_KERNELS"] = "0"  # tf_adapter.HUB_KERNELS_ENV, HUB_KERNELS_OFF; set before anything imports it
 
+# What the case runners below take as a case's layout and checks.
+from checks.kinds import Check, Layout  # noqa: E402
+
 # Each family's tiny checkpoint (fixtures `checkpoints`, `checkpoint`): defined beside the suite's modules, as the
 # suite's self-tests (tests/unit/suite) use them too. Imported once the suite directory is on sys.path; bound by
 # assignment, as the case runners below take a `checkpoint` argument of their own.
@@ -85,7 +88,7 @@ def run_case(request, ranks, tmp_path):
     """
     from checks import rank_cases
 
-    def run(world_size: int, checkpoint: Checkpoint, layout: str, checks: tuple[str, ...], **options) -> dict:
+    def run(world_size: int, checkpoint: Checkpoint, layout: Layout, checks: tuple[Check, ...], **options) -> dict:
         case = rank_cases.Case(checkpoint.family, layout, checks, **options)
         _skip_if_missing(case)
         return _run_recorded(request, ranks, tmp_path, world_size, checkpoint, case, rank_cases.run_case)
@@ -100,7 +103,7 @@ def run_training(request, ranks, tmp_path):
     from loading import tf_adapter
     from training import steps
 
-    def run(world_size: int, checkpoint: Checkpoint, layout: str, **options) -> dict:
+    def run(world_size: int, checkpoint: Checkpoint, layout: Layout, **options) -> dict:
         case = steps.TrainCase(checkpoint.family, layout, **options)
         _skip_if_missing(case, tf_adapter.missing_mixed_precision(layout) if case.mixed_precision else None)
         saves = tmp_path / "checkpoints"
@@ -118,7 +121,7 @@ def run_user_loop(request, ranks, tmp_path):
     on this device at setup (user_loops.REFUSED)."""
     from training import user_loops
 
-    def run(world_size: int, checkpoint: Checkpoint, layout: str, loop: str, **options) -> dict:
+    def run(world_size: int, checkpoint: Checkpoint, layout: Layout, loop: str, **options) -> dict:
         case = user_loops.UserLoopCase(checkpoint.family, layout, loop, **options)
         _skip_if_missing(case)
         metrics = _run_recorded(request, ranks, tmp_path, world_size, checkpoint, case, user_loops.run_user_loop)
@@ -153,7 +156,7 @@ def run_checkpoint_case(request, ranks, tmp_path):
     `run_case` is, the two launches' metrics summarized together."""
     from training import checkpointing
 
-    def run(checkpoint: Checkpoint, layout: str, kind: str, **options) -> dict:
+    def run(checkpoint: Checkpoint, layout: Layout, kind: str, **options) -> dict:
         case = checkpointing.CheckpointCase(checkpoint.family, layout, kind, **options)
         _skip_if_missing(case)
         folder = tmp_path / "saved"

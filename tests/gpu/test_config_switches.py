@@ -13,13 +13,14 @@ set, beyond the first (which then runs the model's own forward: its metrics say 
 from __future__ import annotations
 
 import pytest
+from checks.kinds import Check, Layout
 from loading import tf_adapter
 from models import checkpoint_fixtures, families
 from models.checkpoint_fixtures import Checkpoint
 
-LAYOUTS = ("ep", "fsdp_ep")
+LAYOUTS = (Layout.EP, Layout.FSDP_EP)
 WORLD_SIZE = 2
-CHECKS = ("load", "logits", "gradients")
+CHECKS = (Check.LOAD, Check.LOGITS, Check.GRADIENTS)
 MARKS = (pytest.mark.wide, pytest.mark.switches)
 # Beyond every cell's share (each family's switches on, EP, the wide implementation): the nightly's (`-m exhaustive`
 # selects them; pyproject's addopts leave them out elsewhere). Measured on 2 CPU cores: about 2.5 s a case, 69 cases
@@ -28,8 +29,8 @@ EXHAUSTIVE = (*MARKS, pytest.mark.exhaustive)
 IMPLEMENTATIONS = tf_adapter.experts_implementations()
 
 
-def _in_every_cell(layout: str, implementation: str) -> bool:
-    return layout == "ep" and implementation == families.WIDE_EXPERTS_IMPLEMENTATION
+def _in_every_cell(layout: Layout, implementation: str) -> bool:
+    return layout == Layout.EP and implementation == families.WIDE_EXPERTS_IMPLEMENTATION
 
 
 SWITCHED = [
@@ -41,7 +42,7 @@ SWITCHED = [
     for implementation in IMPLEMENTATIONS
 ]
 OTHER_IMPLEMENTATIONS = [
-    pytest.param(name, implementation, marks=EXHAUSTIVE, id=f"{name}-ep-{implementation}")
+    pytest.param(name, implementation, marks=EXHAUSTIVE, id=f"{name}-{Layout.EP}-{implementation}")
     for name in families.wide_moe()
     for implementation in IMPLEMENTATIONS
     if implementation != families.WIDE_EXPERTS_IMPLEMENTATION
@@ -91,4 +92,4 @@ def test_defaults_other_implementations_ep(run_case, checkpoint, experts_impleme
     if not _settable(checkpoint.family):
         pytest.skip(f"{checkpoint.family} does not let an experts implementation be set: its wide case runs its own "
                     "forward")
-    run_case(WORLD_SIZE, checkpoint, "ep", CHECKS, dtype="float32", experts_implementation=experts_implementation)
+    run_case(WORLD_SIZE, checkpoint, Layout.EP, CHECKS, dtype="float32", experts_implementation=experts_implementation)

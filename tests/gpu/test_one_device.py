@@ -18,6 +18,7 @@ None of these is distributed: a cell where only they ran says that nothing distr
 from __future__ import annotations
 
 import pytest
+from checks.kinds import Check, Layout
 from loading import tf_adapter
 from loading.tf_adapter import PORTABLE_EXPERTS_IMPLEMENTATIONS
 from models import families
@@ -78,4 +79,4 @@ def test_quantized_training_on_this_device(run_device_case, checkpoint, recipe):
 @pytest.mark.parametrize("checkpoint", families.dense(), indirect=True)
 def test_fully_shard_on_a_mesh_of_one(run_case, checkpoint):
     """torch's fully_shard on one rank (DTensor parameters on a mesh of one): load, logits, gradients."""
-    run_case(1, checkpoint, "fully_shard", ("load", "logits", "gradients"))
+    run_case(1, checkpoint, Layout.FULLY_SHARD, (Check.LOAD, Check.LOGITS, Check.GRADIENTS))

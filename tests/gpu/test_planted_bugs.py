@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from checks.kinds import Check, Layout
 from checks.rank_cases import WORLD_SIZES
 from models import families
 from models.families import NUM_EXPERTS
@@ -42,7 +43,7 @@ def _expert_message(family: str, parameter: str, world_size: int) -> str:
 @pytest.mark.parametrize("checkpoint", families.role("perturb_expert"), indirect=True)
 def test_expert_perturbed_on_one_rank_fails_the_load_check(run_case, checkpoint, world_size):
     with pytest.raises(RankFailedError) as failure:
-        run_case(world_size, checkpoint, "ep", ("load", "logits"), bug="perturb_expert")
+        run_case(world_size, checkpoint, Layout.EP, (Check.LOAD, Check.LOGITS), bug="perturb_expert")
     assert failure.value.rank == world_size - 1
     _failed_together(failure, world_size)
     assert _expert_message(checkpoint.family, "gate_up_proj", world_size) in str(failure.value)
@@ -52,7 +53,7 @@ def test_expert_perturbed_on_one_rank_fails_the_load_check(run_case, checkpoint,
 @pytest.mark.parametrize("checkpoint", families.role("perturb_expert_bias"), indirect=True)
 def test_expert_bias_perturbed_on_one_rank_fails_the_load_check(run_case, checkpoint, world_size):
     with pytest.raises(RankFailedError) as failure:
-        run_case(world_size, checkpoint, "ep", ("load", "logits"), bug="perturb_expert_bias")
+        run_case(world_size, checkpoint, Layout.EP, (Check.LOAD, Check.LOGITS), bug="perturb_expert_bias")
     assert failure.value.rank == world_size - 1
     _failed_together(failure, world_size)
     assert _expert_message(checkpoint.family, "gate_up_proj_bias", world_size) in str(failure.value)
@@ -63,7 +64,7 @@ def test_expert_bias_perturbed_on_one_rank_fails_the_load_check(run_case, checkp
 def test_correction_bias_altered_on_one_rank_fails_the_load_check(run_case, checkpoint, world_size):
     """A buffer, not a parameter: the load check compares buffers too."""
     with pytest.raises(RankFailedError) as failure:
-        run_case(world_size, checkpoint, "ep", ("load", "logits"), bug="perturb_correction_bias")
+        run_case(world_size, checkpoint, Layout.EP, (Check.LOAD, Check.LOGITS), bug="perturb_correction_bias")
     assert failure.value.rank == world_size - 1
     _failed_together(failure, world_size)
     entry = families.family(checkpoint.family)
@@ -76,7 +77,7 @@ def test_correction_bias_altered_on_one_rank_fails_the_load_check(run_case, chec
 def test_router_perturbed_on_one_rank_fails_the_routing_check(run_case, checkpoint, world_size):
     """Routing is checked before gradients: the flip is reported as such, not as the gradient error it causes."""
     with pytest.raises(RankFailedError) as failure:
-        run_case(world_size, checkpoint, "ep", ("gradients",), bug="perturb_router")
+        run_case(world_size, checkpoint, Layout.EP, (Check.GRADIENTS,), bug="perturb_router")
     assert failure.value.rank == world_size - 1
     _failed_together(failure, world_size)
     tokens = BATCH_SIZE * SEQUENCE_LENGTH  # expert parallelism: every rank routes the whole batch
@@ -94,7 +95,7 @@ def _measured(request) -> dict:
 def test_expert_gradient_one_percent_off_on_one_rank_fails_far_over_its_bound(request, run_case, checkpoint,
                                                                                world_size):
     with pytest.raises(RankFailedError) as failure:
-        run_case(world_size, checkpoint, "ep", ("gradients",), bug="scale_expert_gradient")
+        run_case(world_size, checkpoint, Layout.EP, (Check.GRADIENTS,), bug="scale_expert_gradient")
     assert failure.value.rank == world_size - 1
     _failed_together(failure, world_size)
     entry = families.family(checkpoint.family)
@@ -105,13 +106,13 @@ def test_expert_gradient_one_percent_off_on_one_rank_fails_far_over_its_bound(re
     assert measured[GRAD_ERROR] >= SUBTLE_DEFECT_MARGIN * measured[GRAD_BOUND], measured
 
 
-@pytest.mark.parametrize("sharder", ["fsdp", "fully_shard"])
+@pytest.mark.parametrize("sharder", [Layout.FSDP, Layout.FULLY_SHARD])
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("checkpoint", families.role("scale_shard_gradient"), indirect=True)
 def test_fsdp_shard_gradient_one_percent_off_on_one_rank_fails_far_over_its_bound(request, run_case, checkpoint,
                                                                                   world_size, sharder):
     with pytest.raises(RankFailedError, match="gradients differ from the whole model's: 1 of "):
-        run_case(world_size, checkpoint, sharder, ("gradients",), bug="scale_shard_gradient")
+        run_case(world_size, checkpoint, sharder, (Check.GRADIENTS,), bug="scale_shard_gradient")
     measured = _measured(request)
     assert measured[GRAD_ERROR_PARAM].startswith(f"{families.family(checkpoint.family).layers_prefix}.0."), measured
     assert measured[GRAD_ERROR] >= SUBTLE_DEFECT_MARGIN * measured[GRAD_BOUND], measured

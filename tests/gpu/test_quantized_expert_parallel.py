@@ -8,6 +8,7 @@ load serves both."""
 from __future__ import annotations
 
 import pytest
+from checks.kinds import Check, Layout
 from checks.rank_cases import WORLD_SIZES
 from models import families
 from models.families import NUM_EXPERTS
@@ -21,7 +22,7 @@ from harness.ranks import RankFailedError
 @pytest.mark.parametrize("checkpoint", families.role("quantized_moe"), indirect=True)
 def test_ep_quantized_gradients(run_case, checkpoint, world_size, recipe):
     """Expert weights fake-quantized (STE): same quantized weights, routing and gradients as the whole model."""
-    run_case(world_size, checkpoint, "ep", ("quantized", "gradients"), quant=recipe)
+    run_case(world_size, checkpoint, Layout.EP, (Check.QUANTIZED, Check.GRADIENTS), quant=recipe)
 
 
 # The negative tests: an nvfp4 global scale computed over a rank's local experts instead of per expert.
@@ -33,7 +34,7 @@ LOCAL_SCALE_WORLD_SIZES = [size for size in WORLD_SIZES if size < NUM_EXPERTS]
 @pytest.mark.parametrize("checkpoint", families.role("quantized_moe"), indirect=True)
 def test_ep_nvfp4_scale_over_local_shard_fails_the_gradient_check(run_case, checkpoint, world_size):
     with pytest.raises(RankFailedError, match="gradients differ from the whole model's"):
-        run_case(world_size, checkpoint, "ep", ("gradients",), quant="nvfp4", quant_scope="local_shard")
+        run_case(world_size, checkpoint, Layout.EP, (Check.GRADIENTS,), quant="nvfp4", quant_scope="local_shard")
 
 
 @pytest.mark.parametrize("world_size", LOCAL_SCALE_WORLD_SIZES)
@@ -41,7 +42,8 @@ def test_ep_nvfp4_scale_over_local_shard_fails_the_gradient_check(run_case, chec
 def test_ep_nvfp4_scale_over_local_shard_is_named_by_the_quantized_check(run_case, checkpoint, world_size):
     """Before the gradients, the quantized-weights check names the layer, the matrix and the experts."""
     with pytest.raises(RankFailedError, match="quantized weights differ") as failure:
-        run_case(world_size, checkpoint, "ep", ("quantized", "gradients"), quant="nvfp4", quant_scope="local_shard")
+        run_case(world_size, checkpoint, Layout.EP, (Check.QUANTIZED, Check.GRADIENTS), quant="nvfp4",
+                 quant_scope="local_shard")
     entry = families.family(checkpoint.family)
     stack = f"{entry.block_path(entry.moe_layers[0])}.{entry.experts}.gate_up_proj"
     assert f"nvfp4-quantized {stack} differs from the whole model's for experts" in str(failure.value)

@@ -7,12 +7,13 @@ their training cases (test_training.py), on the models the case then trains: one
 from __future__ import annotations
 
 import pytest
+from checks.kinds import Check, Layout
 from checks.rank_cases import WORLD_SIZES
 from models import families
 
-# "fsdp": from_pretrained(..., distributed_config=DistributedConfig(fsdp_size=N));
-# "fully_shard": the whole model loaded, then fully_shard on each decoder layer and the root.
-SHARDERS = ("fsdp", "fully_shard")
+# Layout.FSDP: from_pretrained(..., distributed_config=DistributedConfig(fsdp_size=N));
+# Layout.FULLY_SHARD: the whole model loaded, then fully_shard on each decoder layer and the root.
+SHARDERS = (Layout.FSDP, Layout.FULLY_SHARD)
 
 
 # Fake quantization exercises the suite's own STE hooks on dense MLPs, not a family mechanic: one family.
@@ -22,4 +23,4 @@ SHARDERS = ("fsdp", "fully_shard")
 @pytest.mark.parametrize("checkpoint", families.role("quantized_dense"), indirect=True)
 def test_fsdp_dense_quantized_gradients(run_case, checkpoint, world_size, sharder, recipe):
     """MLP weights fake-quantized (STE) after FSDP's all-gather: same quantized weights and gradients."""
-    run_case(world_size, checkpoint, sharder, ("quantized", "gradients"), quant=recipe)
+    run_case(world_size, checkpoint, sharder, (Check.QUANTIZED, Check.GRADIENTS), quant=recipe)

@@ -11,6 +11,7 @@ Two planted bugs show that the checks name the step."""
 from __future__ import annotations
 
 import pytest
+from checks.kinds import Layout
 from checks.rank_cases import DTYPES, WORLD_SIZES
 from loading.tf_adapter import PORTABLE_EXPERTS_IMPLEMENTATIONS
 from models import families
@@ -21,8 +22,8 @@ from harness.ranks.plugin import pool_mode
 
 # FSDP2+EP first: a family's EP case fails more often (EP alone has more known bugs), and a case that fails keeps
 # no whole runs for the next layout to reuse (steps.WholeRuns)
-MOE_LAYOUTS = ("fsdp_ep", "ep")
-DENSE_LAYOUTS = ("fsdp", "fully_shard")
+MOE_LAYOUTS = (Layout.FSDP_EP, Layout.EP)
+DENSE_LAYOUTS = (Layout.FSDP, Layout.FULLY_SHARD)
 STEPS = 3
 
 
@@ -49,12 +50,12 @@ WIDE = [
 ]
 
 
-def implementation_for(name: str, layout: str, implementation: str | None) -> str | None:
+def implementation_for(name: str, layout: Layout, implementation: str | None) -> str | None:
     """A wide family's EP cases run the wide experts implementation, its FSDP2+EP cases the model's own (None); a
     deep case runs the one it names."""
     if implementation != WIDE_IMPLEMENTATION:
         return implementation
-    return families.wide_implementation(name) if layout == "ep" else None
+    return families.wide_implementation(name) if layout == Layout.EP else None
 
 
 @pytest.mark.parametrize(("checkpoint", "layout", "world_size", "dtype", "experts_implementation"), DEEP + WIDE,
@@ -98,7 +99,7 @@ def test_training_clips_with_torch_clip_grad_norm(run_training, checkpoint, layo
 
 # FSDP2's MixedPrecisionPolicy (bfloat16 compute, float32 parameters and gradient reduction): transformers' own
 # (DistributedConfig(fsdp_mixed_precision=True)) on its FSDP2 layouts and torch's on bare fully_shard.
-MIXED_PRECISION_CASES = [(name, layout) for name in TRAINED_MOE for layout in ("fsdp_ep",)] + [
+MIXED_PRECISION_CASES = [(name, layout) for name in TRAINED_MOE for layout in (Layout.FSDP_EP,)] + [
     (name, layout) for name in families.dense() for layout in DENSE_LAYOUTS]
 
 
@@ -139,7 +140,7 @@ def test_a_familys_layouts_share_the_whole_models_runs(request, run_training, ch
 def test_a_rank_skipping_one_replicated_update_is_named_with_its_step(run_training, checkpoint, world_size):
     with pytest.raises(RankFailedError, match=rf"step 2: parameter \S*norm\S* differs across ranks "
                                               rf"\(rank {world_size - 1} vs rank 0: "):
-        run_training(world_size, checkpoint, "ep", steps=STEPS, bug="skip_replicated_update")
+        run_training(world_size, checkpoint, Layout.EP, steps=STEPS, bug="skip_replicated_update")
 
 
 @pytest.mark.parametrize("layout", MOE_LAYOUTS)

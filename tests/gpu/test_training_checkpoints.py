@@ -6,12 +6,13 @@ A planted bug shows the resume check names the step."""
 from __future__ import annotations
 
 import pytest
+from checks.kinds import Layout
 from models import families
 
 from harness.ranks import RankFailedError
 
-MOE_LAYOUTS = ("ep", "fsdp_ep")
-DENSE_LAYOUTS = ("fsdp", "fully_shard")
+MOE_LAYOUTS = (Layout.EP, Layout.FSDP_EP)
+DENSE_LAYOUTS = (Layout.FSDP, Layout.FULLY_SHARD)
 CASES = [(name, layout) for name in families.role("trained_moe") for layout in MOE_LAYOUTS] + [
     (name, layout) for name in families.role("trained_dense") for layout in DENSE_LAYOUTS]
 # (the world that saves, the world that resumes)
@@ -53,5 +54,5 @@ def test_a_resume_on_another_world_that_loads_stale_optimizer_state_is_caught(ru
                                                                                world_size, resume_world_size):
     with pytest.raises(RankFailedError, match=rf"step {SAVE_AT + 1}: updated parameters differ from the whole "
                                               r"model's"):
-        run_checkpoint_case(checkpoint, "fsdp_ep", "resume_other_world", world_size=world_size,
+        run_checkpoint_case(checkpoint, Layout.FSDP_EP, "resume_other_world", world_size=world_size,
                             resume_world_size=resume_world_size, save_at=SAVE_AT, bug="stale_optimizer_state")

@@ -10,14 +10,15 @@ skips an optimizer step on one rank is caught, naming the step."""
 from __future__ import annotations
 
 import pytest
+from checks.kinds import Layout
 from models import families
 from training.user_loops import BUG_STEP, LOOPS
 
 from harness.ranks import RankFailedError
 
 WORLD_SIZE = 2
-CASES = [(name, layout) for name in families.role("trained_moe") for layout in ("ep", "fsdp_ep")] + [
-    (name, layout) for name in families.role("trained_dense") for layout in ("fsdp", "fully_shard")]
+CASES = [(name, layout) for name in families.role("trained_moe") for layout in (Layout.EP, Layout.FSDP_EP)] + [
+    (name, layout) for name in families.role("trained_dense") for layout in (Layout.FSDP, Layout.FULLY_SHARD)]
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -31,4 +32,4 @@ def test_user_loop_matches_the_whole_model(run_user_loop, checkpoint, layout, lo
 @pytest.mark.parametrize("checkpoint", families.role("trained_dense"), indirect=True)
 def test_a_trainer_skipping_one_optimizer_step_on_one_rank_is_named_with_its_step(run_user_loop, checkpoint):
     with pytest.raises(RankFailedError, match=rf"step {BUG_STEP}: updated parameters differ from the whole model's"):
-        run_user_loop(WORLD_SIZE, checkpoint, "fsdp", "trainer", bug="skip_optimizer_step")
+        run_user_loop(WORLD_SIZE, checkpoint, Layout.FSDP, "trainer", bug="skip_optimizer_step")

@@ -12,18 +12,20 @@ from typing import ClassVar
 from loading import tf_adapter
 from models import families
 
+from checks.kinds import Layout
+
 
 @dataclass(frozen=True)
 class SuiteCase:
     family: str  # a key of families.FAMILIES (or a variant of one)
-    layout: str  # a key of tf_adapter.LAYOUTS
+    layout: Layout  # a key of tf_adapter.LAYOUTS
     # Keyword-only, so each kind of case adds its own positional fields after family and layout.
     dtype: str = field(default="float32", kw_only=True)
     experts_implementation: str | None = field(default=None, kw_only=True)  # transformers' (MoE families)
     bug: str | None = field(default=None, kw_only=True)  # a defect planted on purpose: one of BUGS
 
     BUGS: ClassVar[tuple[str, ...]] = ()  # the defects this kind of case plants (checks/planted.py)
-    LAYOUTS: ClassVar[Collection[str]] = tf_adapter.LAYOUTS
+    LAYOUTS: ClassVar[Collection[Layout]] = tf_adapter.LAYOUTS
 
     @property
     def planted_defect(self) -> str | None:
@@ -33,6 +35,6 @@ class SuiteCase:
     def __post_init__(self) -> None:
         families.family(self.family)  # raises naming the known families
         if self.layout not in self.LAYOUTS:
-            raise ValueError(f"unknown layout {self.layout!r}; known: {sorted(self.LAYOUTS)}")
+            raise ValueError(f"unknown layout {self.layout!r}; known: {sorted(map(str, self.LAYOUTS))}")
         if self.bug is not None and self.bug not in self.BUGS:
             raise ValueError(f"unknown bug {self.bug!r}; known: {self.BUGS}")

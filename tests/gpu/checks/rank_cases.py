@@ -41,6 +41,7 @@ from torch.distributed.tensor import DTensor
 
 from checks import fake_quant, planted, routing, tolerances, verdicts
 from checks.case import SuiteCase
+from checks.kinds import Check, Layout
 from checks.tensors import full, local
 from harness import contract
 from harness.ranks import together
@@ -54,14 +55,14 @@ WORLD_SIZES = (2, 4, 8)
 DTYPES = ("float32", "bfloat16")
 # in the order they run; "quantized" (the sharded model computed with the whole model's quantized weights)
 # needs a `quant` recipe, and runs in the training step before routing and gradients
-CHECKS = ("load", "logits", "quantized", "gradients")
+CHECKS = (Check.LOAD, Check.LOGITS, Check.QUANTIZED, Check.GRADIENTS)
 
 
 @dataclass(frozen=True)
 class Case(SuiteCase):
     """The one-step checks of a sharded load against the whole model; a planted bug acts on the last rank."""
 
-    checks: tuple[str, ...]
+    checks: tuple[Check, ...]
     quant: str | None = None  # a fake_quant recipe, applied in the gradient check
     quant_scope: str = "per_expert"  # how the sharded model computes its nvfp4 global scale
 
@@ -77,8 +78,8 @@ class Case(SuiteCase):
     def __post_init__(self):
         super().__post_init__()
         if unknown := set(self.checks) - set(CHECKS):
-            raise ValueError(f"unknown checks {sorted(unknown)}; known: {CHECKS}")
-        if "quantized" in self.checks and self.quant is None:
+            raise ValueError(f"unknown checks {sorted(map(str, unknown))}; known: {tuple(map(str, CHECKS))}")
+        if Check.QUANTIZED in self.checks and self.quant is None:
             raise ValueError("the quantized check needs a quant recipe")
 
 
@@ -95,7 +96,7 @@ def run_case(checkpoint: str, case: Case, metrics_dir: str | None = None, model_
 def case_metrics(case) -> dict:
     """What names a case in its metrics (the family is recorded by the suite's run_case before the launch)."""
     return {
-        contract.CASE_LAYOUT: case.layout,
+        contract.CASE_LAYOUT: str(case.layout),  # the plain name, in results as in the rank's json
         contract.CASE_DTYPE: case.dtype,
         contract.CASE_EXPERTS_IMPLEMENTATION: case.experts_implementation or "default",
     }
@@ -133,7 +134,7 @@ def _run_checks(checkpoint: str, case: Case, metrics: dict, model_class: type | 
     loaded = tf_adapter.Loaded(whole, dtype, case.experts_implementation)  # copied below before anything runs on it
     # The ground truth every bound is measured against (checks/tolerances.py): the whole model in float64.
     reference = tf_adapter.load_reference(checkpoint, dtype, device, model_class, loaded)
-    if case.layout == "fully_shard":
+    if case.layout == Layout.FULLY_SHARD:
         sharded = fully_shard_model(
             tf_adapter.whole_as_loaded(loaded, checkpoint, dtype, device, None, model_class), world_size, device
         )
@@ -145,7 +146,7 @@ def _run_checks(checkpoint: str, case: Case, metrics: dict, model_class: type | 
         planted.plant_bug(sharded, family, case.bug)
 
     # A check that fails on one rank fails on all (together): its peers would wait in the next collective.
-    if "load" in case.checks:
+    if Check.LOAD in case.checks:
         with together("the load check"):
             check_load(sharded, whole, family, layout, rank, world_size)
     check_one_step(Models(sharded=sharded, whole=whole, reference=reference), family, case, layout, metrics)
@@ -159,14 +160,14 @@ def check_one_step(models: Models, family: families.Family, case: Case, layout: 
     rank, world_size = dist.get_rank(), dist.get_world_size()
     batch = tiny_models.make_batch().to(rank_device())
     rows = batch_rows(layout, rank, world_size)
-    if "logits" in case.checks:
+    if Check.LOGITS in case.checks:
         with torch.no_grad():
             sharded_logits = model_logits(models.sharded, batch[rows])
             whole_logits = model_logits(models.whole, batch)[rows]
             with stay_float64():
                 reference_logits = model_logits(models.reference, batch)[rows]
         compare_logits(sharded_logits, whole_logits, reference_logits, case.dtype, metrics)
-    if "quantized" in case.checks or "gradients" in case.checks:
+    if Check.QUANTIZED in case.checks or Check.GRADIENTS in case.checks:
         compare_training_step(models, family, case, layout, batch, rank, world_size, metrics)
 
 
@@ -453,7 +454,7 @@ def compare_training_step(
     for model in (sharded, whole, reference):
         model.train()
     # A second sample of the whole model's rounding, before the routing recorders listen (checks/tolerances.py)
-    other_order = gradients_in_another_order(whole, batch) if "gradients" in case.checks else None
+    other_order = gradients_in_another_order(whole, batch) if Check.GRADIENTS in case.checks else None
     # The recorders listen for this step only: a model that trains on must not record every later forward.
     rows = batch_rows(layout, rank, world_size)
     # The whole models' losses are averaged the way the ranks' losses are: over the ranks' shares of the batch.
@@ -475,7 +476,7 @@ def compare_training_step(
         whole_losses = (whole_loss(whole), reference_loss)
         sharded_loss = next_token_loss(model_logits(sharded, batch[rows]), batch[rows])
 
-        if "quantized" in case.checks:
+        if Check.QUANTIZED in case.checks:
             with together("the quantized weights check"):
                 check_quantized_weights(sharded_quantizer, whole_quantizer, family, layout, rank, world_size)
         if family.is_moe:
@@ -485,7 +486,7 @@ def compare_training_step(
                 metrics[contract.ROUTING_MARGIN] = min(layer.margin for layer in sharded_routing.layers)
             with together("the routing check"):
                 verdicts.check_routing(sharded_routing.layers, whole_routing.rows(tokens))
-        if "gradients" not in case.checks:
+        if Check.GRADIENTS not in case.checks:
             return
 
         for loss in (*whole_losses, sharded_loss):

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from checks import kinds
 
 # From this release on, EP beside replicated dense weights is refused (see the table above). The other
 # changes are told apart by DistributedConfig's fields (tp_size, ep_size).
@@ -46,7 +47,7 @@ FIRST_REFUSING_REPLICATED_DENSE_EP = "5.23.0"
 class Layout:
     """How a sharded model is laid out over the ranks, as far as the checks need to know."""
 
-    name: str
+    name: kinds.Layout  # its key in LAYOUTS
     experts_sharded: bool  # each rank holds a contiguous 1/world of every expert stack
     fsdp_sharded: bool  # parameters are FSDP2 shards (dim-0 chunks), gathered for compute
     splits_batch: bool  # ranks take different rows of the batch (data parallel) instead of sharing it
@@ -55,24 +56,24 @@ class Layout:
 
 
 LAYOUTS = {
-    "ep": Layout(
-        "ep",
+    kinds.Layout.EP: Layout(
+        kinds.Layout.EP,
         experts_sharded=True,
         fsdp_sharded=False,
         splits_batch=False,
         floor="5.7.0",
         feature="expert-parallel loading (DistributedConfig(enable_expert_parallel=True))",
     ),
-    "fsdp": Layout(
-        "fsdp",
+    kinds.Layout.FSDP: Layout(
+        kinds.Layout.FSDP,
         experts_sharded=False,
         fsdp_sharded=True,
         splits_batch=True,
         floor="5.15.0",
         feature="FSDP2 loading (DistributedConfig(fsdp_size=N))",
     ),
-    "fsdp_ep": Layout(
-        "fsdp_ep",
+    kinds.Layout.FSDP_EP: Layout(
+        kinds.Layout.FSDP_EP,
         experts_sharded=True,
         fsdp_sharded=True,
         splits_batch=True,
@@ -80,8 +81,8 @@ LAYOUTS = {
         feature="FSDP2 with expert parallelism (DistributedConfig(ep_size=N, fsdp_size=N))",
     ),
     # torch's fully_shard applied by the suite itself: no transformers feature involved
-    "fully_shard": Layout(
-        "fully_shard",
+    kinds.Layout.FULLY_SHARD: Layout(
+        kinds.Layout.FULLY_SHARD,
         experts_sharded=False,
         fsdp_sharded=True,
         splits_batch=True,
@@ -161,7 +162,7 @@ def transformers_version():
     return Version(transformers.__version__)
 
 
-def missing_feature(layout_name: str, family=None, experts_implementation: str | None = None) -> str | None:
+def missing_feature(layout_name: kinds.Layout, family=None, experts_implementation: str | None = None) -> str | None:
     """`needs transformers>=X for ...` when the installed release predates the layout's floor or the family's
     EP floor, or why it cannot run the experts implementation; else None."""
     from packaging.version import Version
@@ -178,9 +179,9 @@ def missing_feature(layout_name: str, family=None, experts_implementation: str |
     return missing_experts_implementation(experts_implementation)
 
 
-def missing_mixed_precision(layout_name: str) -> str | None:
+def missing_mixed_precision(layout_name: kinds.Layout) -> str | None:
     """Why the installed release cannot load this layout with FSDP2 mixed precision, or None."""
-    if layout_name == "fully_shard":
+    if layout_name == kinds.Layout.FULLY_SHARD:
         return None  # torch's own MixedPrecisionPolicy
     from transformers.distributed.configuration_utils import DistributedConfig
 
@@ -190,14 +191,14 @@ def missing_mixed_precision(layout_name: str) -> str | None:
     return None
 
 
-def layout_floor(layout_name: str, family=None) -> str | None:
+def layout_floor(layout_name: kinds.Layout, family=None) -> str | None:
     """The first release a case of this layout runs on: the layout's floor; for the EP layout, the family's own EP
     floor where it lies below that (families.EARLY_EP: verified on ranks there, see the table above)."""
     from packaging.version import Version
 
     floor = LAYOUTS[layout_name].floor
     own = getattr(family, "ep_floor", None)
-    if layout_name == "ep" and floor is not None and own and Version(own) < Version(floor):
+    if layout_name == kinds.Layout.EP and floor is not None and own and Version(own) < Version(floor):
         return own
     return floor
 
@@ -240,14 +241,14 @@ def experts_implementations() -> tuple[str, ...]:
     return tuple(name for name in PORTABLE_EXPERTS_IMPLEMENTATIONS if name == "eager" or name in ALL_EXPERTS_FUNCTIONS)
 
 
-def distributed_config_kwargs(layout_name: str, world_size: int) -> dict:
+def distributed_config_kwargs(layout_name: kinds.Layout, world_size: int) -> dict:
     """The DistributedConfig arguments the installed release wants for this layout on `world_size` ranks."""
     from packaging.version import Version
     from transformers.distributed.configuration_utils import DistributedConfig
 
     fields = DistributedConfig.__dataclass_fields__
     version = transformers_version()
-    if layout_name == "ep":
+    if layout_name == kinds.Layout.EP:
         if "ep_size" not in fields:
             kwargs: dict[str, bool | int] = {"enable_expert_parallel": True}
             if "tp_size" in fields:  # before 5.13 the TP (and so EP) group is the whole world
@@ -257,13 +258,13 @@ def distributed_config_kwargs(layout_name: str, world_size: int) -> dict:
             return {"ep_size": world_size, "tp_size": world_size, "tp_plan": {}}
         # These releases refuse EP beside replicated dense weights: shard the dense ones with TP.
         return {"ep_size": world_size, "tp_size": world_size}
-    if layout_name == "fsdp":
+    if layout_name == kinds.Layout.FSDP:
         return {"fsdp_size": world_size}
-    if layout_name == "fsdp_ep":
+    if layout_name == kinds.Layout.FSDP_EP:
         return {"ep_size": world_size, "fsdp_size": world_size}
     raise ValueError(
         f"transformers has no distributed loading for layout {layout_name!r}; "
-        f"known: {sorted(set(LAYOUTS) - {'fully_shard'})}"
+        f"known: {sorted(map(str, set(LAYOUTS) - {kinds.Layout.FULLY_SHARD}))}"
     )
 
 
@@ -349,7 +350,7 @@ def load_reference(checkpoint: str, dtype: torch.dtype, device: torch.device, cl
 
 def load_sharded(
     checkpoint: str,
-    layout_name: str,
+    layout_name: kinds.Layout,
     world_size: int,
     dtype: torch.dtype,
     experts_implementation: str | None = None,

@@ -307,7 +307,7 @@ MODEL_INPUTS: Mapping[str, str] = MappingProxyType(
 # Declared families the suite cannot build or run, with the reason. None now.
 NOT_COVERED: Mapping[str, str] = MappingProxyType({})
 
-# Generated families whose EP cases run below the EP layout's floor (tf_adapter.LAYOUTS["ep"].floor), from their
+# Generated families whose EP cases run below the EP layout's floor (tf_adapter.LAYOUTS[Layout.EP].floor), from their
 # first release declaring an EP plan (ep_floors.py). openai_privacy_filter (5.6.0): its wide EP case ran at 5.6.0,
 # 5.6.1, 5.6.2 and 5.7.0 (torch 2.13.0, 2 gloo ranks): load and logits pass, its gradients fail as
 # known_bugs._EARLY_RELEASE_BUGS says (5.6-5.16; 5.17.0 passes). gemma4_text (5.6.0): its EP plan TP-shards the dense

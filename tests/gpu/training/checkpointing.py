@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from checks import planted, rank_cases
 from checks.case import SuiteCase
+from checks.kinds import Check
 from checks.tensors import local
 from loading import tf_adapter
 from torch.distributed.tensor import DTensor
@@ -71,10 +72,10 @@ class CheckpointCase(SuiteCase):
     BUGS = planted.CHECKPOINT_BUGS
 
     @property
-    def checks(self) -> tuple[str, ...]:
+    def checks(self) -> tuple[Check, ...]:
         """For the known-bugs table: it loads (and checks the load), trains, and then resumes at another world or
         saves with save_pretrained."""
-        return ("load", "train", self.kind + ("_full_state_dict" if self.full_state_dict else ""))
+        return (Check.LOAD, Check.TRAIN, Check(self.kind + ("_full_state_dict" if self.full_state_dict else "")))
 
     @property
     def training(self) -> TrainCase:

@@ -21,13 +21,14 @@ from dataclasses import dataclass
 import torch
 from checks import fake_quant, rank_cases, routing, verdicts
 from checks.case import SuiteCase
+from checks.kinds import Check, Layout
 from loading import tf_adapter
 from loading.float64_mode import stay_float64
 from models import families, tiny_models
 
 # What the known-bugs table and the reports read of a device case: it has no sharding.
-LAYOUT = "one_device"
-CHECKS = ("logits", "gradients")
+LAYOUT = Layout.ONE_DEVICE
+CHECKS = (Check.LOGITS, Check.GRADIENTS)
 CPU = torch.device("cpu")
 
 
@@ -35,10 +36,10 @@ CPU = torch.device("cpu")
 class DeviceCase(SuiteCase):
     """The whole model on this rank's device against the CPU's float64: nothing distributed, nothing planted."""
 
-    layout: str = LAYOUT
+    layout: Layout = LAYOUT
     quant: str | None = None  # a fake_quant recipe
     hub_kernels: bool = False  # the subject loaded with Hub kernels on (tf_adapter.hub_kernels), as a user's default
-    checks: tuple[str, ...] = CHECKS
+    checks: tuple[Check, ...] = CHECKS
 
     LAYOUTS = (LAYOUT,)
 

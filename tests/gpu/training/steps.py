@@ -42,6 +42,7 @@ import torch.distributed.checkpoint
 import torch.distributed.checkpoint.state_dict
 from checks import planted, rank_cases, tolerances, verdicts
 from checks.case import SuiteCase
+from checks.kinds import Check, Layout
 from checks.tensors import full, local
 from loading import tf_adapter
 from loading.float64_mode import stay_float64
@@ -75,7 +76,7 @@ WARMUP_STEPS = 2
 # Below the tiny models' global gradient norm (about 3-40 at the first step), so clipping scales every step.
 MAX_GRAD_NORM = 1.0
 MICRO_BATCHES = 2
-ONE_STEP_CHECKS = ("logits", "gradients")  # rank_cases.CHECKS a case with `one_step` runs before training
+ONE_STEP_CHECKS = (Check.LOGITS, Check.GRADIENTS)  # rank_cases.CHECKS a case with `one_step` runs before training
 BUG_STEP = 2
 
 
@@ -108,15 +109,15 @@ class TrainCase(SuiteCase):
         return "per_mesh" if tf_adapter.LAYOUTS[self.layout].experts_sharded else "torch"
 
     @property
-    def checks(self) -> tuple[str, ...]:
+    def checks(self) -> tuple[Check, ...]:
         """What a training case runs, for the known-bugs table: it loads (and checks the load), runs the one-step
         checks where it asks to, trains, and clips with torch's clip_grad_norm_ or steps the fused AdamW where it
         asks to. An entry for the one-step checks covers only a case that runs them (their failures read otherwise
         than "step K: ...")."""
-        return (("load",) + (ONE_STEP_CHECKS if self.one_step else ()) + ("train",)
-                + (("torch_clip",) if self.clip == "torch" else ())
-                + (("fused_adamw",) if self.optimizer == "fused" else ())
-                + (("mixed_precision",) if self.mixed_precision else ()))
+        return ((Check.LOAD,) + (ONE_STEP_CHECKS if self.one_step else ()) + (Check.TRAIN,)
+                + ((Check.TORCH_CLIP,) if self.clip == "torch" else ())
+                + ((Check.FUSED_ADAMW,) if self.optimizer == "fused" else ())
+                + ((Check.MIXED_PRECISION,) if self.mixed_precision else ()))
 
     @property
     def parameter_dtype(self) -> str:
@@ -383,7 +384,7 @@ class CaseLoop:
 
     def load_sharded(self):
         case = self.case
-        if case.layout == "fully_shard":
+        if case.layout == Layout.FULLY_SHARD:
             model = tf_adapter.load_whole(self.checkpoint, self.dtype, self.device, cls=self.model_class)
             return rank_cases.fully_shard_model(model, self.world_size, self.device,
                                                 mp_policy=_mixed_precision_policy(case))

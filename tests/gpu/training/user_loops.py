@@ -48,6 +48,7 @@ import torch.distributed as dist
 import transformers.trainer  # noqa: F401
 from checks import planted, rank_cases
 from checks.case import SuiteCase
+from checks.kinds import Check
 from checks.tensors import full, local
 from loading import tf_adapter
 from models import families, tiny_models
@@ -76,9 +77,9 @@ class UserLoopCase(SuiteCase):
     BUGS = planted.USER_LOOP_BUGS
 
     @property
-    def checks(self) -> tuple[str, ...]:
+    def checks(self) -> tuple[Check, ...]:
         """For the known-bugs table: a user loop loads (and checks the load) and trains, as a training case."""
-        return ("load", "train")
+        return (Check.LOAD, Check.TRAIN)
 
     def __post_init__(self):
         super().__post_init__()

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from checks.kinds import Check, Layout
 from models import families
 from packaging.specifiers import InvalidSpecifier, Specifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -70,8 +71,8 @@ class KnownBug:
     transformers: str | None
     torch: str  # likewise for torch (a release without its local tag: 2.11.0, not 2.11.0+cu130)
     torch_verified: str  # the torch releases the entry was run on, and where its torch range rests on no run
-    layouts: tuple[str, ...]  # tf_adapter.LAYOUTS keys
-    checks: tuple[str, ...]  # a case shows the bug when it runs one of these checks
+    layouts: tuple[Layout, ...]  # tf_adapter.LAYOUTS keys, or Layout.ONE_DEVICE
+    checks: tuple[Check, ...]  # a case shows the bug when it runs one of these checks
     raises: str  # the failing rank's exception type (qualname), e.g. "RuntimeError"
     match: str  # a regular expression searched for in the first line of that exception's message
     cause: str  # one line

@@ -21,6 +21,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from checks.kinds import Check, Layout
 
 from harness.contract import WRITE_REPRO_OPTION
 
@@ -78,7 +79,7 @@ def unexpressed(case, phases) -> str | None:
         return f"{case.family} is fed pixel patches; the script feeds token ids"
     if getattr(case, "bug", None) is not None:
         return f"a planted bug ({case.bug}), not an upstream failure"
-    if isinstance(case, rank_cases.Case) and (case.quant is not None or "quantized" in case.checks):
+    if isinstance(case, rank_cases.Case) and (case.quant is not None or Check.QUANTIZED in case.checks):
         return f"fake quantization ({case.quant}) is the suite's own instrument"
     if isinstance(case, steps.TrainCase) and case.resume_at is not None:
         return "a resume from a torch.distributed.checkpoint save"
@@ -88,11 +89,14 @@ def unexpressed(case, phases) -> str | None:
 
 
 def checks_of(case) -> list[str]:
+    """The checks the script runs, as plain strings: the script's CASE is written as literals (pprint)."""
     from training import steps
 
     if isinstance(case, steps.TrainCase):
-        return ["load", *(steps.ONE_STEP_CHECKS if case.one_step else ()), "train"]
-    return [check for check in ("load", "logits", "gradients") if check in case.checks]
+        checks = [Check.LOAD, *(steps.ONE_STEP_CHECKS if case.one_step else ()), Check.TRAIN]
+    else:
+        checks = [check for check in (Check.LOAD, Check.LOGITS, Check.GRADIENTS) if check in case.checks]
+    return [str(check) for check in checks]
 
 
 # ---------------------------------------------------------------- the case as data
@@ -119,7 +123,7 @@ def case_data(test_id: str, checkpoint, case, world_size: int, device: str) -> d
         "world_size": world_size,
         "device": device,
         "dtype": case.dtype,
-        "layout": {"name": layout.name, "experts_sharded": layout.experts_sharded,
+        "layout": {"name": str(layout.name), "experts_sharded": layout.experts_sharded,
                    "fsdp_sharded": layout.fsdp_sharded, "splits_batch": layout.splits_batch},
         "load": load_arguments(case, world_size, model_class),
         "expert_stacks": list(family.expert_stack_suffixes()),
@@ -157,7 +161,7 @@ def load_arguments(case, world_size: int, model_class) -> dict:
         "experts_implementation": case.experts_implementation}
     eager = tf_adapter.eager_implementation(model_class)
     reference = {"dtype": case.dtype} | ({} if eager is None else {"experts_implementation": eager})
-    if case.layout == "fully_shard":
+    if case.layout == Layout.FULLY_SHARD:
         # the whole model with its own forward, then torch's fully_shard (rank_cases.fully_shard_model)
         return {"whole": {"dtype": case.dtype} | implementation, "reference": reference,
                 "sharded": {"dtype": case.dtype}, "fully_shard": {"layers": "model.layers"}}
@@ -306,10 +310,10 @@ def docstring_literal(text: str) -> str:
 
 # What each layout is, in the docstring's words.
 LAYOUT_WORDS = {
-    "ep": "expert parallelism (transformers' DistributedConfig)",
-    "fsdp": "FSDP2 (transformers' DistributedConfig)",
-    "fsdp_ep": "FSDP2 with expert parallelism (transformers' DistributedConfig)",
-    "fully_shard": "torch's fully_shard on each decoder layer and the root of the whole model",
+    Layout.EP: "expert parallelism (transformers' DistributedConfig)",
+    Layout.FSDP: "FSDP2 (transformers' DistributedConfig)",
+    Layout.FSDP_EP: "FSDP2 with expert parallelism (transformers' DistributedConfig)",
+    Layout.FULLY_SHARD: "torch's fully_shard on each decoder layer and the root of the whole model",
 }
 
 

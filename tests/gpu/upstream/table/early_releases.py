@@ -3,6 +3,8 @@ EP plan): what the wide EP training case meets there."""
 
 from __future__ import annotations
 
+from checks.kinds import Check, Layout
+
 from upstream.entry import KnownBug
 from upstream.table.common import RUN_ON_2_13_ONLY, TORCH_2_13_ONLY
 
@@ -23,8 +25,8 @@ _EARLY_RELEASE_BUGS: tuple[KnownBug, ...] = (
         transformers=">=5.6,<5.17",
         torch=TORCH_2_13_ONLY,
         torch_verified=RUN_ON_2_13_ONLY,
-        layouts=("ep",),
-        checks=("gradients",),
+        layouts=(Layout.EP,),
+        checks=(Check.GRADIENTS,),
         families=("openai_privacy_filter",),
         raises="AssertionError",
         match=r"^gradients differ from the whole model's: .*mlp\.router\.(weight|bias) \d",
@@ -45,8 +47,8 @@ _EARLY_RELEASE_BUGS: tuple[KnownBug, ...] = (
         transformers=">=5.8,<5.17",
         torch=TORCH_2_13_ONLY,
         torch_verified=RUN_ON_2_13_ONLY,
-        layouts=("ep",),
-        checks=("gradients",),
+        layouts=(Layout.EP,),
+        checks=(Check.GRADIENTS,),
         families=("openai_privacy_filter",),
         raises="AssertionError",
         match=r"^gradients differ from the whole model's: .*mlp\.experts\.gate_up_proj_bias (nan|\S+e\+\d+) ",
@@ -67,8 +69,8 @@ _EARLY_RELEASE_BUGS: tuple[KnownBug, ...] = (
         transformers=">=5.6,<5.17",
         torch=TORCH_2_13_ONLY,
         torch_verified=RUN_ON_2_13_ONLY,
-        layouts=("ep",),
-        checks=("gradients",),
+        layouts=(Layout.EP,),
+        checks=(Check.GRADIENTS,),
         families=("gemma4_text",),
         raises="AssertionError",
         match=r"^gradients differ from the whole model's: .*\.router\.(per_expert_scale|proj\.weight|scale) \d",
@@ -89,8 +91,8 @@ _EARLY_RELEASE_BUGS: tuple[KnownBug, ...] = (
         transformers=">=5.8,<5.16",  # 5.16.0 fails without NaN (the router entry above)
         torch=TORCH_2_13_ONLY,
         torch_verified=RUN_ON_2_13_ONLY,
-        layouts=("ep",),
-        checks=("gradients",),
+        layouts=(Layout.EP,),
+        checks=(Check.GRADIENTS,),
         families=("gemma4_text",),
         raises="AssertionError",
         match=r"^gradients differ from the whole model's: \d+ of \d+ parameters exceed their bound .*: "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from checks.kinds import Check, Layout
+
 from upstream.entry import KnownBug
 from upstream.table.common import RUN_ON_2_13_ONLY, TORCH_2_13_ONLY
 
@@ -12,8 +14,8 @@ _EXHAUSTIVE_TIER_BUGS: tuple[KnownBug, ...] = (
         transformers=">=5.23",
         torch=TORCH_2_13_ONLY,
         torch_verified=RUN_ON_2_13_ONLY,
-        layouts=("ep",),
-        checks=("logits",),
+        layouts=(Layout.EP,),
+        checks=(Check.LOGITS,),
         families=("nemotron_h",),
         implementations=("eager",),
         raises="IndexError",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from checks.kinds import Check, Layout
+
 from upstream.entry import KnownBug
 from upstream.table.common import RUN_ON_2_13_ONLY, TORCH_2_13_ONLY
 
@@ -14,8 +16,8 @@ _GPT_OSS_BUGS: tuple[KnownBug, ...] = (
         transformers=">=5.3,<5.4",
         torch=TORCH_2_13_ONLY,
         torch_verified=RUN_ON_2_13_ONLY,
-        layouts=("ep",),
-        checks=("load",),
+        layouts=(Layout.EP,),
+        checks=(Check.LOAD,),
         families=("gpt_oss",),
         raises="UnboundLocalError",
         match=r"cannot access local variable 'tp_plan_alt'",
@@ -34,8 +36,8 @@ _GPT_OSS_BUGS: tuple[KnownBug, ...] = (
         transformers=">=5.4,<5.6",
         torch=TORCH_2_13_ONLY,
         torch_verified=RUN_ON_2_13_ONLY,
-        layouts=("ep",),
-        checks=("load",),
+        layouts=(Layout.EP,),
+        checks=(Check.LOAD,),
         families=("gpt_oss",),
         raises="AssertionError",
         match=r"^load: rank \d+ holds \d+ experts of model\.layers\.\d+\.mlp\.experts\.\S+, expected \d+",
@@ -53,8 +55,8 @@ _GPT_OSS_BUGS: tuple[KnownBug, ...] = (
         transformers=">=5.6,<5.7",
         torch=TORCH_2_13_ONLY,
         torch_verified=RUN_ON_2_13_ONLY,
-        layouts=("ep",),
-        checks=("logits", "gradients"),
+        layouts=(Layout.EP,),
+        checks=(Check.LOGITS, Check.GRADIENTS),
         families=("gpt_oss",),
         implementations=("eager",),
         raises="RuntimeError",
@@ -72,8 +74,8 @@ _GPT_OSS_BUGS: tuple[KnownBug, ...] = (
         transformers=">=5.6,<5.7",
         torch=TORCH_2_13_ONLY,
         torch_verified=RUN_ON_2_13_ONLY,
-        layouts=("ep",),
-        checks=("gradients",),
+        layouts=(Layout.EP,),
+        checks=(Check.GRADIENTS,),
         families=("gpt_oss",),
         implementations=("grouped_mm", "batched_mm"),
         raises="AssertionError",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from checks.kinds import Check, Layout
+
 from upstream.entry import KnownBug
 from upstream.table.common import RUN_ON_2_13_ONLY, TORCH_2_13_ONLY
 
@@ -12,8 +14,8 @@ _GROUPED_MM_BUGS: tuple[KnownBug, ...] = (
         transformers=">=5.7,<5.17",
         torch=TORCH_2_13_ONLY,
         torch_verified=RUN_ON_2_13_ONLY,
-        layouts=("ep",),
-        checks=("gradients",),
+        layouts=(Layout.EP,),
+        checks=(Check.GRADIENTS,),
         implementations=("grouped_mm",),
         raises="AssertionError",
         match=r"^gradients differ from the whole model's: .*\.(gate|router)\.weight",  # the router's gradient

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from checks.kinds import Check, Layout
+
 from upstream.entry import KnownBug
 from upstream.table.common import TORCH_2_11_AND_2_13
 
@@ -25,8 +27,8 @@ _NEW_IN_5_25_BUGS: tuple[KnownBug, ...] = (
         transformers=">=5.25",
         torch=TORCH_2_11_AND_2_13,
         torch_verified=RUN_ON_2_11_WITH_5_25,
-        layouts=("ep",),
-        checks=("train",),
+        layouts=(Layout.EP,),
+        checks=(Check.TRAIN,),
         families=("afmoe", "hunyuan_v1_moe", "lfm2_moe"),
         raises="AssertionError",
         match=r"^step 1: gradients differ from the whole model's: .*self_attn\.(?:[qk]_norm|query_layernorm|"
@@ -55,8 +57,8 @@ _NEW_IN_5_25_BUGS: tuple[KnownBug, ...] = (
         transformers=">=5.25",
         torch=TORCH_2_11_AND_2_13,
         torch_verified=RUN_ON_2_11_WITH_5_25,
-        layouts=("ep",),
-        checks=("load", "gradients"),
+        layouts=(Layout.EP,),
+        checks=(Check.LOAD, Check.GRADIENTS),
         families=("dots3_note_vision_encoder",),
         raises="ValueError",
         match=r"has no `tp_plan`",
@@ -77,8 +79,8 @@ _NEW_IN_5_25_BUGS: tuple[KnownBug, ...] = (
         transformers=">=5.25",
         torch=TORCH_2_11_AND_2_13,
         torch_verified=RUN_ON_2_11_WITH_5_25,
-        layouts=("ep", "fsdp_ep"),
-        checks=("load", "gradients"),
+        layouts=(Layout.EP, Layout.FSDP_EP),
+        checks=(Check.LOAD, Check.GRADIENTS),
         families=("param2moe",),
         raises="RuntimeError",
         match=r"issues during automatic conversion of the weights",
@@ -101,8 +103,8 @@ _NEW_IN_5_25_BUGS: tuple[KnownBug, ...] = (
         transformers=">=5.25",
         torch=TORCH_2_11_AND_2_13,
         torch_verified=RUN_ON_2_11_WITH_5_25,
-        layouts=("fsdp_ep",),
-        checks=("load",),
+        layouts=(Layout.FSDP_EP,),
+        checks=(Check.LOAD,),
         families=("ergo",),
         raises="RuntimeError",
         match=r"You set `ignore_mismatched_sizes` to `False`",

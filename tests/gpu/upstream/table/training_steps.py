@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from checks.kinds import Check, Layout
+
 from upstream.entry import KnownBug
 from upstream.table.common import LIVE_AT_5_24, RUN_ON_2_13_ONLY, TORCH_2_11_AND_2_13, TORCH_2_13_ONLY, bisect_to_5_24
 
@@ -29,8 +31,8 @@ _TRAINING_BUGS: tuple[KnownBug, ...] = (
         transformers=">=5.23",
         torch=TORCH_2_11_AND_2_13,
         torch_verified=RUN_ON_2_11_WITH_5_24_TRAINING,
-        layouts=("ep",),
-        checks=("train",),
+        layouts=(Layout.EP,),
+        checks=(Check.TRAIN,),
         families=_GRAD_ALLREDUCE_FAMILIES,
         raises="AssertionError",
         match=r"^step 1: gradients differ from the whole model's: .*self_attn\.[qk]_norm\.weight .*"
@@ -55,8 +57,8 @@ _TRAINING_BUGS: tuple[KnownBug, ...] = (
         transformers=">=5.23",
         torch=TORCH_2_13_ONLY,
         torch_verified=RUN_ON_2_13_ONLY,
-        layouts=("ep",),
-        checks=("train",),
+        layouts=(Layout.EP,),
+        checks=(Check.TRAIN,),
         families=("qwen3_vl_moe_text", "qwen3_omni_moe_text"),
         raises="AssertionError",
         match=r"^step 1: parameter \S*self_attn\.[qk]_norm\.weight differs across ranks",
@@ -76,8 +78,8 @@ _TRAINING_BUGS: tuple[KnownBug, ...] = (
         transformers=">=5.16",
         torch=TORCH_2_11_AND_2_13,
         torch_verified=RUN_ON_2_11_WITH_5_24_TRAINING,
-        layouts=("ep",),
-        checks=("torch_clip",),
+        layouts=(Layout.EP,),
+        checks=(Check.TORCH_CLIP,),
         raises="RuntimeError",
         match=r"^aten\._foreach_norm\.Scalar:? got mixed torch\.Tensor and DTensor",
         cause="an EP model holds DTensor parameters (experts; from 5.23 the TP-sharded dense weights) beside plain "
@@ -100,8 +102,8 @@ _TRAINING_BUGS: tuple[KnownBug, ...] = (
         transformers=">=5.20",
         torch=TORCH_2_11_AND_2_13,
         torch_verified=RUN_ON_2_11_WITH_5_24_TRAINING,
-        layouts=("fsdp_ep",),
-        checks=("torch_clip",),
+        layouts=(Layout.FSDP_EP,),
+        checks=(Check.TORCH_CLIP,),
         raises="RuntimeError",
         match=r"^All operands in aten\.stack\.default must have the same mesh",
         cause="an FSDP2+EP model's parameters live on two meshes (the experts on efsdp x ep, the rest on fsdp): "
@@ -120,8 +122,8 @@ _TRAINING_BUGS: tuple[KnownBug, ...] = (
         transformers=">=5.16",
         torch=TORCH_2_11_AND_2_13,
         torch_verified=RUN_ON_2_11_WITH_5_24_TRAINING,
-        layouts=("ep",),
-        checks=("fused_adamw",),
+        layouts=(Layout.EP,),
+        checks=(Check.FUSED_ADAMW,),
         raises="RuntimeError",
         match=r"^aten\._fused_adamw_\.default:? got mixed torch\.Tensor and DTensor",
         cause="the EP model's DTensor parameters beside plain tensors (as for clip_grad_norm_): "
@@ -144,8 +146,8 @@ _TRAINING_BUGS: tuple[KnownBug, ...] = (
         torch_verified="2.13.0 (the bisect) and 2.11.0 (the GPU host's CPU, transformers 5.24.0 carried, 2 gloo "
         "ranks: test_save_pretrained_after_training_loads_back_whole[qwen3-fully_shard] failed so, 2026-12-03); "
         "2.12 between them not run",
-        layouts=("fully_shard",),
-        checks=("save_pretrained",),
+        layouts=(Layout.FULLY_SHARD,),
+        checks=(Check.SAVE_PRETRAINED,),
         raises="RuntimeError",
         match=r"^Attempted to access the data pointer on an invalid python storage",
         cause="save_pretrained gathers sharded weights only for a model loaded with a distributed_config "

@@ -152,7 +152,7 @@ def _run_checks(checkpoint: str, case: Case, metrics: dict, model_class: type | 
     check_one_step(Models(sharded=sharded, whole=whole, reference=reference), family, case, layout, metrics)
 
 
-def check_one_step(models: Models, family: families.Family, case: Case, layout: tf_adapter.Layout,
+def check_one_step(models: Models, family: families.Family, case: Case, layout: tf_adapter.LayoutTraits,
                    metrics: dict) -> None:
     """The checks of one forward and backward that `case` asks for, in order: logits, then (training mode) the
     quantized weights, routing and gradients. The training layer runs them on the models it then trains, so one
@@ -212,7 +212,7 @@ def fully_shard_model(model, world_size: int, device: torch.device, mp_policy=No
     return model
 
 
-def batch_rows(layout: tf_adapter.Layout, rank: int, world_size: int) -> slice:
+def batch_rows(layout: tf_adapter.LayoutTraits, rank: int, world_size: int) -> slice:
     """The sequences of the batch this rank feeds: its own share when the layout is data parallel."""
     return share_rows(rank, world_size) if layout.splits_batch else slice(None)
 
@@ -232,7 +232,7 @@ def expert_share(stack: torch.Tensor, rank: int, world_size: int) -> torch.Tenso
 # ---------------------------------------------------------------- load
 
 
-def check_load(sharded, whole, family: families.Family, layout: tf_adapter.Layout, rank: int, world_size: int) -> None:
+def check_load(sharded, whole, family: families.Family, layout: tf_adapter.LayoutTraits, rank: int, world_size: int) -> None:
     """Each rank holds its share (a contiguous 1/world of the experts; its FSDP chunk), the rest whole:
     parameters (weights and biases) and buffers (a router's correction bias, say)."""
     whole_params = dict(whole.named_parameters())
@@ -435,7 +435,7 @@ def compare_training_step(
     models: Models,
     family: families.Family,
     case: Case,
-    layout: tf_adapter.Layout,
+    layout: tf_adapter.LayoutTraits,
     batch: torch.Tensor,
     rank: int,
     world_size: int,
@@ -542,7 +542,7 @@ def compare_gradients(
     other_order: dict[str, torch.Tensor | None],
     family: families.Family,
     case: Case,
-    layout: tf_adapter.Layout,
+    layout: tf_adapter.LayoutTraits,
     rank: int,
     world_size: int,
     metrics: dict,
@@ -625,7 +625,7 @@ def check_quantized_weights(
     sharded: fake_quant.FakeQuantizer,
     whole: fake_quant.FakeQuantizer,
     family: families.Family,
-    layout: tf_adapter.Layout,
+    layout: tf_adapter.LayoutTraits,
     rank: int,
     world_size: int,
 ) -> None:

@@ -44,7 +44,7 @@ FIRST_REFUSING_REPLICATED_DENSE_EP = "5.23.0"
 
 
 @dataclass(frozen=True)
-class Layout:
+class LayoutTraits:
     """How a sharded model is laid out over the ranks, as far as the checks need to know."""
 
     name: kinds.Layout  # its key in LAYOUTS
@@ -56,7 +56,7 @@ class Layout:
 
 
 LAYOUTS = {
-    kinds.Layout.EP: Layout(
+    kinds.Layout.EP: LayoutTraits(
         kinds.Layout.EP,
         experts_sharded=True,
         fsdp_sharded=False,
@@ -64,7 +64,7 @@ LAYOUTS = {
         floor="5.7.0",
         feature="expert-parallel loading (DistributedConfig(enable_expert_parallel=True))",
     ),
-    kinds.Layout.FSDP: Layout(
+    kinds.Layout.FSDP: LayoutTraits(
         kinds.Layout.FSDP,
         experts_sharded=False,
         fsdp_sharded=True,
@@ -72,7 +72,7 @@ LAYOUTS = {
         floor="5.15.0",
         feature="FSDP2 loading (DistributedConfig(fsdp_size=N))",
     ),
-    kinds.Layout.FSDP_EP: Layout(
+    kinds.Layout.FSDP_EP: LayoutTraits(
         kinds.Layout.FSDP_EP,
         experts_sharded=True,
         fsdp_sharded=True,
@@ -81,7 +81,7 @@ LAYOUTS = {
         feature="FSDP2 with expert parallelism (DistributedConfig(ep_size=N, fsdp_size=N))",
     ),
     # torch's fully_shard applied by the suite itself: no transformers feature involved
-    kinds.Layout.FULLY_SHARD: Layout(
+    kinds.Layout.FULLY_SHARD: LayoutTraits(
         kinds.Layout.FULLY_SHARD,
         experts_sharded=False,
         fsdp_sharded=True,

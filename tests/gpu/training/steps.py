@@ -557,7 +557,7 @@ def record_step(metrics: dict, step: int, sharded: Run, whole: Run | StepResult)
 
 def compare_step(step: int, sharded: Run, samples: tuple[Run | StepResult, ...], reference: Run | StepResult,
                  family: families.Family,
-                 layout: tf_adapter.Layout, dtype_name: str, metrics: dict) -> None:
+                 layout: tf_adapter.LayoutTraits, dtype_name: str, metrics: dict) -> None:
     """Replicated parameters first (a rank that drifted at the last step explains every other difference), then
     the loss, the accumulated gradients, the global gradient norm and the updated parameters against float64, each
     within the whole runs' own distance from it (the larger of the two samples). The worst gradient and parameter
@@ -675,7 +675,7 @@ def _part(name: str, tensor: torch.Tensor, whole: torch.Tensor, family, layout,
     return tensor, whole
 
 
-def replicated_names(model, family: families.Family, layout: tf_adapter.Layout) -> list[str]:
+def replicated_names(model, family: families.Family, layout: tf_adapter.LayoutTraits) -> list[str]:
     """The parameters every rank holds whole: neither a rank's expert share nor an FSDP shard."""
     names = []
     for name, param in model.named_parameters():
@@ -689,7 +689,7 @@ def replicated_names(model, family: families.Family, layout: tf_adapter.Layout) 
     return names
 
 
-def check_replicated(step: int, model, family: families.Family, layout: tf_adapter.Layout) -> None:
+def check_replicated(step: int, model, family: families.Family, layout: tf_adapter.LayoutTraits) -> None:
     """Every replicated parameter bit-identical on every rank: each rank's copies, as bytes, gathered in one
     collective and compared with rank 0's."""
     params = dict(model.named_parameters())

@@ -113,7 +113,7 @@ class Setting:
         return self.loop.family
 
     @property
-    def layout(self) -> tf_adapter.Layout:
+    def layout(self) -> tf_adapter.LayoutTraits:
         return self.loop.layout
 
     @property

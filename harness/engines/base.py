@@ -129,12 +129,13 @@ def pytest_command(cell: Cell, python: Path, folder: Path, pytest_args: list[str
     # -p: the ranks plugin's options must exist when pytest parses them, where harness is not installed in
     # the cell's environment (installed, its pytest11 entry point has the same name and is not loaded twice).
     # A test's captured output, its ranks' included, goes to its testcase in junit.xml (junit_logging) and is
-    # shown with a failure; -r lists failures, errors, skips and x-outcomes, not one line per passed test (a green
-    # suite is hundreds of them: the summary counts them) nor their output (the P that -rA adds).
+    # shown with a failure; -r lists failures, errors and unexpected passes, not one line per passed test (a green
+    # suite is hundreds of them: the summary counts them) nor their output (the P that -rA adds), nor the skips
+    # and expected failures: harness's closing summary groups those by reason and by known-bugs entry.
     command = [str(python), "-m", "pytest", *cell.suite, *(("-m", cell.markers) if cell.markers else ()), "-p", PLUGIN,
                "-p", "no:cacheprovider", "-o", "junit_family=xunit1", "-o", "junit_logging=all",
                f"--junitxml={folder / JUNIT_XML}", f"--ranks-log={folder / RANKS_LOG}",
-               f"--timeout={cell.test_timeout_seconds}", "-rfEsxX"]
+               f"--timeout={cell.test_timeout_seconds}", "-rfEX"]
     if cell.reruns:
         command.append(f"--reruns={cell.reruns}")
     if pack_tests and cell.hosts == 1:  # several tests at once where they fit (harness.ranks.packing)

@@ -240,6 +240,25 @@ class KnownBugCase:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class KnownBugGroup:
+    """The cases one set of known-bugs entries names, in the cells they ran in."""
+
+    keys: tuple[str, ...]
+    cases: int
+    cells: tuple[str, ...]
+
+
+def known_bug_groups(cases: Iterable[KnownBugCase]) -> tuple[KnownBugGroup, ...]:
+    counts: Counter[tuple[str, ...]] = Counter()
+    cells: dict[tuple[str, ...], dict[str, None]] = {}
+    for case in cases:
+        counts[case.keys] += 1
+        cells.setdefault(case.keys, {})[case.cell_id] = None
+    ordered = sorted(counts, key=lambda keys: (-counts[keys], keys))
+    return tuple(KnownBugGroup(keys=keys, cases=counts[keys], cells=tuple(cells[keys])) for keys in ordered)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Classified:
     """The cases the renderings list apart from the new reds (`FailureGroup`s): known, fixed upstream, not built and
     not run, and among the passed ones the flaky tests and the plain expected failures."""
@@ -342,6 +361,12 @@ class Report:
     @property
     def failing_cells(self) -> int:
         return self.failed_cells + self.errored_cells
+
+    @property
+    def known_present_by_entries(self) -> tuple[KnownBugGroup, ...]:
+        """The known cases still present, one group per set of known-bugs entries, the most cases first: what a
+        terminal lists (the HTML and the comments list every case)."""
+        return known_bug_groups(self.known_present)
 
     @property
     def cells_with_cases_not_run(self) -> tuple[CellResult, ...]:

@@ -62,10 +62,8 @@ def nvml_free_mib(entry: str, nvml: Any = None) -> int | None:
     except Exception:
         return None
     try:
-        if entry.isdigit():
-            handle = lib.nvmlDeviceGetHandleByIndex(int(entry))
-        else:
-            handle = lib.nvmlDeviceGetHandleByUUID(entry)
+        by_index = entry.isdigit()
+        handle = lib.nvmlDeviceGetHandleByIndex(int(entry)) if by_index else lib.nvmlDeviceGetHandleByUUID(entry)
         return int(lib.nvmlDeviceGetMemoryInfo(handle).free) // (1 << 20)
     except Exception:
         return None

@@ -43,6 +43,7 @@ NOT_FOR_WORKERS = ("--junitxml", "--junit-xml", "--random-order", "--pack-tests"
 OUTPUT_TAIL_LINES = 30
 POLL_S = 0.2
 COORDINATOR_KEY = pytest.StashKey[bool]()
+GROUPS_KEY = pytest.StashKey[list]()  # pack_groups' answer at collection, for the run loop
 # How many ranks a test may have here: the ranks plugin's reading of the GPUs or HARNESS_CPU_RANKS (it imports this
 # module and sets the key; asked only when packing is, so a session that does not pack never imports torch for it).
 RANKS_KEY = pytest.StashKey[Callable[[], int]]()
@@ -75,8 +76,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         session.config.stash[COORDINATOR_KEY] = False
         return
     units = host_units()
-    groups = sorted(by_need(session.items, host_ranks(session.config, units)).items())
-    session.config.stash[COORDINATOR_KEY] = worth_packing(groups, units)
+    groups = pack_groups(session.items, host_ranks(session.config, units), units)
+    session.config.stash[GROUPS_KEY] = groups  # the run loop's plan: free GPU memory is read once, here
+    session.config.stash[COORDINATOR_KEY] = worth_packing(groups)
+
+
+def pack_groups(items: Sequence[pytest.Item], capacity: int,
+                units: Units) -> list[tuple[int, list[pytest.Item], Units]]:
+    """The tests workers take, by need, smallest first, each group with the units its workers split."""
+    return [(need, group, group_units(group, need, units)) for need, group in sorted(by_need(items, capacity).items())]
 
 
 def group_units(items: Sequence[pytest.Item], need: int, units: Units) -> Units:
@@ -111,15 +119,13 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 def pytest_runtestloop(session: pytest.Session) -> bool | None:
     if not coordinating(session.config):
         return None  # not asked, or one test at a time here whatever we do: the session runs them itself
-    units = host_units()
     durations = read_durations(session.config.option.pack_durations)
-    groups = sorted(by_need(session.items, host_ranks(session.config, units)).items())
-    packed = {item.nodeid for _, group in groups for item in group}
+    groups = session.config.stash[GROUPS_KEY]
+    packed = {item.nodeid for _, group, _ in groups for item in group}
     run_here([item for item in session.items if item.nodeid not in packed], session)
     with tempfile.TemporaryDirectory(prefix="harness-pack-") as scratch:
-        for need, group in groups:
-            shared = group_units(group, need, units)
-            run_group(session, shared, plan_workers(group, need, shared, durations), Path(scratch) / f"need{need}")
+        for need, group, units in groups:
+            run_group(session, units, plan_workers(group, need, units, durations), Path(scratch) / f"need{need}")
             if session.shouldstop:
                 break
     return True
@@ -134,13 +140,13 @@ def run_here(items: list[pytest.Item], session: pytest.Session) -> None:
         item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
 
 
-def worth_packing(groups: list[tuple[int, list[pytest.Item]]], units: Units) -> bool:
+def worth_packing(groups: list[tuple[int, list[pytest.Item], Units]]) -> bool:
     """The largest group of tests would run two or more at once (else workers cost their start and save nothing:
     a 2-rank suite on 2 cores)."""
     if not groups:
         return False
-    need, items = max(groups, key=lambda group: len(group[1]))
-    return min(len(items), len(group_units(items, need, units).ids) // need) >= 2
+    need, items, units = max(groups, key=lambda group: len(group[1]))
+    return min(len(items), len(units.ids) // need) >= 2
 
 
 # ---------------------------------------------------------------- planning

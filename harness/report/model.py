@@ -17,6 +17,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from harness.contract import (
     CASE_FIXED_UPSTREAM,
@@ -80,12 +81,19 @@ class SkipGroup:
 
 def reason_groups(found: Iterable[tuple[str, str]]) -> tuple[SkipGroup, ...]:
     """(cell id, reason) pairs grouped by reason, the most cases first."""
-    cells_of: dict[str, list[str]] = {}
-    for cell_id, reason in found:
-        cells_of.setdefault(reason, []).append(cell_id)
-    groups = [SkipGroup(reason=reason, tests=len(cell_ids), cells=tuple(dict.fromkeys(cell_ids)))
-              for reason, cell_ids in cells_of.items()]
-    return tuple(sorted(groups, key=lambda group: (-group.tests, group.reason)))
+    return tuple(SkipGroup(reason=reason, tests=count, cells=cells) for reason, count, cells in counted(found))
+
+
+K = TypeVar("K", str, tuple[str, ...])  # a skip's reason, or the known-bugs entries a case names
+
+
+def counted(found: Iterable[tuple[str, K]]) -> list[tuple[K, int, tuple[str, ...]]]:
+    """(cell id, key) pairs as (key, cases, cells), the most cases first, then by key."""
+    cells_of: dict[K, list[str]] = {}
+    for cell_id, key in found:
+        cells_of.setdefault(key, []).append(cell_id)
+    groups = [(key, len(cell_ids), tuple(dict.fromkeys(cell_ids))) for key, cell_ids in cells_of.items()]
+    return sorted(groups, key=lambda group: (-group[1], group[0]))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -249,13 +257,8 @@ class KnownBugGroup:
 
 
 def known_bug_groups(cases: Iterable[KnownBugCase]) -> tuple[KnownBugGroup, ...]:
-    counts: Counter[tuple[str, ...]] = Counter()
-    cells: dict[tuple[str, ...], dict[str, None]] = {}
-    for case in cases:
-        counts[case.keys] += 1
-        cells.setdefault(case.keys, {})[case.cell_id] = None
-    ordered = sorted(counts, key=lambda keys: (-counts[keys], keys))
-    return tuple(KnownBugGroup(keys=keys, cases=counts[keys], cells=tuple(cells[keys])) for keys in ordered)
+    return tuple(KnownBugGroup(keys=keys, cases=count, cells=cells)
+                 for keys, count, cells in counted((case.cell_id, case.keys) for case in cases))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

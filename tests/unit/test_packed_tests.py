@@ -123,8 +123,8 @@ def test_packing_is_left_off_where_no_two_tests_could_run_at_once(pytester, monk
         def __init__(self, world):
             self.callspec = type("Callspec", (), {"params": {"world_size": world}})()
 
-    assert not packing.worth_packing(sorted(packing.by_need([Item(2), Item(2), Item(1)], 2).items()), units)
-    assert packing.worth_packing(sorted(packing.by_need([Item(1), Item(1), Item(2)], 2).items()), units)
+    assert not packing.worth_packing(packing.pack_groups([Item(2), Item(2), Item(1)], 2, units))
+    assert packing.worth_packing(packing.pack_groups([Item(1), Item(1), Item(2)], 2, units))
 
 
 def test_a_world_larger_than_the_cell_stays_with_the_coordinator():

@@ -232,7 +232,8 @@ def expert_share(stack: torch.Tensor, rank: int, world_size: int) -> torch.Tenso
 # ---------------------------------------------------------------- load
 
 
-def check_load(sharded, whole, family: families.Family, layout: tf_adapter.LayoutTraits, rank: int, world_size: int) -> None:
+def check_load(sharded, whole, family: families.Family, layout: tf_adapter.LayoutTraits, rank: int,
+               world_size: int) -> None:
     """Each rank holds its share (a contiguous 1/world of the experts; its FSDP chunk), the rest whole:
     parameters (weights and biases) and buffers (a router's correction bias, say)."""
     whole_params = dict(whole.named_parameters())

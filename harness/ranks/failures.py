@@ -37,13 +37,14 @@ class RankFailedError(DistributedError):
     """A rank raised, or exited without a result. `rank` is the first one that failed; `other_failures` the
     collateral: later errors, and the ranks still running with their stacks. `error_type` / `error_message`:
     what that rank raised (its exception's qualname and first line), as data for whoever matches on it (the
-    suite's known upstream bugs), and `error_frame` where it raised it; None when it exited without a word."""
+    suite's known upstream bugs), and `error_frame` where it raised it; None when it exited without a word.
+    `exited`: that rank exited without a result (a signal, an exit code) instead of raising."""
 
     def __init__(self, rank: int, summary: str, details: str, other_failures: list[str], *,
                  rank_seconds: list[float | None] | None = None, rank_modules: list[str] | None = None,
                  error_type: str | None = None, error_message: str | None = None,
                  error_frame: RaisingFrame | None = None,
-                 rank_outputs: dict[int, RankOutput] | None = None):
+                 rank_outputs: dict[int, RankOutput] | None = None, exited: bool = False):
         self.rank = rank
         self.error_type = error_type
         self.error_message = error_message
@@ -51,6 +52,7 @@ class RankFailedError(DistributedError):
         self.summary = summary
         self.details = details
         self.other_failures = other_failures
+        self.exited = exited
         text = f"rank {rank} {summary}\n\n{details}"
         if other_failures:
             text += "\nafterwards:\n" + "\n".join(f"  {line}" for line in other_failures)
@@ -144,7 +146,7 @@ def failure_error(world_size: int, replies: dict[int, Done], failures: Mapping[i
                            error_type=raised.error_type if raised else None,
                            error_message=raised.error_message if raised else None,
                            error_frame=raised.error_frame if raised else None,
-                           rank_outputs=_outputs(replies, failures, running_outputs))
+                           rank_outputs=_outputs(replies, failures, running_outputs), exited=raised is None)
 
 
 def timeout_error(world_size: int, timeout_s: float, replies: dict[int, Done],

@@ -75,11 +75,13 @@ class PoolLauncher:
         self.pools_retired = 0  # a call left state a fresh rank would not have (harness.ranks.state)
         self.pools_kept = 0  # times a pool served on after a test that used it: nothing was left behind
         self.pools_ended = 0  # GPU pools ended with their test (renew says why)
+        self.pools_crashed = 0  # a rank of a set that had served earlier calls exited without a word (called again)
         self.pools_started_ahead = 0  # of pools_started: forked by renew() for the next test
         self.retirements: list[str] = []  # "pool replaced after TEST: why", not yet handed to a report
         self.retired_log: list[str] = []  # every retirement of the session, for the terminal summary
         self._last_test: dict[tuple[int, str], str] = {}  # the test whose call each pool ran last
         self._pools: dict[tuple[int, str], RankSet] = {}
+        self._served: dict[tuple[int, str], int] = {}  # calls each pool has taken since it started
         self._used: set[tuple[int, str]] = set()  # pools a call used since the last renew()
         self._cuda_pools: set[tuple[int, str]] = set()  # pools whose ranks run on GPUs (they end with each test)
         self._ahead: set[tuple[int, str]] = set()  # pools started by renew() whose ranks have not yet said Ready
@@ -129,8 +131,13 @@ class PoolLauncher:
                 pool = self._start_pool(world_size, device, timeout)
             if starting:
                 pool_start_s = max(time.monotonic() - started, 1e-6)
+            served, self._served[key] = self._served.get(key, 0), self._served.get(key, 0) + 1
             try:
                 replies = pool.call(payload, timeout)
+            except RankFailedError as error:
+                if not (error.exited and served):
+                    raise
+                replies = self._again_on_fresh_ranks(key, error, served, payload, timeout)
             except BaseException as error:
                 if not isinstance(error, DistributedError):  # pytest-timeout, Ctrl-C: what were the ranks doing?
                     _print_stacks(pool, error)
@@ -154,6 +161,23 @@ class PoolLauncher:
             raise
         finally:
             _record_timing(world_size, device, fn, outcome, work, time.monotonic() - started, pool_start_s)
+
+    def _again_on_fresh_ranks(self, key: tuple[int, str], error: RankFailedError, served: int, payload: bytes,
+                              timeout: float) -> list:
+        """A rank of a set that had served earlier calls exited without a word (a signal, an exit code) in this one.
+        Whether the call or the set's past killed it cannot be told there, and a verdict must not depend on the
+        calls before: the set is retired and the call runs again on fresh ranks, as --no-ranks-pool would run it;
+        their outcome, passed or failed, is the call's. The crash is named in the test's report (POOL_REPLACED)."""
+        world_size, device = key
+        self._discard(key)
+        line = (f"pool replaced in {current_test() or 'a call'}: rank {error.rank} {error.summary} on a rank set that "
+                f"had served {served} earlier calls; the call ran again on fresh ranks, whose outcome is the test's")
+        self.pools_crashed += 1
+        self.retirements.append(line)
+        self.retired_log.append(line)
+        pool = self._start_pool(world_size, device, timeout)
+        self._served[key] = 1
+        return pool.call(payload, timeout)
 
     def renew(self) -> list[str]:
         """After each test (the plugin asks): audit every pool a call used since the last renew. A pool whose
@@ -227,11 +251,13 @@ class PoolLauncher:
             count = len(self.not_preloaded)
             how += (f"; not preloaded, as no installed code: {count} module{'s' if count > 1 else ''} "
                     f"({words(list(self.not_preloaded))})")
+        crashed = (f"{self.pools_crashed} calls run again on fresh ranks after a rank of a kept set died in them; "
+                   if self.pools_crashed else "")
         return (f"{self.calls} calls, {self.pools_started} pools started ({self.pools_started_ahead} ahead of their "
                 f"test), kept across tests {self.pools_kept} times, {self.pools_ended} GPU pools ended with their "
                 f"test, {self.pools_replaced} replaced after a dead rank, a hang or a broken failure, "
                 f"{self.pools_retired} retired after a test or call left state a fresh rank would not have; "
-                f"ranks {how}")
+                f"{crashed}ranks {how}")
 
     def warm_up(self) -> None:
         """Start the zygote now (it imports torch in the background) rather than at the first call."""
@@ -302,6 +328,7 @@ class PoolLauncher:
         pool = RankSet(world_size, device, collective_timeout_s=collective_timeout(timeout), placement=placement,
                        capture=self.capture, handover_dir=self._handover_dir)
         self._pools[(world_size, device)] = pool
+        self._served[(world_size, device)] = 0
         self.pools_started += 1
         return pool
 

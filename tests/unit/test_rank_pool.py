@@ -205,6 +205,20 @@ def exit_on_rank_one():
     dist.barrier()
 
 
+def die_on_rank_one_if_it_served_before(folder: str, always: bool = False):
+    """Rank 1 dies by a signal in a call when its process took an earlier call (a mark in `folder`: state a kept set
+    has and a fresh one has not, as a long-lived rank's crash), or every time with `always`."""
+    import torch.distributed as dist
+
+    mark = Path(folder) / str(os.getpid())
+    served_before = mark.exists()
+    mark.touch()
+    if dist.get_rank() == 1 and (always or served_before):
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+    return os.getpid()
+
+
 def hang_on_rank_one():
     import torch.distributed as dist
 
@@ -395,6 +409,32 @@ def test_a_rank_killed_between_calls_is_found_before_the_next_call_and_replaced(
     second = [result.value["pid"] for result in launcher(2, identify, timeout=60, device="cpu")]
     assert set(second).isdisjoint(first)
     assert _wait_until_gone(first) == []
+
+
+def test_a_rank_that_dies_on_a_kept_set_is_called_again_on_fresh_ranks_whose_outcome_is_the_calls(tmp_path):
+    """A verdict must not depend on the calls before: a crash of a rank that served earlier calls may be that past's,
+    so the call runs again on fresh ranks, as --no-ranks-pool runs it, and their outcome stands, named in the report."""
+    launcher = PoolLauncher()
+    try:
+        first = [result.value for result in launcher(2, die_on_rank_one_if_it_served_before, str(tmp_path), timeout=60,
+                                                     device="cpu")]
+        again = [result.value for result in launcher(2, die_on_rank_one_if_it_served_before, str(tmp_path), timeout=60,
+                                                     device="cpu")]
+        assert set(again).isdisjoint(first)  # fresh ranks answered: the kept set's crash decided nothing
+        assert launcher.pools_crashed == 1
+        [line] = launcher.renew()
+        assert "rank 1 exited by signal SIGKILL without a result on a rank set that had served 1 earlier calls" in line
+        assert "ran again on fresh ranks" in line and "1 calls run again on fresh ranks" in launcher.summary()
+        # a crash that fresh ranks repeat fails the call with their error
+        with pytest.raises(RankFailedError, match=r"^rank 1 exited by signal SIGKILL without a result"):
+            launcher(2, die_on_rank_one_if_it_served_before, str(tmp_path), True, timeout=60, device="cpu")
+        assert launcher.pools_crashed == 2
+        # a rank that raises is the call's own failure, not called again
+        with pytest.raises(RankFailedError, match=r"^rank 1 raised AssertionError"):
+            launcher(2, raise_on_rank_one_alone, timeout=60, device="cpu")
+        assert launcher.pools_crashed == 2
+    finally:
+        launcher.close()
 
 
 def test_a_killed_zygote_takes_its_ranks_along_and_the_next_call_gets_a_fresh_pool(launcher):
@@ -649,7 +689,16 @@ def identify(name):
     return {"test": name, "rank": dist.get_rank(), "pid": os.getpid(), "parent": os.getppid()}
 
 
-def crash_on_rank_one(marker):
+def crash_on_rank_one():
+    # every time: on the kept set, and again on the fresh ranks the call is then run on
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        os._exit(3)
+    dist.barrier()
+
+
+def crash_once_on_rank_one(marker):
     import torch.distributed as dist
 
     if dist.get_rank() == 1 and not Path(marker).exists():
@@ -684,8 +733,8 @@ def test_second(ranks):
     record(ranks, "second")
 
 
-def test_crash(ranks, tmp_path):
-    ranks.run(2, crash_on_rank_one, str(tmp_path / "crashed"))
+def test_crash(ranks):
+    ranks.run(2, crash_on_rank_one)
 
 
 def test_after_the_crash(ranks):
@@ -726,8 +775,13 @@ def test_a_session_keeps_ranks_across_tests_and_a_crash_or_hang_fails_only_its_o
     result.stdout.fnmatch_lines(["rank pool: on (ranks forked from a zygote)",
                                  "E *RankFailedError: rank 1 exited with code 3 without a result",
                                  "E *RankTimeoutError: ranks [[]0, 1[]] still running after 2s; killed.*",
-                                 "rank pool: 6 calls, 3 pools started (2 ahead of their test), kept across tests 4 "
-                                 "times, 0 GPU pools ended with their test, 2 replaced after*"])
+                                 "rank pool: 6 calls, 4 pools started (2 ahead of their test), kept across tests 4 "
+                                 "times, 0 GPU pools ended with their test, 3 replaced after*1 calls run again on "
+                                 "fresh ranks after a rank of a kept set died in them*",
+                                 # the crash came on a kept set: fresh ranks ran the call again, and crashed too
+                                 "rank pool: pool replaced in test_suite.py::test_crash: rank 1 exited with code 3 "
+                                 "without a result on a rank set that had served 2 earlier calls; the call ran again "
+                                 "on fresh ranks, whose outcome is the test's"])
     assert "in hang_on_rank_one" in result.stdout.str()  # the hung rank's stack is in the report
     assert pids["first"] == pids["second"]  # a test that left nothing hands its ranks to the next
     # a crash or a hang ends its ranks: the next test gets new ones
@@ -858,7 +912,7 @@ def test_no_test_sees_what_an_earlier_test_left_in_its_ranks(pytester, monkeypat
 RERUN_AND_TIMEOUT_TESTS = SUITE + """
 
 def test_crashes_once(ranks, tmp_path_factory):
-    ranks.run(2, crash_on_rank_one, str(tmp_path_factory.getbasetemp() / "crashed"))
+    ranks.run(2, crash_once_on_rank_one, str(tmp_path_factory.getbasetemp() / "crashed"))
     record(ranks, "rerun")
 
 

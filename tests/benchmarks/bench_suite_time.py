@@ -8,7 +8,8 @@ tests whose verdicts differ between the two sides.
 Each side runs `python -m pytest tests/gpu` (its own tree: the base commit exported with `git archive` into a
 temporary folder, its `harness` first on the import path) with this interpreter's torch and transformers, 2 gloo
 ranks unless HARNESS_CPU_RANKS says otherwise, and the same PYTEST_ARGS (e.g. `-k mixtral` for a quick look).
-Prints each side's seconds, its outcome counts and its slowest test files (from its junit.xml), then the ratio.
+Prints each side's seconds, its outcome counts and its slowest test files (from its junit.xml), then the ratio and
+the tests whose verdicts differ, the base's test ids carried to their files' new names by tests/gpu/renamed.yaml.
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ from xml.etree import ElementTree
 
 from base_tree import export
 
+from harness.history.renames import Rename, read_renames
+
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_BASE = "ba0dc9e"  # the commit before the training layer
+RENAMED = REPO / "tests" / "gpu" / "renamed.yaml"
 
 
 def timed_suite(tree: Path, junit: Path, pytest_args: list[str]) -> dict:
@@ -57,11 +61,14 @@ def cost_per_case(timing: Path, cases: int, wall: float) -> dict:
             "wall_per_case_s": round(wall / per, 3)}
 
 
-def verdicts(junit: Path) -> dict[str, str]:
+def verdicts(junit: Path, renames: tuple[Rename, ...] = ()) -> dict[str, str]:
+    """Test id (a node id, its file renamed where `renames` says) -> passed, failure, error or skipped."""
     found = {}
     for case in ElementTree.parse(junit).iter("testcase"):
         tags = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
-        found[f"{case.get('classname')}::{case.get('name')}"] = tags[0] if tags else "passed"
+        node = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
+        node = next((rename.applied(node) for rename in renames if rename.matches(node)), node)
+        found[node] = tags[0] if tags else "passed"
     return found
 
 
@@ -91,7 +98,7 @@ def main() -> int:
         folder = Path(scratch)
         base = timed_suite(export(args.base, folder), folder / "base.xml", pytest_args)
         current = timed_suite(REPO, folder / "current.xml", pytest_args)
-        before, after = verdicts(folder / "base.xml"), verdicts(folder / "current.xml")
+        before, after = verdicts(folder / "base.xml", read_renames(RENAMED)), verdicts(folder / "current.xml")
     differ = sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
     figures = {"base": {"revision": args.base, **base}, "current": current,
                "ratio": round(current["seconds"] / base["seconds"], 2),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -23,24 +24,27 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
 DEFAULT_SELECTION = ["tests/gpu/test_one_device.py"]
 
 
 def run(pytest_args: list[str], junit: Path, limit: float, *extra: str) -> dict:
+    stream = junit.with_suffix(".jsonl")  # what a run cut before junit.xml is written finished (outcome_stream.py)
     command = [sys.executable, "-m", "pytest", "-p", "harness.ranks.plugin", "-p", "no:randomly",
-               "-p", "no:cacheprovider", "-q", f"--junitxml={junit}", "-o", "junit_family=xunit1",
-               *pytest_args, *extra]
+               "-p", "no:cacheprovider", "-p", "outcome_stream", f"--outcome-stream={stream}", "-q",
+               f"--junitxml={junit}", "-o", "junit_family=xunit1", *pytest_args, *extra]
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
     started = time.perf_counter()
     try:
         completed = subprocess.run(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   timeout=limit)
+                                   timeout=limit, env=environ)
         cut, tail = False, completed.stdout.strip().splitlines()[-1:]
     except subprocess.TimeoutExpired as expired:
         cut, tail = True, [f"cut at {limit:.0f} s"]
         del expired
     wall = time.perf_counter() - started
-    outcomes = read_outcomes(junit) if junit.exists() else {}
+    outcomes = read_outcomes(junit) if junit.exists() else read_stream(stream)
     return {"wall_s": round(wall, 1), "cut": cut, "tests": len(outcomes),
             "outcomes": dict(collections.Counter(outcomes.values())), "last_line": tail[0] if tail else "",
             "by_test": outcomes}
@@ -55,6 +59,12 @@ def read_outcomes(junit: Path) -> dict[str, str]:
             kind = "xfailed"
         found[f"{case.get('classname')}::{case.get('name')}"] = kind
     return found
+
+
+def read_stream(stream: Path) -> dict[str, str]:
+    if not stream.exists():
+        return {}
+    return {line["test"]: line["outcome"] for line in map(json.loads, stream.read_text().splitlines())}
 
 
 def main() -> int:

@@ -58,6 +58,8 @@ CACHES: dict[str, str] = {
     "torch.distributed.logging_handlers._log_handlers": "c10d's log handlers, made on first use",
     "torch.distributed.c10d_logger._log_handlers": "the same handlers, bound in c10d_logger too",
     "torch.distributed.tensor._redistribute._warned_flatten_issues": "which warnings were given once already",
+    "torch.ops._dir": "the operator namespaces asked for so far (torch.ops makes each on its first use and keeps it; "
+                      "on torch 2.11's CUDA build the suite's first use of one is inside a test)",
 }
 
 # Registries whose fresh content is put back exactly: what a test registers there applies to every later call.

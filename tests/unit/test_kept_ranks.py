@@ -206,3 +206,19 @@ def test_what_a_later_call_of_the_test_imports_and_registers_still_retires_the_r
     assert [result.value for result in launcher(2, module.registered, timeout=60, device="cpu")] == [True, True]
     retirements = launcher.renew()  # its import met what the first call could have left: the audit decides
     assert len(retirements) == 1 and "module state changed: torch.utils._pytree" in retirements[0], retirements
+
+
+def reach_an_op_namespace_first() -> str:
+    """torch.ops makes a namespace on its first use and lists it in torch.ops._dir. On torch 2.11's CUDA build a
+    kernel's namespace was first reached inside the suite's tests, so every kept set retired after its test."""
+    return type(torch.ops.harness_namespace_reached_once).__name__
+
+
+def test_an_op_namespace_first_reached_in_a_test_keeps_the_ranks(launcher):
+    launcher.renew()
+    before = view(launcher)
+    launcher.renew()
+    assert [result.value for result in launcher(2, reach_an_op_namespace_first, timeout=60, device="cpu")] == [
+        "_OpNamespace", "_OpNamespace"]
+    assert launcher.renew() == []  # a cache of what was asked for: kept
+    assert [v["pid"] for v in view(launcher)] == [v["pid"] for v in before]

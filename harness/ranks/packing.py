@@ -1,13 +1,14 @@
 """pytest plugin: a cell's tests packed on its host, several at once on disjoint core or GPU sets (`--pack-tests`,
 which `harness run` passes to a cell on one host; `--serial-tests` there turns it off).
 
-The session that collects the tests (the coordinator) runs those without a `world_size` parameter itself, one
-after another, first. The others it groups by what each needs, its world size, of the host's units: the GPUs CUDA
-sees, else the cores this process may run on. Groups run one after another, smallest first; within a group,
-`units // need` workers run at once, each a pytest process on a set of units of its own (CUDA_VISIBLE_DEVICES, or
-its CPU affinity and OMP_NUM_THREADS), given its tests longest first (`--pack-durations`, a JSON object of test id
-to seconds; unknown tests weigh their need), to the least loaded worker. Where no two tests of the largest group
-could run at once (a 2-rank suite on 2 cores), the session runs every test itself, as without the option.
+The session that collects the tests (the coordinator) runs those that declare no world size (a `world_size`
+parameter or marker: `declared_world_size`) itself, one after another, first. The others it groups by what each
+needs, its world size, of the host's units: the GPUs CUDA sees, else the cores this process may run on. Groups run
+one after another, smallest first; within a group, `units // need` workers run at once, each a pytest process on a
+set of units of its own (CUDA_VISIBLE_DEVICES, or its CPU affinity and OMP_NUM_THREADS), given its tests longest
+first (`--pack-durations`, a JSON object of test id to seconds; unknown tests weigh their need), to the least
+loaded worker. Where no two tests of the largest group could run at once (a 2-rank suite on 2 cores), the session
+runs every test itself, as without the option.
 
 Workers send each report as pytest-xdist does (`pytest_report_to_serializable`); the coordinator replays a test's
 reports together, once its teardown has arrived, through its own hooks: the terminal, junit.xml, the record
@@ -47,6 +48,9 @@ GROUPS_KEY = pytest.StashKey[list]()  # pack_groups' answer at collection, for t
 # How many ranks a test may have here: the ranks plugin's reading of the GPUs or HARNESS_CPU_RANKS (it imports this
 # module and sets the key; asked only when packing is, so a session that does not pack never imports torch for it).
 RANKS_KEY = pytest.StashKey[Callable[[], int]]()
+WORLD_SIZE_MARKER = "world_size"
+WORLD_SIZE_MARKER_HELP = (f"{WORLD_SIZE_MARKER}(N): the test runs N ranks though no parameter of it says so; with "
+                          "--pack-tests it gets N of the host's GPUs or cores, as one parametrized world_size=N does")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -60,6 +64,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", MARKER_HELP)
+    config.addinivalue_line("markers", WORLD_SIZE_MARKER_HELP)
     if config.option.pack_worker:
         config.pluginmanager.register(WorkerReports(Path(config.option.pack_worker), config), "harness-pack-worker")
 
@@ -178,11 +183,35 @@ def _cuda_devices() -> int:
 def need_of(item: pytest.Item) -> int | None:
     """How many units the test takes: its world size, 1 for a one-device test (None: it names neither, and runs in
     the coordinator)."""
-    callspec = getattr(item, "callspec", None)
-    world = callspec.params.get("world_size") if callspec is not None else None
-    if isinstance(world, int) and world > 0:
+    world = declared_world_size(item)
+    if world is not None:
         return world
     return 1 if one_device_peak(item) is not None else None
+
+
+def declared_world_size(item: pytest.Item) -> int | None:
+    """The most ranks the test says it runs at once: the largest of its parameters named `world_size` or ending in
+    `_world_size` (a resume on another world runs both), else its `world_size(N)` marker; None where it says neither.
+    A call of more ranks than this fails the test (harness.ranks.plugin), so packing's share is never too small."""
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params if callspec is not None else {}
+    worlds = [value for name, value in params.items() if name == "world_size" or name.endswith("_world_size")]
+    if worlds:
+        if not all(_whole_positive(world) for world in worlds):
+            raise pytest.UsageError(f"{item.nodeid}: a world size parameter must be a whole number > 0, got {worlds}")
+        return max(worlds)
+    marker = item.get_closest_marker(WORLD_SIZE_MARKER)
+    if marker is None:
+        return None
+    world = marker.args[0] if len(marker.args) == 1 and not marker.kwargs else None
+    if not _whole_positive(world):
+        raise pytest.UsageError(f"{item.nodeid}: {WORLD_SIZE_MARKER}{marker.args or ''}: expected one whole number "
+                                f"of ranks > 0, as in {WORLD_SIZE_MARKER}(2)")
+    return world
+
+
+def _whole_positive(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def by_need(items: Sequence[pytest.Item], capacity: int) -> dict[int, list[pytest.Item]]:

@@ -290,6 +290,8 @@ class Ranks:
     def run(self, world_size: int, fn: Callable[..., Any], *args: Any) -> list[Any]:
         """`fn(*args)` on every rank; each rank's return value, in rank order."""
         __tracebackhide__ = hidden_from_a_failure
+        if self._item is not None:
+            fail_beyond_declared(self._item, world_size)
         self.require(world_size)
         # Before the launch: a case that ran and failed is still a distributed case that ran.
         self._record_property(WORLD_SIZE, world_size)
@@ -321,6 +323,15 @@ class Ranks:
             self._record_property(name, value)
 
 
+def fail_beyond_declared(item: pytest.Item, world_size: int) -> None:
+    """A test that declares its world size (harness.ranks.packing.declared_world_size) may not call more ranks: a
+    packed worker holds only that many GPUs or cores, so the test would skip or crowd its neighbours."""
+    declared = packing.declared_world_size(item)
+    if declared is not None and world_size > declared:
+        pytest.fail(f"{item.nodeid} declares {declared} ranks (a world_size parameter or marker) and calls "
+                    f"{world_size}: declare the most it runs at once", pytrace=False)
+
+
 def launch_failure(error: BaseException) -> str | None:
     """How a launch failed, as the launcher saw it (contract.LAUNCH_FAILURES), for triage to read as data; None where
     a rank raised an exception of its own (the case's failure, whatever its words) or the launch was interrupted."""
@@ -336,8 +347,8 @@ def launch_failure(error: BaseException) -> str | None:
 @pytest.fixture
 def ranks(request: pytest.FixtureRequest, record_property) -> Ranks:
     """Runs picklable module-level functions on N ranks; see `Ranks`."""
-    callspec = getattr(request.node, "callspec", None)
-    if callspec is not None and "world_size" in callspec.params:
-        skip_if_too_few_ranks(callspec.params["world_size"], record_property)
+    declared = packing.declared_world_size(request.node)
+    if declared is not None:
+        skip_if_too_few_ranks(declared, record_property)
     launcher = request.config.stash.get(LAUNCHER_KEY, run_distributed)
     return Ranks(launcher, record_property, launch_timeout(request.node), request.session, request.node)

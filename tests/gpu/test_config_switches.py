@@ -20,6 +20,7 @@ from models.checkpoint_fixtures import Checkpoint
 
 LAYOUTS = (Layout.EP, Layout.FSDP_EP)
 WORLD_SIZE = 2
+pytestmark = pytest.mark.world_size(WORLD_SIZE)  # packing gives each test its 2 ranks' cores or GPUs
 CHECKS = (Check.LOAD, Check.LOGITS, Check.GRADIENTS)
 MARKS = (pytest.mark.wide, pytest.mark.switches)
 # Beyond every cell's share (each family's switches on, EP, the wide implementation): the nightly's (`-m exhaustive`

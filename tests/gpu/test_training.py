@@ -78,6 +78,7 @@ KERNEL_CASES = [(name, layout) for name in TRAINED_MOE for layout in MOE_LAYOUTS
 
 @pytest.mark.parametrize("optimizer", ["foreach_off", "fused"])
 @pytest.mark.parametrize(("checkpoint", "layout"), KERNEL_CASES, indirect=["checkpoint"])
+@pytest.mark.world_size(2)
 def test_training_optimizer_kernels(run_training, checkpoint, layout, optimizer):
     run_training(2, checkpoint, layout, steps=STEPS, optimizer=optimizer)
 
@@ -91,6 +92,7 @@ def test_training_resumes_from_a_sharded_checkpoint(run_training, checkpoint, la
 
 
 @pytest.mark.parametrize(("checkpoint", "layout"), KERNEL_CASES, indirect=["checkpoint"])
+@pytest.mark.world_size(2)
 def test_training_clips_with_torch_clip_grad_norm(run_training, checkpoint, layout):
     """The loop as most users write it: torch.nn.utils.clip_grad_norm_ on the sharded model's parameters (the
     other cases clip per device mesh where a layout puts parameters on several, as transformers' Trainer does)."""
@@ -116,6 +118,7 @@ LAYOUT_PAIRS = [(name, MOE_LAYOUTS) for name in TRAINED_MOE] + [(name, DENSE_LAY
 
 
 @pytest.mark.parametrize(("checkpoint", "layouts"), LAYOUT_PAIRS, indirect=["checkpoint"])
+@pytest.mark.world_size(2)
 def test_a_familys_layouts_share_the_whole_models_runs(request, run_training, checkpoint, layouts):
     """The second layout compares with the whole runs the first made (steps.WholeRuns) only because they are the
     same computation: made again from scratch, they are the same numbers, bit for bit."""
@@ -145,6 +148,7 @@ def test_a_rank_skipping_one_replicated_update_is_named_with_its_step(run_traini
 
 @pytest.mark.parametrize("layout", MOE_LAYOUTS)
 @pytest.mark.parametrize("checkpoint", TRAINED_MOE, indirect=True)
+@pytest.mark.world_size(2)
 def test_a_resume_that_loads_stale_optimizer_state_is_caught(run_training, checkpoint, layout):
     with pytest.raises(RankFailedError, match=r"step 3: updated parameters differ from the whole model's"):
         run_training(2, checkpoint, layout, steps=4, resume_at=2, bug="stale_optimizer_state")

@@ -32,6 +32,7 @@ def test_training_resumes_on_another_world_size(run_checkpoint_case, checkpoint,
 
 
 @pytest.mark.parametrize(("checkpoint", "layout"), CASES, indirect=["checkpoint"])
+@pytest.mark.world_size(2)
 def test_save_pretrained_after_training_loads_back_whole(run_checkpoint_case, checkpoint, layout):
     """4 steps at 2 ranks, then save_pretrained from the sharded model (every rank calls it, rank 0 writes); the
     folder loaded whole holds the checkpoint's tensor names and the sharded model's full weights, bit for bit."""
@@ -39,6 +40,7 @@ def test_save_pretrained_after_training_loads_back_whole(run_checkpoint_case, ch
 
 
 @pytest.mark.parametrize(("checkpoint", "layout"), CASES, indirect=["checkpoint"])
+@pytest.mark.world_size(2)
 def test_save_pretrained_of_a_full_state_dict_loads_back_whole(run_checkpoint_case, checkpoint, layout):
     """The same, passing torch's full state dict (get_model_state_dict with full_state_dict=True, gathered on every
     rank) as save_pretrained's `state_dict`: what a model sharded outside transformers (bare fully_shard) needs."""

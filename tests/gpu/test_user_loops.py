@@ -17,6 +17,7 @@ from training.user_loops import BUG_STEP, LOOPS
 from harness.ranks import RankFailedError
 
 WORLD_SIZE = 2
+pytestmark = pytest.mark.world_size(WORLD_SIZE)  # packing gives each test its 2 ranks' cores or GPUs
 CASES = [(name, layout) for name in families.role("trained_moe") for layout in (Layout.EP, Layout.FSDP_EP)] + [
     (name, layout) for name in families.role("trained_dense") for layout in (Layout.FSDP, Layout.FULLY_SHARD)]
 

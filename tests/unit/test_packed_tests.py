@@ -169,3 +169,69 @@ def test_harness_run_packs_a_cells_tests_unless_told_not_to(flag, packed):
                            capture_output=True, text=True, check=True).stdout
     command = next(line for line in shown.splitlines() if line.strip().startswith("command:"))
     assert ("--pack-tests" in command.split()) is packed
+
+
+MARKED_SUITE = """
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+SEEN = Path(os.environ["PACK_TEST_SEEN"])
+
+
+@pytest.mark.world_size(1)
+@pytest.mark.parametrize("index", range(4))
+def test_declared_by_its_marker(index):
+    with SEEN.open("a") as seen:
+        seen.write(json.dumps({"test": index, "pid": os.getpid()}) + "\\n")
+    time.sleep(0.5)
+
+
+@pytest.mark.world_size(1)
+def test_calls_more_ranks_than_it_declares(ranks):
+    ranks.run(2, print)
+"""
+
+
+@pytest.mark.skipif(not TWO_CORES, reason="packing needs two cores")
+def test_a_test_that_declares_its_world_size_by_a_marker_is_packed_and_may_not_call_more(pytester, monkeypatch):
+    """A test whose world size is no parameter (a module's constant) declares it with `world_size(N)`: packing gives
+    it N units as it gives a parametrized one, and a call of more ranks fails before any rank starts."""
+    monkeypatch.setenv("PACK_TEST_SEEN", str(pytester.path / "seen.jsonl"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    pytester.makepyfile(test_marked=MARKED_SUITE)
+    result = pytester.runpytest_subprocess("-p", "harness.ranks.plugin", "--strict-markers", "--pack-tests", "-rfE")
+    result.assert_outcomes(passed=4, failed=1)
+    result.stdout.fnmatch_lines(["*test_calls_more_ranks_than_it_declares declares 1 ranks (a world_size parameter "
+                                 "or marker) and calls 2: declare the most it runs at once*"])
+    seen = [json.loads(line) for line in (pytester.path / "seen.jsonl").read_text().splitlines()]
+    assert len({entry["pid"] for entry in seen}) >= 2  # run by two workers at once, not by the coordinator
+
+
+class Declared:
+    """A collected test as declared_world_size reads it: its parameters and its world_size marker."""
+
+    def __init__(self, params=None, marker_args=None):
+        self.nodeid = "tests/gpu/test_x.py::test_y"
+        self.callspec = type("Callspec", (), {"params": params})() if params is not None else None
+        self._marker = None if marker_args is None else pytest.mark.world_size(*marker_args).mark
+
+    def get_closest_marker(self, name):
+        return self._marker if name == "world_size" else None
+
+
+def test_a_test_needs_its_largest_world_then_its_marker_then_one_device():
+    assert packing.need_of(Declared({"world_size": 2, "resume_world_size": 4})) == 4  # a resume on another world
+    assert packing.need_of(Declared({"world_size": 4, "resume_world_size": 2})) == 4
+    assert packing.need_of(Declared(marker_args=(2,))) == 2
+    assert packing.need_of(Declared({"world_size": 8}, marker_args=(2,))) == 8  # the parameter is the test's own
+    assert packing.need_of(Declared({"dtype": "float32"})) is None
+
+
+@pytest.mark.parametrize("marker_args", [(), (0,), (True,), ("2",), (2, 4)])
+def test_a_world_size_marker_that_is_not_one_whole_number_of_ranks_is_a_usage_error(marker_args):
+    with pytest.raises(pytest.UsageError, match=r"tests/gpu/test_x.py::test_y: world_size.*expected one whole number"):
+        packing.need_of(Declared(marker_args=marker_args))

@@ -34,11 +34,10 @@ def run(pytest_args: list[str], junit: Path, limit: float, *extra: str) -> dict:
     command = [sys.executable, "-m", "pytest", "-p", "harness.ranks.plugin", "-p", "no:randomly",
                "-p", "no:cacheprovider", "-p", "outcome_stream", f"--outcome-stream={stream}", "-q",
                f"--junitxml={junit}", "-o", "junit_family=xunit1", *pytest_args, *extra]
-    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
     started = time.perf_counter()
     try:
         completed = subprocess.run(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                   timeout=limit, env=environ)
+                                   timeout=limit, env=with_outcome_stream())
         cut, tail = False, completed.stdout.strip().splitlines()[-1:]
     except subprocess.TimeoutExpired as expired:
         cut, tail = True, [f"cut at {limit:.0f} s"]
@@ -48,6 +47,11 @@ def run(pytest_args: list[str], junit: Path, limit: float, *extra: str) -> dict:
     return {"wall_s": round(wall, 1), "cut": cut, "tests": len(outcomes),
             "outcomes": dict(collections.Counter(outcomes.values())), "last_line": tail[0] if tail else "",
             "by_test": outcomes}
+
+
+def with_outcome_stream() -> dict[str, str]:
+    """This environment, with outcome_stream.py importable by pytest's `-p outcome_stream`."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
 
 
 def read_outcomes(junit: Path) -> dict[str, str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 import time
@@ -94,12 +93,11 @@ def test_never_ends():
     time.sleep(3600)
 ''')
     stream = tmp_path / "cut.jsonl"
-    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(BENCHMARKS),
-                                                                         os.environ.get("PYTHONPATH")]))}
     pytest_run = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "outcome_stream",
                                    f"--outcome-stream={stream}", "-p", "no:cacheprovider", "-q",
                                    f"--rootdir={tmp_path}", str(tmp_path / "test_cut.py")],
-                                  cwd=tmp_path, env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                  cwd=tmp_path, env=load_bench().with_outcome_stream(), stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
     try:
         while not reached.exists():  # the third test began, so the first two have ended
             assert pytest_run.poll() is None, "pytest ended before its last test began"

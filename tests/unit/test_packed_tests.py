@@ -115,26 +115,29 @@ def test_a_worker_that_dies_fails_the_test_it_ran_and_every_test_it_had_left_wit
     assert len(list(junit.iter("testcase"))) == 7  # nothing lost: the dead worker's other tests are reported too
 
 
+class Declared:
+    """A collected test as declared_world_size reads it: its parameters and its world_size marker."""
+
+    def __init__(self, params=None, marker_args=None):
+        self.nodeid = "tests/gpu/test_x.py::test_y"
+        self.callspec = type("Callspec", (), {"params": params})() if params is not None else None
+        self._marker = None if marker_args is None else pytest.mark.world_size(*marker_args).mark
+
+    def get_closest_marker(self, name):
+        return self._marker if name == "world_size" else None
+
+
 def test_packing_is_left_off_where_no_two_tests_could_run_at_once(pytester, monkeypatch):
     """Two-rank tests on two cores: the session runs them itself (workers would only cost their start)."""
     units = packing.Units("cpu", ("0", "1"))
-
-    class Item:
-        def __init__(self, world):
-            self.callspec = type("Callspec", (), {"params": {"world_size": world}})()
-
-    assert not packing.worth_packing(packing.pack_groups([Item(2), Item(2), Item(1)], 2, units))
-    assert packing.worth_packing(packing.pack_groups([Item(1), Item(1), Item(2)], 2, units))
+    two, one = Declared({"world_size": 2}), Declared({"world_size": 1})
+    assert not packing.worth_packing(packing.pack_groups([two, two, one], 2, units))
+    assert packing.worth_packing(packing.pack_groups([one, one, two], 2, units))
 
 
 def test_a_world_larger_than_the_cell_stays_with_the_coordinator():
     """A cpu cell of 2 ranks on 16 cores: its 4- and 8-rank tests skip at once, in the coordinator."""
-
-    class Item:
-        def __init__(self, world):
-            self.callspec = type("Callspec", (), {"params": {"world_size": world}})()
-
-    assert sorted(packing.by_need([Item(1), Item(2), Item(4), Item(8)], 2)) == [1, 2]
+    assert sorted(packing.by_need([Declared({"world_size": world}) for world in (1, 2, 4, 8)], 2)) == [1, 2]
 
 
 def test_longest_tests_start_first_on_the_least_loaded_worker():
@@ -209,18 +212,6 @@ def test_a_test_that_declares_its_world_size_by_a_marker_is_packed_and_may_not_c
                                  "or marker) and calls 2: declare the most it runs at once*"])
     seen = [json.loads(line) for line in (pytester.path / "seen.jsonl").read_text().splitlines()]
     assert len({entry["pid"] for entry in seen}) >= 2  # run by two workers at once, not by the coordinator
-
-
-class Declared:
-    """A collected test as declared_world_size reads it: its parameters and its world_size marker."""
-
-    def __init__(self, params=None, marker_args=None):
-        self.nodeid = "tests/gpu/test_x.py::test_y"
-        self.callspec = type("Callspec", (), {"params": params})() if params is not None else None
-        self._marker = None if marker_args is None else pytest.mark.world_size(*marker_args).mark
-
-    def get_closest_marker(self, name):
-        return self._marker if name == "world_size" else None
 
 
 def test_a_test_needs_its_largest_world_then_its_marker_then_one_device():

@@ -5,16 +5,18 @@ The session that collects the tests (the coordinator) runs those that declare no
 parameter or marker: `declared_world_size`) itself, one after another, first. The others it groups by what each
 needs, its world size, of the host's units: the GPUs CUDA sees, else the cores this process may run on. Groups run
 one after another, smallest first; within a group, `units // need` workers run at once, each a pytest process on a
-set of units of its own (CUDA_VISIBLE_DEVICES, or its CPU affinity and OMP_NUM_THREADS), given its tests longest
-first (`--pack-durations`, a JSON object of test id to seconds; unknown tests weigh their need), to the least
-loaded worker. Where no two tests of the largest group could run at once (a 2-rank suite on 2 cores), the session
-runs every test itself, as without the option.
+set of units of its own (CUDA_VISIBLE_DEVICES, or its CPU affinity and OMP_NUM_THREADS). They take the group's
+tests one at a time from one queue (harness.ranks.group_queue), longest first (`--pack-durations`, a JSON object of
+test id to seconds; unknown tests weigh their need, and keep their collection order among themselves), so a worker
+idles only once the queue is empty. Where no two tests of the largest group could run at once (a 2-rank suite on
+2 cores), the session runs every test itself, as without the option.
 
 Workers send each report as pytest-xdist does (`pytest_report_to_serializable`); the coordinator replays a test's
 reports together, once its teardown has arrived, through its own hooks: the terminal, junit.xml, the record
-properties, the rank outputs and the exit status are what a serial run gives, in the order tests ended. A test a
-worker never finished (the worker crashed, or was stopped) gets a failed report naming the worker and its last
-output, so nothing is lost. Needs the standard library and pytest.
+properties, the rank outputs and the exit status are what a serial run gives, in the order tests ended. The test a
+worker was in when it died (it crashed, or was stopped) gets a failed report naming the worker and its last output;
+the test it held next, and any no worker took, run in the coordinator after the group, as a serial session would
+run them. So nothing is lost. Needs the standard library and pytest.
 """
 
 from __future__ import annotations
@@ -36,12 +38,14 @@ import pytest
 
 from harness.environment import RUNNING_TEST_FILE_ENV
 from harness.ranks.gpushare import MARKER_HELP, host_cpus, one_device_peak, shared_slots
+from harness.ranks.group_queue import GroupQueue
 
 PACK_HELP = "run the tests several at once on disjoint GPU or core sets of this host (harness run passes it)"
 WORKER_OPTION = "--pack-worker"
 # Options a worker must not inherit: the coordinator writes junit.xml and chose the order.
 NOT_FOR_WORKERS = ("--junitxml", "--junit-xml", "--random-order", "--pack-tests", "--pack-durations", WORKER_OPTION)
 OUTPUT_TAIL_LINES = 30
+BEGAN_FILE = "began"  # in a worker's folder: the id of the test it began last
 POLL_S = 0.2
 COORDINATOR_KEY = pytest.StashKey[bool]()
 GROUPS_KEY = pytest.StashKey[list]()  # pack_groups' answer at collection, for the run loop
@@ -59,7 +63,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--pack-durations", metavar="JSON", default=None, dest="pack_durations",
                     help="a JSON object of test id to seconds: longer tests start first (with --pack-tests)")
     group.addoption(WORKER_OPTION, metavar="DIR", default=None, dest="pack_worker", help="(internal) a packed "
-                    "session's worker: run the tests listed in DIR/tests.json, write their reports to DIR")
+                    "session's worker: run the tests it takes from DIR's parent's queue, write their reports to DIR")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -111,17 +115,18 @@ def host_ranks(config: pytest.Config, units: Units) -> int:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A worker keeps the tests it was given, in their order."""
+    """A worker keeps its group's tests, in the queue's order (the terminal's count is the group's)."""
     folder = config.option.pack_worker
     if not folder:
         return
-    wanted = json.loads((Path(folder) / "tests.json").read_text())
     by_id = {item.nodeid: item for item in items}
-    items[:] = [by_id[nodeid] for nodeid in wanted if nodeid in by_id]
+    items[:] = [by_id[nodeid] for nodeid in GroupQueue(Path(folder).parent).tests() if nodeid in by_id]
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtestloop(session: pytest.Session) -> bool | None:
+    if session.config.option.pack_worker and not (session.config.option.collectonly or session.testsfailed):
+        return run_taken(session, Path(session.config.option.pack_worker))  # else pytest's loop says why not
     if not coordinating(session.config):
         return None  # not asked, or one test at a time here whatever we do: the session runs them itself
     durations = read_durations(session.config.option.pack_durations)
@@ -130,8 +135,10 @@ def pytest_runtestloop(session: pytest.Session) -> bool | None:
     run_here([item for item in session.items if item.nodeid not in packed], session)
     with tempfile.TemporaryDirectory(prefix="harness-pack-") as scratch:
         for need, group, units in groups:
-            run_group(session, units, plan_workers(group, need, units, durations), Path(scratch) / f"need{need}")
-            if session.shouldstop:
+            queue = GroupQueue.create(Path(scratch) / f"need{need}", queue_order(group, need, durations))
+            left = run_group(session, worker_units(group, need, units), queue)
+            run_here([item for item in group if item.nodeid in left], session)
+            if session.shouldfail or session.shouldstop:
                 break
     return True
 
@@ -239,31 +246,26 @@ def read_durations(path: str | None) -> dict[str, float]:
             if isinstance(key, str) and isinstance(value, (int, float)) and 0 <= value < 1e6}
 
 
-@dataclass
-class WorkerPlan:
-    units: tuple[str, ...]  # the worker's own GPUs or CPUs
+@dataclass(frozen=True)
+class WorkerUnits:
+    kind: str  # "gpu" or "cpu", as the host's Units
+    ids: tuple[str, ...]  # the worker's own GPUs or CPUs
     need: int  # units each of its tests takes (its ranks)
-    tests: list[str] = field(default_factory=list)
-    load: float = 0.0
 
 
-def plan_workers(items: Sequence[pytest.Item], need: int, units: Units, durations: dict[str, float]
-                 ) -> list[WorkerPlan]:
-    """Split `items` (each needing `need` units) over `len(units) // need` workers of disjoint units (one worker
-    with every unit where fewer than `need`): longest first, each to the least loaded worker; a test without a
-    duration weighs its need."""
+def worker_units(items: Sequence[pytest.Item], need: int, units: Units) -> list[WorkerUnits]:
+    """`len(units) // need` workers of disjoint units (one with every unit where fewer than `need`), no more than
+    there are tests."""
     count = max(1, min(len(items), len(units.ids) // need))
     share = len(units.ids) // count
-    plans = [WorkerPlan(units.ids[index * share:(index + 1) * share], need) for index in range(count)]
+    return [WorkerUnits(units.kind, units.ids[index * share:(index + 1) * share], need) for index in range(count)]
 
-    def weight(item: pytest.Item) -> float:
-        return durations.get(item.nodeid, float(need))
 
-    for item in sorted(items, key=weight, reverse=True):
-        lightest = min(plans, key=lambda plan: plan.load)
-        lightest.tests.append(item.nodeid)
-        lightest.load += weight(item)
-    return plans
+def queue_order(items: Sequence[pytest.Item], need: int, durations: dict[str, float]) -> list[str]:
+    """The order workers take the tests in: longest first (a long test begun last would keep one worker busy after
+    the others ran out); a test without a duration weighs its need, and such tests keep their collection order."""
+    return [item.nodeid for item in sorted(items, key=lambda item: durations.get(item.nodeid, float(need)),
+                                           reverse=True)]
 
 
 # ---------------------------------------------------------------- running a group
@@ -271,8 +273,8 @@ def plan_workers(items: Sequence[pytest.Item], need: int, units: Units, duration
 
 @dataclass
 class Worker:
-    plan: WorkerPlan
-    folder: Path
+    units: WorkerUnits
+    folder: Path  # its name is the worker's name in the group's queue
     process: subprocess.Popen
     output: BinaryIO
     reports: BinaryIO
@@ -281,10 +283,12 @@ class Worker:
     done: set[str] = field(default_factory=set)
 
 
-def run_group(session: pytest.Session, units: Units, plans: list[WorkerPlan], folder: Path) -> None:
-    folder.mkdir(parents=True)
-    workers = [_start(session.config, units, plan, folder / f"worker{index}") for index, plan in enumerate(plans)]
+def run_group(session: pytest.Session, shares: list[WorkerUnits], queue: GroupQueue) -> set[str]:
+    """Run the queue's tests on a worker per share of units; the tests no worker began (it died holding one, or
+    every worker died first) are returned for the coordinator to run."""
+    workers = [_start(session.config, share, queue.folder / f"worker{index}") for index, share in enumerate(shares)]
     items = {item.nodeid: item for item in session.items}
+    left: set[str] = set()
     try:
         while any(worker.process.poll() is None for worker in workers):
             for worker in workers:
@@ -297,9 +301,10 @@ def run_group(session: pytest.Session, units: Units, plans: list[WorkerPlan], fo
         for worker in workers:
             worker.process.wait()
             _replay(session, worker)
-            _lost(session, worker, items)
+            left |= _lost(session, worker, queue, items)
             worker.output.close()
             worker.reports.close()
+    return left | set(queue.unclaimed())
 
 
 def worker_command(config: pytest.Config, folder: Path) -> list[str]:
@@ -322,24 +327,23 @@ def _drop_values(args: list[str]) -> list[str]:
     return kept
 
 
-def _start(config: pytest.Config, units: Units, plan: WorkerPlan, folder: Path) -> Worker:
+def _start(config: pytest.Config, units: WorkerUnits, folder: Path) -> Worker:
     folder.mkdir()
-    (folder / "tests.json").write_text(json.dumps(plan.tests))
     # The coordinator names the running test (it replays each); several workers would overwrite one another.
     environ = {name: value for name, value in os.environ.items() if name != RUNNING_TEST_FILE_ENV}
     affinity: set[int] | None = None
     if units.kind == "gpu":
-        environ["CUDA_VISIBLE_DEVICES"] = ",".join(dict.fromkeys(plan.units))  # a shared GPU's slots name it once
+        environ["CUDA_VISIBLE_DEVICES"] = ",".join(dict.fromkeys(units.ids))  # a shared GPU's slots name it once
     else:
-        affinity = {int(cpu) for cpu in plan.units}
-        environ["OMP_NUM_THREADS"] = str(max(1, len(plan.units) // plan.need))
+        affinity = {int(cpu) for cpu in units.ids}
+        environ["OMP_NUM_THREADS"] = str(max(1, len(units.ids) // units.need))
     output = open(folder / "output.log", "wb")  # noqa: SIM115 - closed by run_group
     (folder / "reports.jsonl").touch()
     reports = open(folder / "reports.jsonl", "rb")  # noqa: SIM115 - closed by run_group
     process = subprocess.Popen(worker_command(config, folder), cwd=config.invocation_params.dir, env=environ,
                                stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
                                preexec_fn=(lambda: os.sched_setaffinity(0, affinity)) if affinity else None)
-    return Worker(plan, folder, process, output, reports)
+    return Worker(units, folder, process, output, reports)
 
 
 def _replay(session: pytest.Session, worker: Worker) -> None:
@@ -366,23 +370,30 @@ def _emit(session: pytest.Session, reports: list[Any]) -> None:
     hook.pytest_runtest_logfinish(nodeid=nodeid, location=location)
 
 
-def _lost(session: pytest.Session, worker: Worker, items: dict[str, pytest.Item]) -> None:
-    """Every test of the worker's plan that it never finished gets a failed report, with the worker's last words."""
-    lost = [nodeid for nodeid in worker.plan.tests if nodeid not in worker.done]
-    if not lost:
-        return
-    tail = _tail(worker.folder / "output.log")
-    code = worker.process.returncode
-    for nodeid in lost:
-        item = items[nodeid]
-        started = bool(worker.pending) and worker.pending[0].nodeid == nodeid
-        words = (f"the packed worker on units {','.join(worker.plan.units)} exited with code {code} "
-                 f"{'during' if started else 'before'} this test; its last output:\n{tail}")
-        reports = worker.pending if started else []
-        report = pytest.TestReport(nodeid, item.location, {name: 1 for name in item.keywords}, "failed", words,
-                                   "call" if started else "setup", user_properties=list(item.user_properties))
+def _lost(session: pytest.Session, worker: Worker, queue: GroupQueue, items: dict[str, pytest.Item]) -> set[str]:
+    """The test the worker began and never finished (it died in it, or was stopped) gets a failed report, with the
+    worker's last words. The tests it took but never began (the one it held next; one its collection lacked; those
+    after a -x stop) are returned, to run elsewhere."""
+    unfinished = [nodeid for nodeid in queue.claimed_by(worker.folder.name) if nodeid not in worker.done]
+    began = _read(worker.folder / BEGAN_FILE)
+    if began in unfinished and began in items:
+        unfinished.remove(began)
+        item = items[began]
+        reports = worker.pending if worker.pending and worker.pending[0].nodeid == began else []
+        tail = _tail(worker.folder / "output.log")
+        words = (f"the packed worker on units {','.join(worker.units.ids)} exited with code "
+                 f"{worker.process.returncode} during this test; its last output:\n{tail}")
+        report = pytest.TestReport(began, item.location, {name: 1 for name in item.keywords}, "failed", words,
+                                   "call" if reports else "setup", user_properties=list(item.user_properties))
         _emit(session, [*reports, report])
     worker.pending = []
+    return set(unfinished)
+
+
+def _read(path: Path) -> str:
+    with contextlib.suppress(OSError):
+        return path.read_text(encoding="utf-8")
+    return ""
 
 
 def _tail(path: Path) -> str:
@@ -409,13 +420,71 @@ def _stop(workers: list[Worker]) -> None:
 
 
 class WorkerReports:
-    """A worker's reports, one JSON line each, in the folder the coordinator reads."""
+    """A worker's reports, one JSON line each, in the folder the coordinator reads; and the test it began last."""
 
     def __init__(self, folder: Path, config: pytest.Config):
         self.path = folder / "reports.jsonl"
+        self.began = folder / BEGAN_FILE
         self.config = config
+
+    def pytest_runtest_logstart(self, nodeid: str, location: object) -> None:
+        self.began.write_text(nodeid, encoding="utf-8")
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
         with open(self.path, "a", encoding="utf-8") as reports:
             reports.write(json.dumps(data) + "\n")
+
+
+def run_taken(session: pytest.Session, folder: Path) -> bool:
+    """A worker's run loop: the group's tests, one at a time as it takes them from the queue."""
+    queue = GroupQueue(folder.parent)
+    items = {item.nodeid: item for item in session.items}
+
+    def take() -> pytest.Item | None:
+        while (nodeid := queue.claim(folder.name)) is not None:
+            if nodeid in items:
+                return items[nodeid]
+            # else the coordinator runs it: it stays unfinished in the queue's log
+        return None
+
+    item = take()
+    while item is not None:
+        following = TakenAtTeardown(take)
+        item.config.hook.pytest_runtest_protocol(item=item, nextitem=following)
+        if session.shouldfail:  # -x or --maxfail: take no more, end as pytest's own loop ends
+            raise session.Failed(session.shouldfail)
+        if session.shouldstop:
+            raise session.Interrupted(session.shouldstop)
+        item = following.resolve()
+    return True
+
+
+class TakenAtTeardown:
+    """`nextitem` for pytest_runtest_protocol: the next test, taken from the queue only when pytest's teardown asks
+    which it is (to keep the module's and session's fixtures that both tests use). Taken earlier, a worker would hold
+    a test it cannot begin while its current one runs, and another worker could run dry meanwhile. Where the queue
+    is empty it is falsy and its chain is empty, as pytest reads a None: every fixture is torn down."""
+
+    def __init__(self, take: Callable[[], pytest.Item | None]) -> None:
+        self._take = take
+        self._taken = False
+        self._item: pytest.Item | None = None
+
+    def resolve(self) -> pytest.Item | None:
+        if not self._taken:  # once: pytest-rerunfailures keeps it for a re-run's teardown
+            self._item, self._taken = self._take(), True
+        return self._item
+
+    def __bool__(self) -> bool:
+        return self.resolve() is not None
+
+    def listchain(self) -> list[Any]:
+        item = self.resolve()
+        return item.listchain() if item is not None else []
+
+    def __getattr__(self, name: str) -> Any:  # any other reading of nextitem reads the test it stands for
+        item = self.resolve()
+        if item is None:
+            raise AttributeError(name)
+        return getattr(item, name)

@@ -3,9 +3,10 @@ cut at its time limit (before pytest writes junit.xml) still says which tests it
 
     python -m pytest -p outcome_stream --outcome-stream PATH ...   (tests/benchmarks on sys.path)
 
-One JSON line per test: {"test": "<classname>::<name>", "outcome": passed|failure|error|skipped|xfailed}, with
-the test named and its outcome classed as in junit.xml, so a cut run and a finished one compare test by test.
-Reports replayed from packed workers pass through the same hook, so packed runs stream too.
+One JSON line per test: {"test": "<classname>::<name>", "outcome": passed|failure|error|skipped|xfailed,
+"duration_s": its phases' seconds}, with the test named and its outcome classed as in junit.xml, so a cut run and a
+finished one compare test by test. In a packed run the coordinator streams the reports it replays from its workers;
+the workers, which inherit the option, stream nothing, so each test is one line.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     path = config.getoption("outcome_stream")
-    if path:
+    if path and not getattr(config.option, "pack_worker", None):  # a packed worker's reports reach the coordinator
         config.pluginmanager.register(OutcomeStream(Path(path)), "outcome-stream-writer")
 
 
@@ -38,7 +39,8 @@ class OutcomeStream:
             return
         del self.phases[report.nodeid]
         with self.path.open("a", encoding="utf-8") as stream:
-            stream.write(json.dumps({"test": junit_name(report.nodeid), "outcome": outcome(reports)}) + "\n")
+            stream.write(json.dumps({"test": junit_name(report.nodeid), "outcome": outcome(reports),
+                                     "duration_s": round(sum(report.duration for report in reports), 3)}) + "\n")
 
 
 def outcome(reports: list[pytest.TestReport]) -> str:

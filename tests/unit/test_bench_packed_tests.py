@@ -1,6 +1,6 @@
 """tests/benchmarks/bench_packed_tests.py counts what a run finished even when it is cut at its limit, before pytest
 writes junit.xml: outcome_stream.py's lines class every outcome as junit.xml does, test by test, and a run killed
-mid-test still lists the tests that ended before it."""
+mid-test still lists the tests that ended before it; a packed run lists each test once."""
 
 from __future__ import annotations
 
@@ -106,5 +106,29 @@ def test_never_ends():
         pytest_run.kill()
         pytest_run.wait()
     lines = [json.loads(line) for line in stream.read_text().splitlines()]
-    assert lines == [{"test": "test_cut::test_first", "outcome": "passed"},
-                     {"test": "test_cut::test_second", "outcome": "failure"}]
+    assert [(line["test"], line["outcome"]) for line in lines] == [("test_cut::test_first", "passed"),
+                                                                   ("test_cut::test_second", "failure")]
+    assert all(isinstance(line["duration_s"], float) and line["duration_s"] >= 0 for line in lines)
+
+
+PACKED = '''
+import pytest
+
+@pytest.mark.parametrize("world_size", [1])
+@pytest.mark.parametrize("index", range(4))
+def test_packed(world_size, index):
+    assert index != 3
+'''
+
+
+def test_a_packed_run_streams_each_test_once_as_its_junit_xml_has_it(tmp_path, monkeypatch):
+    """Workers inherit --outcome-stream; only the coordinator, which replays their reports, may write it."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    bench = load_bench()
+    (tmp_path / "test_packed.py").write_text(PACKED)
+    junit = tmp_path / "packed.xml"
+    figures = bench.run([str(tmp_path / "test_packed.py"), f"--rootdir={tmp_path}", "--pack-tests"], junit, 300)
+    assert not figures["cut"]
+    lines = [json.loads(line) for line in junit.with_suffix(".jsonl").read_text().splitlines()]
+    assert len(lines) == 4
+    assert {line["test"]: line["outcome"] for line in lines} == bench.read_outcomes(junit)

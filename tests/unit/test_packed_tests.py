@@ -105,14 +105,15 @@ def test_packed_tests_run_at_once_on_disjoint_cores_and_report_as_a_serial_run(p
 
 
 @pytest.mark.skipif(not TWO_CORES, reason="packing needs two cores")
-def test_a_worker_that_dies_fails_the_test_it_ran_and_every_test_it_had_left_with_its_last_words(pytester,
-                                                                                                monkeypatch):
+def test_a_worker_that_dies_fails_the_test_it_ran_with_its_last_words_and_the_others_still_run(pytester,
+                                                                                              monkeypatch):
     _, junit, _ = run(pytester, monkeypatch, "--pack-tests", "-k", "kills or passes")
     assert outcomes(junit)["test_kills_its_worker[1]"] == "failure"
     failure = next(case for case in junit.iter("testcase") if case.get("name") == "test_kills_its_worker[1]")
     assert "exited with code 9 during this test" in failure.find("failure").get("message", "") + \
         (failure.find("failure").text or "")
-    assert len(list(junit.iter("testcase"))) == 7  # nothing lost: the dead worker's other tests are reported too
+    # nothing lost: the other worker, or the coordinator after the group, runs every test the dead one did not
+    assert sorted(outcomes(junit).values()) == ["failure"] + ["passed"] * 6
 
 
 class Declared:
@@ -140,16 +141,22 @@ def test_a_world_larger_than_the_cell_stays_with_the_coordinator():
     assert sorted(packing.by_need([Declared({"world_size": world}) for world in (1, 2, 4, 8)], 2)) == [1, 2]
 
 
-def test_longest_tests_start_first_on_the_least_loaded_worker():
-    units = packing.Units("gpu", ("a", "b", "c", "d"))
-
+def test_workers_take_the_longest_tests_first_and_unknown_ones_in_collection_order():
     class Item:
         def __init__(self, nodeid):
             self.nodeid = nodeid
 
-    durations = {"t1": 10.0, "t2": 6.0, "t3": 5.0, "t4": 1.0}
-    plans = packing.plan_workers([Item(name) for name in ("t4", "t3", "t2", "t1")], 2, units, durations)
-    assert [(plan.units, plan.tests) for plan in plans] == [(("a", "b"), ["t1", "t4"]), (("c", "d"), ["t2", "t3"])]
+    durations = {"t1": 10.0, "t2": 6.0, "t4": 1.0}
+    items = [Item(name) for name in ("t4", "u1", "t2", "u2", "t1")]  # u1, u2: no duration, weigh their need of 2
+    assert packing.queue_order(items, 2, durations) == ["t1", "t2", "u1", "u2", "t4"]
+
+
+def test_a_group_gets_a_worker_per_share_of_units_and_no_more_than_it_has_tests():
+    units = packing.Units("gpu", ("a", "b", "c", "d", "e"))
+    two = [Declared({"world_size": 2})] * 3
+    assert [share.ids for share in packing.worker_units(two, 2, units)] == [("a", "b"), ("c", "d")]
+    assert [share.ids for share in packing.worker_units(two[:1], 2, units)] == [("a", "b", "c", "d", "e")]
+    assert [share.ids for share in packing.worker_units(two, 8, units)] == [("a", "b", "c", "d", "e")]
 
 
 def test_a_durations_file_that_is_not_an_object_of_seconds_is_a_usage_error(tmp_path):
@@ -226,3 +233,48 @@ def test_a_test_needs_its_largest_world_then_its_marker_then_one_device():
 def test_a_world_size_marker_that_is_not_one_whole_number_of_ranks_is_a_usage_error(marker_args):
     with pytest.raises(pytest.UsageError, match=r"tests/gpu/test_x.py::test_y: world_size.*expected one whole number"):
         packing.need_of(Declared(marker_args=marker_args))
+
+
+BALANCE_SUITE = """
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+DONE = Path(os.environ["PACK_TEST_DONE"])
+SHORT = 6
+
+
+@pytest.mark.parametrize("world_size", [1])
+def test_long(world_size):
+    # Ends once every short test has: only if no worker holds a short test back while it runs this one.
+    deadline = time.monotonic() + 300  # a bound for the failure only; on time the shorts end in seconds
+    while len(list(DONE.glob("short*"))) < SHORT:
+        assert time.monotonic() < deadline, f"{sorted(p.name for p in DONE.iterdir())}: a short test was held back"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("world_size", [1])
+@pytest.mark.parametrize("index", range(SHORT))
+def test_short(world_size, index):
+    (DONE / f"short{index}").touch()
+"""
+
+
+@pytest.mark.skipif(not TWO_CORES, reason="packing needs two cores")
+def test_a_worker_takes_its_next_test_only_when_it_ends_one_so_no_test_waits_behind_a_long_one(pytester,
+                                                                                              monkeypatch):
+    """The long test starts first (earlier durations say so) and waits for every short one: it ends only because
+    the other worker took all six, none of them held back by the long test's worker (a split per worker, or a test
+    taken before the current one runs, would hold one there and never end)."""
+    done = pytester.path / "done"
+    done.mkdir()
+    monkeypatch.setenv("PACK_TEST_DONE", str(done))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    pytester.makepyfile(test_balance=BALANCE_SUITE)
+    durations = pytester.path / "durations.json"
+    durations.write_text(json.dumps({"test_balance.py::test_long[1]": 60.0}))
+    result = pytester.runpytest_subprocess("-p", "harness.ranks.plugin", "--pack-tests",
+                                           f"--pack-durations={durations}", "-p", "no:randomly")
+    assert result.parseoutcomes() == {"passed": 7}

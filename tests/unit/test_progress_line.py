@@ -9,6 +9,7 @@ import json
 import pytest
 
 from harness.ranks import progress
+from harness.ranks.group_queue import GroupQueue
 
 pytest_plugins = ["pytester"]
 
@@ -133,8 +134,8 @@ def test_a_durations_file_is_the_estimates_basis(pytester, monkeypatch):
 
 def test_no_line_when_quietest_or_in_a_packed_worker(pytester, monkeypatch):
     assert session_lines(pytester, monkeypatch, "-qq") == []
-    worker = pytester.path / "worker"
+    queue = GroupQueue.create(pytester.path / "group", [f"test_thirty.py::test_{index}" for index in range(30)])
+    worker = queue.folder / "worker0"
     worker.mkdir()
-    (worker / "tests.json").write_text(json.dumps([f"test_thirty.py::test_{index}" for index in range(30)]))
     assert session_lines(pytester, monkeypatch, f"--pack-worker={worker}") == []
     assert len((worker / "reports.jsonl").read_text().splitlines()) == 90  # the worker did run the 30 tests

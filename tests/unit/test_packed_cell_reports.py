@@ -62,6 +62,7 @@ def test_in_the_coordinator():
 '''
 
 TIMES = re.compile(r"\b\d+(?:\.\d+)?(?:m ?\d+(?:\.\d+)?)?s\b")  # 4.4s, 1m 3s: a cell's or a test's duration
+ALIGNMENT = re.compile(r" {2,}")
 ENV_TIMES = ("start", "end", "duration_s")
 
 
@@ -98,7 +99,8 @@ def rendered(results: Path, form: str) -> str:
     out = results.parent / f"{results.name}.{form}"
     assert main(["report", str(results), "--format", form, "-o", str(out), "--sha", "0" * 40,
                  "--matrix", "cell"]) in (0, 1)
-    return TIMES.sub("T", out.read_text().replace(str(results), "RESULTS"))
+    text = TIMES.sub("T", out.read_text().replace(str(results), "RESULTS"))
+    return ALIGNMENT.sub(" ", text)  # a column as wide as its widest time ("9.8s", "10.2s") pads the others
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="packing needs two cores")

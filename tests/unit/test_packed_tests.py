@@ -31,6 +31,17 @@ def where(name, world_size):
     with SEEN.open("a") as seen:
         seen.write(json.dumps({"test": name, "pid": os.getpid(), "cpus": sorted(os.sched_getaffinity(0)),
                                "threads": os.environ.get("OMP_NUM_THREADS")}) + "\\n")
+    meet(SEEN)
+
+
+def meet(seen):
+    # Packed, a test goes on once PACK_TEST_PEERS processes have run one: a worker that starts first cannot take
+    # every test before the other starts, so "two at once" is shown without a race against the second's start.
+    peers = int(os.environ.get("PACK_TEST_PEERS", "1"))
+    deadline = time.monotonic() + 300  # bounds the failure only
+    while len({json.loads(line)["pid"] for line in seen.read_text().splitlines()}) < peers:
+        assert time.monotonic() < deadline, f"no {peers} processes ran tests at once"
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("world_size", [1])
@@ -39,7 +50,6 @@ def test_passes(record_property, world_size, index):
     where(f"passes{index}", world_size)
     record_property("index", index)
     print(f"output of test {index}")
-    time.sleep(0.5)
 
 
 @pytest.mark.parametrize("world_size", [1])
@@ -62,6 +72,7 @@ def test_kills_its_worker(world_size):
 
 def run(pytester, monkeypatch, *args):
     monkeypatch.setenv("PACK_TEST_SEEN", str(pytester.path / "seen.jsonl"))
+    monkeypatch.setenv("PACK_TEST_PEERS", "2" if "--pack-tests" in args else "1")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     pytester.makepyfile(test_suite=SUITE)
     junit = pytester.path / "junit.xml"
@@ -197,7 +208,10 @@ SEEN = Path(os.environ["PACK_TEST_SEEN"])
 def test_declared_by_its_marker(index):
     with SEEN.open("a") as seen:
         seen.write(json.dumps({"test": index, "pid": os.getpid()}) + "\\n")
-    time.sleep(0.5)
+    deadline = time.monotonic() + 300  # bounds the failure only: two workers run these tests at once
+    while len({json.loads(line)["pid"] for line in SEEN.read_text().splitlines()}) < 2:
+        assert time.monotonic() < deadline, "no second worker ran a test alongside this one"
+        time.sleep(0.05)
 
 
 @pytest.mark.world_size(1)

@@ -62,8 +62,10 @@ HELLO_MAX_BYTES = 4096  # across hosts, what a rank may send before it is one of
 # CUDA cache); one that takes longer than this is not used again.
 IDLE_CHECK_TIMEOUT_S = 60.0
 PROBE_TIMEOUT_S = 60.0
-# How long a dead forked rank's exit status may take to come from the zygote that reaps it.
-EXIT_STATUS_WAIT_S = 1.0
+# How long a dead forked rank's exit status may take to come from the zygote that reaps it. The wait ends when the
+# status comes (its connection closed as it exited); 1 s was too short on a loaded machine, where the error then
+# said "(exit status unknown)" instead of the signal.
+EXIT_STATUS_WAIT_S = 30.0
 
 
 def pickle_call(world_size: int, fn: Callable[..., Any], args: tuple, device: str, caller: str) -> bytes:

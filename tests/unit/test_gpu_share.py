@@ -67,6 +67,7 @@ def test_free_memory_by_index_or_uuid_and_none_where_nvml_cannot_say():
 SUITE = """
 import json
 import os
+import time
 
 import pytest
 
@@ -75,8 +76,15 @@ pytestmark = pytest.mark.one_device(peak_mib=2048)
 
 @pytest.mark.parametrize("index", range(4))
 def test_on_the_device(index):
-    with open(os.environ["SHARE_TEST_SEEN"], "a") as seen:
+    path = os.environ["SHARE_TEST_SEEN"]
+    with open(path, "a") as seen:
         seen.write(json.dumps({"pid": os.getpid(), "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}) + "\\n")
+    # The workers sharing the GPU meet: the first to start cannot take every test from the queue before the other
+    # starts, so their count is the packing's, not the race's. Bounded for the failure only.
+    deadline, peers = time.monotonic() + 300, int(os.environ["SHARE_TEST_PEERS"])
+    while len({json.loads(line)["pid"] for line in open(path).read().splitlines()}) < peers:
+        assert time.monotonic() < deadline, "the workers that share the GPU did not run at once"
+        time.sleep(0.05)
 """
 
 # NVML as the coordinator sees it: pynvml beside the suite is found first (python -m puts the folder on sys.path).
@@ -96,6 +104,7 @@ def nvmlDeviceGetMemoryInfo(handle):
 def test_one_device_tests_share_the_gpu_where_its_memory_allows(pytester, monkeypatch, free_mib, workers):
     monkeypatch.setenv("SHARE_TEST_SEEN", str(pytester.path / "seen.jsonl"))
     monkeypatch.setenv("SHARE_TEST_FREE_MIB", str(free_mib))
+    monkeypatch.setenv("SHARE_TEST_PEERS", str(workers))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-fake")
     pytester.makepyfile(test_suite=SUITE, pynvml=FAKE_PYNVML)
     result = pytester.runpytest_subprocess("-p", "harness.ranks.packing", "--pack-tests", "-p", "no:randomly")

@@ -120,7 +120,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if not folder:
         return
     by_id = {item.nodeid: item for item in items}
-    items[:] = [by_id[nodeid] for nodeid in GroupQueue(Path(folder).parent).tests() if nodeid in by_id]
+    items[:] = [by_id[nodeid] for nodeid in GroupQueue(Path(folder).parent).tests if nodeid in by_id]
 
 
 @pytest.hookimpl(tryfirst=True)

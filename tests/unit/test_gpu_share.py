@@ -7,6 +7,7 @@ import json
 import os
 
 import pytest
+from packed_suites import MEET
 
 from harness.ranks import gpushare
 
@@ -67,7 +68,6 @@ def test_free_memory_by_index_or_uuid_and_none_where_nvml_cannot_say():
 SUITE = """
 import json
 import os
-import time
 
 import pytest
 
@@ -76,16 +76,10 @@ pytestmark = pytest.mark.one_device(peak_mib=2048)
 
 @pytest.mark.parametrize("index", range(4))
 def test_on_the_device(index):
-    path = os.environ["SHARE_TEST_SEEN"]
-    with open(path, "a") as seen:
+    with open(os.environ["SHARE_TEST_SEEN"], "a") as seen:
         seen.write(json.dumps({"pid": os.getpid(), "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}) + "\\n")
-    # The workers sharing the GPU meet: the first to start cannot take every test from the queue before the other
-    # starts, so their count is the packing's, not the race's. Bounded for the failure only.
-    deadline, peers = time.monotonic() + 300, int(os.environ["SHARE_TEST_PEERS"])
-    while len({json.loads(line)["pid"] for line in open(path).read().splitlines()}) < peers:
-        assert time.monotonic() < deadline, "the workers that share the GPU did not run at once"
-        time.sleep(0.05)
-"""
+    meet(os.environ["SHARE_TEST_SEEN"], int(os.environ["SHARE_TEST_PEERS"]))  # the workers sharing the GPU
+""" + MEET
 
 # NVML as the coordinator sees it: pynvml beside the suite is found first (python -m puts the folder on sys.path).
 FAKE_PYNVML = """

@@ -9,6 +9,7 @@ import os
 import xml.etree.ElementTree as ET
 
 import pytest
+from packed_suites import MEET
 
 from harness.ranks import packing
 
@@ -19,7 +20,6 @@ TWO_CORES = len(os.sched_getaffinity(0)) >= 2
 SUITE = """
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -31,17 +31,7 @@ def where(name, world_size):
     with SEEN.open("a") as seen:
         seen.write(json.dumps({"test": name, "pid": os.getpid(), "cpus": sorted(os.sched_getaffinity(0)),
                                "threads": os.environ.get("OMP_NUM_THREADS")}) + "\\n")
-    meet(SEEN)
-
-
-def meet(seen):
-    # Packed, a test goes on once PACK_TEST_PEERS processes have run one: a worker that starts first cannot take
-    # every test before the other starts, so "two at once" is shown without a race against the second's start.
-    peers = int(os.environ.get("PACK_TEST_PEERS", "1"))
-    deadline = time.monotonic() + 300  # bounds the failure only
-    while len({json.loads(line)["pid"] for line in seen.read_text().splitlines()}) < peers:
-        assert time.monotonic() < deadline, f"no {peers} processes ran tests at once"
-        time.sleep(0.05)
+    meet(SEEN, int(os.environ["PACK_TEST_PEERS"]))  # packed: two workers at once, not a race with the second's start
 
 
 @pytest.mark.parametrize("world_size", [1])
@@ -67,7 +57,7 @@ def test_skips(world_size):
 def test_kills_its_worker(world_size):
     where("kills", world_size)
     os._exit(9)
-"""
+""" + MEET
 
 
 def run(pytester, monkeypatch, *args):
@@ -195,7 +185,6 @@ def test_harness_run_packs_a_cells_tests_unless_told_not_to(flag, packed):
 MARKED_SUITE = """
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -208,16 +197,13 @@ SEEN = Path(os.environ["PACK_TEST_SEEN"])
 def test_declared_by_its_marker(index):
     with SEEN.open("a") as seen:
         seen.write(json.dumps({"test": index, "pid": os.getpid()}) + "\\n")
-    deadline = time.monotonic() + 300  # bounds the failure only: two workers run these tests at once
-    while len({json.loads(line)["pid"] for line in SEEN.read_text().splitlines()}) < 2:
-        assert time.monotonic() < deadline, "no second worker ran a test alongside this one"
-        time.sleep(0.05)
+    meet(SEEN, 2)  # two workers run these tests at once
 
 
 @pytest.mark.world_size(1)
 def test_calls_more_ranks_than_it_declares(ranks):
     ranks.run(2, print)
-"""
+""" + MEET
 
 
 @pytest.mark.skipif(not TWO_CORES, reason="packing needs two cores")

@@ -278,3 +278,41 @@ def test_a_worker_takes_its_next_test_only_when_it_ends_one_so_no_test_waits_beh
     result = pytester.runpytest_subprocess("-p", "harness.ranks.plugin", "--pack-tests",
                                            f"--pack-durations={durations}", "-p", "no:randomly")
     assert result.parseoutcomes() == {"passed": 7}
+
+
+IMPORTED = """
+import os
+from pathlib import Path
+
+with Path(os.environ["PACK_TEST_IMPORTS"]).open("a") as imports:
+    imports.write(f"{__name__} {os.getpid()}\\n")
+"""
+
+
+@pytest.mark.skipif(not TWO_CORES, reason="packing needs two cores")
+def test_a_worker_collects_only_the_files_of_its_groups_tests(pytester, monkeypatch):
+    """Each module notes which process imported it: the files with no packed test (one beside the group's, one in a
+    folder of its own) only the coordinator collects; the group's file every worker does; every test still runs."""
+    imports = pytester.path / "imports.txt"
+    monkeypatch.setenv("PACK_TEST_IMPORTS", str(imports))
+    monkeypatch.setenv("PACK_TEST_SEEN", str(pytester.path / "seen.jsonl"))
+    monkeypatch.setenv("PACK_TEST_PEERS", "2")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    (pytester.path / "packed").mkdir()
+    (pytester.path / "packed" / "test_group.py").write_text(IMPORTED + SUITE)
+    (pytester.path / "unpacked").mkdir()
+    (pytester.path / "unpacked" / "test_elsewhere.py").write_text(IMPORTED + "\n\ndef test_here():\n    pass\n")
+    pytester.makepyfile(test_beside=IMPORTED + "\n\ndef test_beside():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "harness.ranks.plugin", "--pack-tests", "-p", "no:randomly",
+                                           "-k", "passes or here or beside")
+    assert result.parseoutcomes() == {"passed": 8, "deselected": 3}
+    by_module: dict[str, set[str]] = {}
+    for line in imports.read_text().splitlines():
+        module, pid = line.split()
+        by_module.setdefault(module.rpartition(".")[2], set()).add(pid)
+    workers = {json.loads(line)["pid"] for line in (pytester.path / "seen.jsonl").read_text().splitlines()}
+    assert len(workers) >= 2
+    coordinator = by_module["test_beside"]
+    assert len(coordinator) == 1 and not coordinator & {str(pid) for pid in workers}
+    assert by_module["test_elsewhere"] == coordinator
+    assert by_module["test_group"] == coordinator | {str(pid) for pid in workers}

@@ -59,7 +59,10 @@ class Fingerprint:
         changed = []
         for (module, name), value in self.bindings.items():
             namespace = _namespace(module)
-            if namespace is not None and namespace.get(name, _MISSING) is not value:
+            if namespace is None:
+                continue
+            now = namespace.get(name, _MISSING)
+            if now is not value and not (value is _MISSING and _submodule(module, name, now)):
                 changed.append(f"{module}.{name}")
         for (module, name), fresh in self.classes.items():
             cls = (_namespace(module) or {}).get(name)
@@ -67,6 +70,12 @@ class Fingerprint:
             changed += [f"{module}.{name}.{key}" for key in sorted(fresh.keys() | now.keys())
                         if now.get(key, _MISSING) is not fresh.get(key, _MISSING)]
         return changed
+
+
+def _submodule(module: str, name: str, value: Any) -> bool:
+    """`value` is the package's own submodule `name`, bound on it by its import (numpy.testing, which a preload may
+    import first: on the device's torch 2.11 image one did, and the template refused every preload after)."""
+    return isinstance(value, types.ModuleType) and sys.modules.get(f"{module}.{name}") is value
 
 
 def _namespace(module: str) -> dict[str, Any] | None:

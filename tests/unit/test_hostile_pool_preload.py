@@ -208,3 +208,23 @@ def test_a_folder_tests_write_inside_an_installed_location_is_cut_out_of_it(tmp_
     assert locations.holds(str(site_packages / "installed.py"))
     assert not locations.holds(str(scratch / "evil_patch.py"))
     assert locations.entries(["", str(site_packages), str(scratch), str(tmp_path)]) == [str(site_packages)]
+
+
+def test_a_submodule_a_preload_imports_first_is_no_change_but_anything_else_bound_there_is(monkeypatch):
+    """numpy.testing is a name of what verdicts rest on that numpy binds only once imported: a preload importing it
+    first (one did on the device's torch 2.11 image) rebinds nothing, and refused every later preload."""
+    import types
+
+    from harness.ranks import fingerprint
+
+    package = types.ModuleType("comparing")
+    monkeypatch.setitem(sys.modules, "comparing", package)
+    monkeypatch.setattr(fingerprint, "FUNCTIONS", {"comparing": ("testing", "allclose")})
+    taken = fingerprint.Fingerprint()
+    submodule = types.ModuleType("comparing.testing")
+    monkeypatch.setitem(sys.modules, "comparing.testing", submodule)
+    package.testing = submodule
+    assert taken.changes() == []
+    package.testing = types.ModuleType("comparing.testing")  # a module, but not the one imported under that name
+    package.allclose = lambda *args, **kwargs: True
+    assert taken.changes() == ["comparing.testing", "comparing.allclose"]

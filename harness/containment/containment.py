@@ -32,6 +32,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 
@@ -41,6 +44,7 @@ from harness.containment.cgroup import CGROUP_ENV, CellCgroup, CgroupUnavailable
 from harness.contract import CLEANUP_CGROUP, CLEANUP_SUBREAPER, CLEANUP_TOKEN, CleanupRecord
 from harness.environment import CELL_TOKEN_ENV
 
+REAP_EVERY_S = 0.5  # how often wait() collects the cell's dead orphans
 _PASSES = 3  # runs through every layer while the scans after one still find a process of the cell
 
 
@@ -54,6 +58,9 @@ class Containment:
         # child this process had, exited or not, is its owner's to wait for).
         self._before = {pid: pidkill.start_time(pid) for pid in reaper.descendants(os.getpid())}
         self._children_before = reaper.children(os.getpid())
+        # Process groups the cell's processes may not be in (a cell process can join only a group of its own
+        # session): this process's, and those of what ran below it before the cell
+        self._groups_before = {os.getpgrp()} | {pidkill.process_group(pid) for pid in self._before}
         self._subreaper = reaper.adopt_orphans(True)
         self._spared: set[int] = set()
         self._inside = False  # this process is in the cell's cgroup (in born_inside, or it failed to leave)
@@ -98,6 +105,21 @@ class Containment:
         """A child of this process that its caller reaps itself (a Popen): killed with the cell, never reaped here."""
         self._spared.add(pid)
 
+    def wait(self, process: subprocess.Popen, timeout: float | None = None) -> int:
+        """`process.wait(timeout)`, collecting the cell's dead orphans meanwhile, as an init does: a process of the
+        cell that forks and exits over and over leaves a zombie here at every copy, and unreaped they fill the
+        host's pid space (32,768 pids by default) until nothing on the host can fork."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                return process.wait(timeout=REAP_EVERY_S if left is None else min(REAP_EVERY_S, left))
+            except subprocess.TimeoutExpired:
+                if left is not None and left <= REAP_EVERY_S:
+                    raise
+            if self._subreaper:
+                reaper.reap_orphans(self._spared | self._children_before)
+
     def end(self) -> CleanupRecord:
         """Kill every process of the cell still running, then remove its cgroup; what did it and what survived.
         Once: a later call returns the first call's record."""
@@ -132,9 +154,24 @@ class Containment:
             frozen = not self._inside and cgroup.freeze()
             whole = cgroup.kill_whole if cgroup.can_kill_whole and not self._inside else None
             killed.update(pidkill.sweep(cgroup.pids, whole, stop_first=not frozen).killed)
+        if self._subreaper:
+            self._stop_new_groups()
         for scan in self._process_scans():
             killed.update(pidkill.sweep(scan).killed)
         return killed
+
+    def _stop_new_groups(self) -> None:
+        """SIGSTOP each process group the cell's processes below this one are in, the dead ones' included. A chain
+        that forks and exits faster than a scan reads a state is never seen alive by the scans, but each dead copy,
+        unreaped here, names its group, and a signal to the group reaches the live copy even mid-fork; stopped, it
+        is found and killed by the sweeps. Such a group holds only the cell's processes: a process joins only a
+        group of its own session, and the number cannot be reused while an unreaped member holds it."""
+        reaper.reap_orphans(self._spared | self._children_before)  # the older dead: a shorter walk
+        groups = {pidkill.process_group(pid) for pid in reaper.below(os.getpid()) - self._children_before
+                  if pid not in self._before or pidkill.start_time(pid) != self._before[pid]}
+        for group in groups - self._groups_before - {None}:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGSTOP)
 
     def _process_scans(self) -> list[Callable[[], Iterable[int]]]:
         """The scans of the layers after the cgroup: the new descendants (where this process is their subreaper),

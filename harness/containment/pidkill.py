@@ -74,6 +74,16 @@ def process_state(pid: int) -> tuple[str, int] | None:
     return fields[0].decode(), int(fields[19])
 
 
+def process_group(pid: int) -> int | None:
+    """The process group `pid` is in (a zombie's too: its group lives on while it is unreaped); None where gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[-1].split()
+    except OSError:
+        return None
+    return int(fields[2]) if len(fields) > 2 else None
+
+
 def start_time(pid: int) -> int | None:
     """When `pid` started (clock ticks since boot); None where it is gone or a zombie. A pid and its start time
     name one process: a reused pid starts later."""

@@ -99,6 +99,11 @@ def _tree_from_all_of_proc(pid: int) -> dict[int, int]:
     return parents
 
 
+def below(pid: int) -> set[int]:
+    """Every process below `pid` in the process tree, zombies included."""
+    return set(_tree(pid))
+
+
 def descendants(pid: int) -> set[int]:
     """Every live process below `pid` in the process tree (from /proc; empty without it)."""
     return {child for child in _tree(pid) if (found := process_state(child)) is not None and found[0] != "Z"}

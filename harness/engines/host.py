@@ -93,7 +93,7 @@ def run_leader(args, count: int, address: str, credentials: Path, containment: C
 
     previous = signal.signal(signal.SIGTERM, stop)
     try:
-        code = process.wait()
+        code = containment.wait(process)
     finally:
         signal.signal(signal.SIGTERM, previous)
         containment.end()  # before the reader's join: a process left behind may hold pytest's output open

@@ -94,7 +94,7 @@ def run_pytest(cell: Cell, python: Path, folder: Path, gpus: list, pytest_args: 
             reader.start()
             timed_out = False
             try:
-                process.wait(timeout=cell.timeout_minutes * 60)
+                containment.wait(process, timeout=cell.timeout_minutes * 60)
             except subprocess.TimeoutExpired:
                 timed_out = True
                 _stop_group(process)

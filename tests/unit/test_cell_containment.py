@@ -169,3 +169,49 @@ def test_a_cgroup_this_process_cannot_enter_gives_way_to_the_subreaper(monkeypat
     ended = containment.end()
     assert ended.mechanism == "subreaper" and ended.fallback.startswith(f"cannot move a process into {made}")
     assert cell.wait() == -9 and not made.exists()
+
+
+ORPHANS = """
+import os, sys, time
+from pathlib import Path
+folder = Path(sys.argv[1])
+for _ in range(20):  # each grandchild outlives its parent, is adopted by the containment's process, and exits
+    if os.fork() == 0:
+        if os.fork() == 0:
+            os._exit(0)
+        os._exit(0)
+    os.wait()
+(folder / "orphaned").touch()
+while not (folder / "go").exists():
+    time.sleep(0.01)
+"""
+
+
+@needs_subreaper
+def test_a_cells_dead_orphans_are_collected_while_it_runs_not_only_at_its_end(tmp_path):
+    """A cell whose processes leave orphans that exit (a fork chain leaves one a copy) would fill the host's pid
+    space with zombies if they waited for the cell's end: wait() collects them as an init does."""
+    import threading
+
+    before = reaper.children(os.getpid())  # another test's, not this cell's
+    containment = Containment(use_cgroup=False)
+    try:
+        with containment.born_inside():
+            process = subprocess.Popen([sys.executable, "-c", ORPHANS, str(tmp_path)])
+        containment.spare(process.pid)
+        waiting = threading.Thread(target=containment.wait, args=(process,), daemon=True)
+        waiting.start()
+        deadline = time.monotonic() + 120  # bounds the failure only: a pass ends at the next collection
+        while not (tmp_path / "orphaned").exists() or zombies(os.getpid(), spare=before | {process.pid}):
+            assert time.monotonic() < deadline, f"zombies left while the cell ran: {zombies(os.getpid(), before)}"
+            time.sleep(0.05)
+        (tmp_path / "go").touch()
+        waiting.join(timeout=120)
+        assert process.returncode == 0
+    finally:
+        containment.end()
+
+
+def zombies(parent: int, spare: set[int]) -> set[int]:
+    return {pid for pid in reaper.children(parent) - spare
+            if (state := pidkill.process_state(pid)) is not None and state[0] == "Z"}

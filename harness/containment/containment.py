@@ -60,7 +60,7 @@ class Containment:
         self._children_before = reaper.children(os.getpid())
         # Process groups the cell's processes may not be in (a cell process can join only a group of its own
         # session): this process's, and those of what ran below it before the cell
-        self._groups_before = {os.getpgrp()} | {pidkill.process_group(pid) for pid in self._before}
+        self._groups_before: set[int | None] = {os.getpgrp(), *(pidkill.process_group(pid) for pid in self._before)}
         self._subreaper = reaper.adopt_orphans(True)
         self._spared: set[int] = set()
         self._inside = False  # this process is in the cell's cgroup (in born_inside, or it failed to leave)
@@ -169,7 +169,9 @@ class Containment:
         reaper.reap_orphans(self._spared | self._children_before)  # the older dead: a shorter walk
         groups = {pidkill.process_group(pid) for pid in reaper.below(os.getpid()) - self._children_before
                   if pid not in self._before or pidkill.start_time(pid) != self._before[pid]}
-        for group in groups - self._groups_before - {None}:
+        for group in groups - self._groups_before:
+            if group is None:  # gone meanwhile
+                continue
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(group, signal.SIGSTOP)
 

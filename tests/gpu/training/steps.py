@@ -228,7 +228,9 @@ class WholeRuns:
     to, the ranks' shares of the batch, the optimizer's kernel, the clipping and the number of steps. The layouts of
     a family share them (EP and FSDP2+EP, FSDP2 and fully_shard: the whole model's loss is averaged over the ranks'
     shares of the batch for every layout), so a rank that runs a family's next layout compares with the runs an
-    earlier case's rank of its number made instead of making them again: the same code on the same numbers.
+    earlier case's rank of its number kept instead of making them again: the same code on the same numbers. Every
+    rank keeps what it received (each run is made on one rank: CaseLoop.step_whole_runs); a case reuses them only
+    where every rank has them.
 
     Each test's ranks are fresh, so the runs are handed on as files, in the session's handover folder
     (harness.ranks.handover), read back with `torch.load(weights_only=True)`. A case never reads another's sharded
@@ -283,6 +285,20 @@ class WholeRuns:
         latest = max((other.stat().st_mtime_ns for other in self._entries() if other != path), default=0)
         stamp = max(time.time_ns(), latest + 1)
         os.utime(path, ns=(stamp, stamp))
+
+
+def _on_cpu(made: StepResult | tuple[StepResult, ...] | None):
+    """What a rank sends of its whole runs: on the CPU (a GPU tensor would unpickle onto the sender's device)."""
+    if made is None or isinstance(made, StepResult):
+        return None if made is None else _on(torch.device("cpu"), made)
+    return tuple(_on(torch.device("cpu"), result) for result in made)
+
+
+def _on(device: torch.device, result: StepResult) -> StepResult:
+    """`result` with its tensors on `device` (the same values: a copy moves no bit)."""
+    def moved(tensors: dict) -> dict:
+        return {name: None if value is None else value.to(device) for name, value in tensors.items()}
+    return StepResult(result.loss, result.grad_norm, moved(result.grads), moved(result.params))
 
 
 def whole_runs_key(checkpoint: str, case: TrainCase, whole_model, world_size: int, model_class) -> tuple:
@@ -424,13 +440,35 @@ class CaseLoop:
         dist.all_reduce(total)
         return mine, total.item() / self.world_size
 
-    def step_whole_runs(self, step: int, samples: tuple[Run, ...], reference: Run) -> tuple[StepResult, ...]:
-        """The whole model's runs and the float64 truth take step `step`: what each measured, kept."""
+    # The whole model's runs are one computation, the same on every rank (the same loss over every rank's share),
+    # so one rank makes each and every rank receives it after each step: its two rounding samples together on rank
+    # 0 (the bound they set is one device's arithmetic), the float64 truth on rank 1. Each rank made all three
+    # before: a training case's largest cost after the sharded run, paid world_size times.
+    @property
+    def makes_samples(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def makes_truth(self) -> bool:
+        return self.rank == min(1, self.world_size - 1)
+
+    def step_whole_runs(self, step: int, samples: tuple[Run, ...], reference: Run | None) -> tuple[StepResult, ...]:
+        """The whole model's runs take step `step` where they are made (`samples` and `reference` are this rank's
+        share: the two samples where `makes_samples`, the float64 truth where `makes_truth`, else none); every rank
+        gets what each measured: the two samples, then the truth."""
         for sample in samples:
             train_step(sample, step, self.whole_loss)
-        with stay_float64():
-            train_step(reference, step, self.whole_loss)
-        return (*(StepResult.of(run) for run in samples), StepResult.of(reference))
+        if reference is not None:
+            with stay_float64():
+                train_step(reference, step, self.whole_loss)
+        mine = {"samples": tuple(StepResult.of(run) for run in samples) or None,
+                "truth": None if reference is None else StepResult.of(reference)}
+        every = [None] * self.world_size
+        dist.all_gather_object(every, {part: _on_cpu(made) for part, made in mine.items()})
+        sent_samples, sent_truth = every[0]["samples"], every[min(1, self.world_size - 1)]["truth"]
+        received = (mine["samples"] or tuple(_on(self.device, result) for result in sent_samples),
+                    mine["truth"] or _on(self.device, sent_truth))
+        return (*received[0], received[1])
 
 
 def _train_and_compare(checkpoint: str, case: TrainCase, metrics: dict, model_class, checkpoint_dir) -> None:
@@ -443,14 +481,19 @@ def _train_and_compare(checkpoint: str, case: TrainCase, metrics: dict, model_cl
     key = whole_runs_key(checkpoint, case, whole.model, world_size, model_class)
     whole_runs = WholeRuns.of_this_rank()
     recorded = whole_runs.get(key) if case.reuse_whole_runs else None
+    if not _on_every_rank(recorded is not None):  # made by their ranks (step_whole_runs): every rank, or none
+        recorded = None
     metrics[contract.WHOLE_RUNS] = "made" if recorded is None else "reused"
     # The truth (float64), and the whole model's rounding sampled twice: as it is, and summed in another order
-    # with every leaf output moved by up to an ulp (checks/tolerances.py: one sample can be lucky).
-    reference = loop.start(loop.load_reference(), reference=True) if case.one_step or recorded is None else None
+    # with every leaf output moved by up to an ulp (checks/tolerances.py: one sample can be lucky). Each loaded
+    # where it is made (CaseLoop.step_whole_runs); the one-step checks compare with the truth on every rank.
+    makes = recorded is None
+    truth_here = case.one_step or (makes and loop.makes_truth)
+    reference = loop.start(loop.load_reference(), reference=True) if truth_here else None
     if case.one_step:
         assert reference is not None  # made above for a case with one-step checks
         check_one_step(case, layout, family, (sharded, whole, reference), metrics)
-    samples = (whole, loop.start(loop.load_whole(), other_order=True)) if recorded is None else ()
+    samples = (whole, loop.start(loop.load_whole(), other_order=True)) if makes and loop.makes_samples else ()
 
     made = []
     saves = Path(checkpoint_dir) if checkpoint_dir else None
@@ -463,8 +506,7 @@ def _train_and_compare(checkpoint: str, case: TrainCase, metrics: dict, model_cl
         if before is not None:
             _skip_one_update(sharded.model, before)
         if recorded is None:
-            assert reference is not None  # made above whenever the whole runs are
-            made.append(loop.step_whole_runs(step, samples, reference))
+            made.append(loop.step_whole_runs(step, samples, reference if loop.makes_truth else None))
         *whole_samples, truth = (recorded or made)[step - 1]
         record_step(metrics, step, sharded, whole_samples[0])
         compare_step(step, sharded, tuple(whole_samples), truth, family, layout, case.dtype, metrics)
@@ -479,6 +521,13 @@ def _train_and_compare(checkpoint: str, case: TrainCase, metrics: dict, model_cl
                 load_state(sharded, saves / f"step{step}", optimizer_from=saves / f"step{step - 1}" if stale else None)
     if recorded is None:
         whole_runs.put(key, made)
+
+
+def _on_every_rank(holds: bool) -> bool:
+    """Whether `holds` on every rank (a collective: every rank asks)."""
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, holds)
+    return all(every)
 
 
 class LayerDtypes:

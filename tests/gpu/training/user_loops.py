@@ -138,7 +138,6 @@ class Setting:
     def step_and_compare(self, step: int, sharded: steps.Run, metrics: dict) -> None:
         """The whole runs take the same step with steps.py's plain loop; then steps.py's per-step
         checks."""
-        assert self.reference is not None  # the float64 truth is loaded before the first step
         *samples, truth = self.loop.step_whole_runs(step, self.samples, self.reference)
         steps.record_step(metrics, step, sharded, samples[0])
         steps.compare_step(step, sharded, tuple(samples), truth, self.family, self.layout, self.case.dtype,
@@ -156,10 +155,13 @@ def _train_and_compare(checkpoint: str, case: UserLoopCase, metrics: dict, model
         prepared = loop.set_up(model, setting)
         if _agreed_refusal(prepared, setting.device, metrics):
             return
-        # the whole runs: as they are, and summed in another order (training/steps.py's two samples), and the truth
-        setting.samples = (loop.whole_run(prepared, whole, setting),
-                           loop.whole_run(prepared, setting.loop.load_whole(), setting, other_order=True))
-        setting.reference = loop.whole_run(prepared, setting.loop.load_reference(), setting, reference=True)
+        # the whole runs: as they are, and summed in another order (training/steps.py's two samples), and the
+        # truth; this rank's share of them (steps.CaseLoop.step_whole_runs: each made on one rank)
+        if setting.loop.makes_samples:
+            setting.samples = (loop.whole_run(prepared, whole, setting),
+                               loop.whole_run(prepared, setting.loop.load_whole(), setting, other_order=True))
+        if setting.loop.makes_truth:
+            setting.reference = loop.whole_run(prepared, setting.loop.load_reference(), setting, reference=True)
         loop.train(prepared, setting, metrics)
 
 

@@ -62,6 +62,7 @@ from harness.ranks.protocol import (
     Ready,
 )
 from harness.ranks.state import FreshState, SuiteSnapshot
+from harness.ranks.survivors import Survivors
 
 # Process groups a rank keeps for warm caches' meshes before it clears them (each gloo group holds threads).
 KEPT_GROUPS_MAX = 32
@@ -299,7 +300,8 @@ class RankState:
         self.fresh = FreshState(torch)  # after every import and setting the rank makes itself
         self.boundary = BoundaryState(torch)  # what a test may leave for the next one (audit)
         self.audited = True  # no call since the last audit (or the start): the boundary state is as fresh
-        gc.freeze()  # collections between calls skip what exists now
+        self.survivors = Survivors()
+        self.survivors.freeze()  # collections between calls skip what exists now
 
     def call(self, payload: bytes) -> Done:
         torch = self.torch
@@ -360,6 +362,7 @@ class RankState:
             self._forget_meshes()  # bounded; and a cached mesh never hands a later call a group the call destroyed
         else:
             self._drop_call_groups()
+        self.survivors.freeze()  # the next reset's collection walks only what the next call makes
         self._set_rng_state(self.rng)
         if self.use_cuda:
             torch.cuda.set_device(self.cuda_device)
@@ -368,10 +371,17 @@ class RankState:
         return self.fresh.settle()
 
     def _forget_meshes(self) -> None:
-        """Clear the caches that hold meshes, free them, and destroy the groups no live mesh names."""
+        """Clear the caches that hold meshes, free them, and destroy the groups no live mesh names. Where a mesh
+        still names one, every object is made collectable again and collected: a reference cycle through something
+        frozen at an earlier reset may be what holds it (a whole collection, so only then)."""
         _clear_mesh_caches()
         gc.collect()
         self._drop_call_groups()
+        if any(group not in self.groups for group in self._process_groups()):
+            self.survivors.thaw()
+            gc.collect()
+            self._drop_call_groups()
+        self.survivors.freeze()
 
     def _drop_call_groups(self) -> None:
         """Destroy the process groups the call created, once its meshes and the caches known to hold them are
@@ -385,7 +395,7 @@ class RankState:
         call_groups = [group for group in self._process_groups() if group not in self.groups]
         if not call_groups:
             return
-        named = _groups_named_by_live_meshes()
+        named = self.survivors.named_groups()
         for group in call_groups:
             if group.group_name not in named:
                 self.dist.destroy_process_group(group)
@@ -446,17 +456,6 @@ def _clear_mesh_caches() -> None:
     ):
         if clear is not None:
             clear()
-
-
-def _groups_named_by_live_meshes() -> set[str]:
-    """The names of the process groups that some DeviceMesh still alive refers to (flattened ones included:
-    they are meshes too)."""
-    mesh_type = getattr(sys.modules.get("torch.distributed.device_mesh"), "DeviceMesh", None)
-    if not isinstance(mesh_type, type):
-        return set()
-    # type(), not isinstance(): DeviceMesh's metaclass would read attributes of every object (and warn).
-    meshes = [obj for obj in gc.get_objects() if issubclass(type(obj), mesh_type)]
-    return {name for mesh in meshes for name in getattr(mesh, "_dim_group_names", ()) if isinstance(name, str)}
 
 
 @functools.cache

@@ -147,19 +147,18 @@ class Phase:
                                                              self.loop.device)
         self.model_class = model_class
         # the sharded run, and this rank's share of the whole model's two rounding samples and the float64 truth
-        # (steps.CaseLoop.step_whole_runs: each made on one rank, sent to every rank)
+        # (steps.WHOLE_RUN_MAKERS: each made on one rank, sent to every rank)
         loop = self.loop
         sharded, whole = loop.start(loop.load_sharded(), sharded=True), loop.start(loop.load_whole())
         with together("the load check"):
             rank_cases.check_load(sharded.model, whole.model, self.family, self.layout, self.rank, self.world_size)
         self.sharded = sharded
-        self.samples = (whole, loop.start(loop.load_whole(), other_order=True)) if loop.makes_samples else ()
-        self.reference = loop.start(loop.load_reference(), reference=True) if loop.makes_truth else None
+        self.share = loop.share_of_whole_runs(whole)
 
     def step_whole(self, step: int) -> tuple[StepResult, ...]:
         """The whole runs and the truth take step `step` (phase 2 replays steps 1..k on them alone; every rank
         calls it)."""
-        return self.loop.step_whole_runs(step, self.samples, self.reference)
+        return self.loop.step_whole_runs(step, self.share)
 
     def step_and_compare(self, step: int, metrics: dict) -> None:
         train_step(self.sharded, step, self.loop.sharded_loss)

@@ -78,6 +78,12 @@ MAX_GRAD_NORM = 1.0
 MICRO_BATCHES = 2
 ONE_STEP_CHECKS = (Check.LOGITS, Check.GRADIENTS)  # rank_cases.CHECKS a case with `one_step` runs before training
 BUG_STEP = 2
+# The whole model's runs are one computation, the same on every rank (the same loss over every rank's share of the
+# batch): each is made on one rank, this one modulo the world size, and sent to every rank after each step
+# (CaseLoop.step_whole_runs). Every rank made all three before: a training case's largest cost after the sharded
+# run, in a row on every rank; now a case waits on its slowest maker (2 ranks: the two samples on rank 0).
+WHOLE_RUN_MAKERS = {"as is": 0, "truth": 1, "other order": 2}
+CPU = torch.device("cpu")
 
 
 @dataclass(frozen=True)
@@ -229,7 +235,7 @@ class WholeRuns:
     a family share them (EP and FSDP2+EP, FSDP2 and fully_shard: the whole model's loss is averaged over the ranks'
     shares of the batch for every layout), so a rank that runs a family's next layout compares with the runs an
     earlier case's rank of its number kept instead of making them again: the same code on the same numbers. Every
-    rank keeps what it received (each run is made on one rank: CaseLoop.step_whole_runs); a case reuses them only
+    rank keeps what it received (each run is made on one rank: WHOLE_RUN_MAKERS); a case reuses them only
     where every rank has them.
 
     Each test's ranks are fresh, so the runs are handed on as files, in the session's handover folder
@@ -287,15 +293,9 @@ class WholeRuns:
         os.utime(path, ns=(stamp, stamp))
 
 
-def _on_cpu(made: StepResult | tuple[StepResult, ...] | None):
-    """What a rank sends of its whole runs: on the CPU (a GPU tensor would unpickle onto the sender's device)."""
-    if made is None or isinstance(made, StepResult):
-        return None if made is None else _on(torch.device("cpu"), made)
-    return tuple(_on(torch.device("cpu"), result) for result in made)
-
-
 def _on(device: torch.device, result: StepResult) -> StepResult:
-    """`result` with its tensors on `device` (the same values: a copy moves no bit)."""
+    """`result` with its tensors on `device` (the same values: a copy moves no bit). A rank sends its whole runs
+    on the CPU: a GPU tensor would unpickle onto the sender's device."""
     def moved(tensors: dict) -> dict:
         return {name: None if value is None else value.to(device) for name, value in tensors.items()}
     return StepResult(result.loss, result.grad_norm, moved(result.grads), moved(result.params))
@@ -440,35 +440,36 @@ class CaseLoop:
         dist.all_reduce(total)
         return mine, total.item() / self.world_size
 
-    # The whole model's runs are one computation, the same on every rank (the same loss over every rank's share),
-    # so one rank makes each and every rank receives it after each step: its two rounding samples together on rank
-    # 0 (the bound they set is one device's arithmetic), the float64 truth on rank 1. Each rank made all three
-    # before: a training case's largest cost after the sharded run, paid world_size times.
-    @property
-    def makes_samples(self) -> bool:
-        return self.rank == 0
+    def makes(self, run: str) -> bool:
+        """Whether this rank makes the whole run `run` (WHOLE_RUN_MAKERS)."""
+        return self.rank == WHOLE_RUN_MAKERS[run] % self.world_size
 
-    @property
-    def makes_truth(self) -> bool:
-        return self.rank == min(1, self.world_size - 1)
+    def share_of_whole_runs(self, whole: Run, truth: Run | None = None) -> dict[str, Run]:
+        """This rank's share of the whole model's runs, by name: `whole` as it is, a second whole model summed in
+        another order, the float64 truth (`truth` where it is loaded already)."""
+        share = {}
+        if self.makes("as is"):
+            share["as is"] = whole
+        if self.makes("other order"):
+            share["other order"] = self.start(self.load_whole(), other_order=True)
+        if self.makes("truth"):
+            share["truth"] = truth or self.start(self.load_reference(), reference=True)
+        return share
 
-    def step_whole_runs(self, step: int, samples: tuple[Run, ...], reference: Run | None) -> tuple[StepResult, ...]:
-        """The whole model's runs take step `step` where they are made (`samples` and `reference` are this rank's
-        share: the two samples where `makes_samples`, the float64 truth where `makes_truth`, else none); every rank
-        gets what each measured: the two samples, then the truth."""
-        for sample in samples:
-            train_step(sample, step, self.whole_loss)
-        if reference is not None:
-            with stay_float64():
-                train_step(reference, step, self.whole_loss)
-        mine = {"samples": tuple(StepResult.of(run) for run in samples) or None,
-                "truth": None if reference is None else StepResult.of(reference)}
-        every = [None] * self.world_size
-        dist.all_gather_object(every, {part: _on_cpu(made) for part, made in mine.items()})
-        sent_samples, sent_truth = every[0]["samples"], every[min(1, self.world_size - 1)]["truth"]
-        received = (mine["samples"] or tuple(_on(self.device, result) for result in sent_samples),
-                    mine["truth"] or _on(self.device, sent_truth))
-        return (*received[0], received[1])
+    def step_whole_runs(self, step: int, share: dict[str, Run]) -> tuple[StepResult, StepResult, StepResult]:
+        """This rank's `share` of the whole model's runs takes step `step` (every rank calls it, with or without
+        a share); every rank gets what each run measured: as it is, in another order, the truth."""
+        for name, run in share.items():
+            with stay_float64() if name == "truth" else contextlib.nullcontext():
+                train_step(run, step, self.whole_loss)
+        mine = {name: StepResult.of(run) for name, run in share.items()}
+        every: list[Any] = [None] * self.world_size
+        dist.all_gather_object(every, {name: _on(CPU, result) for name, result in mine.items()})
+
+        def measured(name: str) -> StepResult:
+            return mine.get(name) or _on(self.device, every[WHOLE_RUN_MAKERS[name] % self.world_size][name])
+
+        return measured("as is"), measured("other order"), measured("truth")
 
 
 def _train_and_compare(checkpoint: str, case: TrainCase, metrics: dict, model_class, checkpoint_dir) -> None:
@@ -486,16 +487,14 @@ def _train_and_compare(checkpoint: str, case: TrainCase, metrics: dict, model_cl
     metrics[contract.WHOLE_RUNS] = "made" if recorded is None else "reused"
     # The truth (float64), and the whole model's rounding sampled twice: as it is, and summed in another order
     # with every leaf output moved by up to an ulp (checks/tolerances.py: one sample can be lucky). Each loaded
-    # where it is made (CaseLoop.step_whole_runs); the one-step checks compare with the truth on every rank.
-    makes = recorded is None
-    truth_here = case.one_step or (makes and loop.makes_truth)
-    reference = loop.start(loop.load_reference(), reference=True) if truth_here else None
+    # where it is made (WHOLE_RUN_MAKERS); the one-step checks compare with the truth on every rank.
+    reference = loop.start(loop.load_reference(), reference=True) if case.one_step else None
     if case.one_step:
         assert reference is not None  # made above for a case with one-step checks
         check_one_step(case, layout, family, (sharded, whole, reference), metrics)
-    samples = (whole, loop.start(loop.load_whole(), other_order=True)) if makes and loop.makes_samples else ()
+    share = loop.share_of_whole_runs(whole, reference) if recorded is None else {}
 
-    made = []
+    made: list[tuple[StepResult, ...]] = []
     saves = Path(checkpoint_dir) if checkpoint_dir else None
     for step in range(1, case.steps + 1):
         before = _replicated_values(sharded.model, family, layout) if _plants(case, rank, world_size, step) else None
@@ -506,7 +505,7 @@ def _train_and_compare(checkpoint: str, case: TrainCase, metrics: dict, model_cl
         if before is not None:
             _skip_one_update(sharded.model, before)
         if recorded is None:
-            made.append(loop.step_whole_runs(step, samples, reference if loop.makes_truth else None))
+            made.append(loop.step_whole_runs(step, share))
         *whole_samples, truth = (recorded or made)[step - 1]
         record_step(metrics, step, sharded, whole_samples[0])
         compare_step(step, sharded, tuple(whole_samples), truth, family, layout, case.dtype, metrics)

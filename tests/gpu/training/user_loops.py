@@ -37,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -104,8 +104,7 @@ class Setting:
 
     case: UserLoopCase
     loop: steps.CaseLoop
-    samples: tuple[steps.Run, ...] = ()
-    reference: steps.Run | None = None
+    share: dict[str, steps.Run] = field(default_factory=dict)  # this rank's whole runs (steps.WHOLE_RUN_MAKERS)
     workdir: str = ""  # a folder of this rank's, removed after the case (the Trainer's output_dir)
 
     @property
@@ -138,7 +137,7 @@ class Setting:
     def step_and_compare(self, step: int, sharded: steps.Run, metrics: dict) -> None:
         """The whole runs take the same step with steps.py's plain loop; then steps.py's per-step
         checks."""
-        *samples, truth = self.loop.step_whole_runs(step, self.samples, self.reference)
+        *samples, truth = self.loop.step_whole_runs(step, self.share)
         steps.record_step(metrics, step, sharded, samples[0])
         steps.compare_step(step, sharded, tuple(samples), truth, self.family, self.layout, self.case.dtype,
                               metrics)
@@ -156,12 +155,16 @@ def _train_and_compare(checkpoint: str, case: UserLoopCase, metrics: dict, model
         if _agreed_refusal(prepared, setting.device, metrics):
             return
         # the whole runs: as they are, and summed in another order (training/steps.py's two samples), and the
-        # truth; this rank's share of them (steps.CaseLoop.step_whole_runs: each made on one rank)
-        if setting.loop.makes_samples:
-            setting.samples = (loop.whole_run(prepared, whole, setting),
-                               loop.whole_run(prepared, setting.loop.load_whole(), setting, other_order=True))
-        if setting.loop.makes_truth:
-            setting.reference = loop.whole_run(prepared, setting.loop.load_reference(), setting, reference=True)
+        # truth; this rank's share of them (steps.WHOLE_RUN_MAKERS: each made on one rank)
+        makes = setting.loop.makes
+        if makes("as is"):
+            setting.share["as is"] = loop.whole_run(prepared, whole, setting)
+        if makes("other order"):
+            setting.share["other order"] = loop.whole_run(prepared, setting.loop.load_whole(), setting,
+                                                          other_order=True)
+        if makes("truth"):
+            setting.share["truth"] = loop.whole_run(prepared, setting.loop.load_reference(), setting,
+                                                    reference=True)
         loop.train(prepared, setting, metrics)
 
 

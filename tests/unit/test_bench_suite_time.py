@@ -39,3 +39,16 @@ def test_a_renamed_files_tests_keep_their_verdicts_and_a_changed_verdict_still_d
                     "tests/gpu/test_training.py::test_b": "passed"}
     assert [name for name in base.keys() | current.keys() if base.get(name) != current.get(name)] == [
         "tests/gpu/test_training.py::test_b"]
+
+
+def test_rounds_interleave_abba_and_combine_into_one_figure_per_side():
+    bench = load_bench()
+    assert [bench.interleaved(index) for index in range(4)] == [
+        ("base", "current"), ("current", "base"), ("base", "current"), ("current", "base")]
+    first = {"seconds": 100.0, "exit": 0, "outcomes": {"passed": 4}, "slowest_files": {"test_a": 90.0}, "cases": 4,
+             "calls": 6, "work_per_case_s": 20.0, "pool_overhead_per_case_s": 1.0, "wall_per_case_s": 25.0}
+    second = {**first, "seconds": 140.0, "exit": 1, "work_per_case_s": 30.0, "wall_per_case_s": 35.0}
+    side = bench.combined([first, second])
+    assert side["seconds"] == 240.0 and side["rounds_s"] == [100.0, 140.0]
+    assert side["exit"] == 1  # a round that failed is not hidden by one that passed
+    assert (side["work_per_case_s"], side["wall_per_case_s"], side["cases"]) == (25.0, 30.0, 4)

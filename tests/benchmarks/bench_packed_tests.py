@@ -1,7 +1,7 @@
 """Tests packed within a cell (issue 45): one pytest selection run one test after another and with `--pack-tests`,
 in one run on this machine, so the ratio is measured under the same load.
 
-    python tests/benchmarks/bench_packed_tests.py [PYTEST_ARGS...] [--limit S] [--json OUT]
+    python tests/benchmarks/bench_packed_tests.py [PYTEST_ARGS...] [--limit S] [--json OUT] [--logs DIR]
 
 PYTEST_ARGS select the tests (default: the one-device tier, tests/gpu/test_one_device.py); both runs get
 `-p harness.ranks.plugin -p no:randomly` and a junit.xml of their own. On a GPU host the one-device tests share
@@ -29,7 +29,7 @@ REPO = HERE.parents[1]
 DEFAULT_SELECTION = ["tests/gpu/test_one_device.py"]
 
 
-def run(pytest_args: list[str], junit: Path, limit: float, *extra: str) -> dict:
+def run(pytest_args: list[str], junit: Path, limit: float, *extra: str, log: Path | None = None) -> dict:
     stream = junit.with_suffix(".jsonl")  # what a run cut before junit.xml is written finished (outcome_stream.py)
     command = [sys.executable, "-m", "pytest", "-p", "harness.ranks.plugin", "-p", "no:randomly",
                "-p", "no:cacheprovider", "-p", "outcome_stream", f"--outcome-stream={stream}", "-q",
@@ -38,10 +38,13 @@ def run(pytest_args: list[str], junit: Path, limit: float, *extra: str) -> dict:
     try:
         completed = subprocess.run(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                    timeout=limit, env=with_outcome_stream())
-        cut, tail = False, completed.stdout.strip().splitlines()[-1:]
+        cut, output = False, completed.stdout
+        tail = output.strip().splitlines()[-1:]
     except subprocess.TimeoutExpired as expired:
         cut, tail = True, [f"cut at {limit:.0f} s"]
-        del expired
+        output = expired.output.decode(errors="replace") if isinstance(expired.output, bytes) else expired.output or ""
+    if log is not None:  # the whole output: the pool's summary line, retirements, a failure's traceback
+        log.write_text(output)
     wall = time.perf_counter() - started
     outcomes = read_outcomes(junit) if junit.exists() else read_stream(stream)
     return {"wall_s": round(wall, 1), "cut": cut, "tests": len(outcomes),
@@ -75,11 +78,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=float, default=580.0, help="seconds each run may take (default 580)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--logs", type=Path, help="keep each run's whole output here (serial.log, packed.log)")
     args, pytest_args = parser.parse_known_args()
     pytest_args = pytest_args or DEFAULT_SELECTION
     with tempfile.TemporaryDirectory(prefix="bench-packed-") as scratch:
-        serial = run(pytest_args, Path(scratch) / "serial.xml", args.limit)
-        packed = run(pytest_args, Path(scratch) / "packed.xml", args.limit, "--pack-tests")
+        logs = args.logs
+        if logs:
+            logs.mkdir(parents=True, exist_ok=True)
+        serial = run(pytest_args, Path(scratch) / "serial.xml", args.limit, log=logs and logs / "serial.log")
+        packed = run(pytest_args, Path(scratch) / "packed.xml", args.limit, "--pack-tests",
+                     log=logs and logs / "packed.log")
     common = serial["by_test"].keys() & packed["by_test"].keys()
     differ = sorted(test for test in common if serial["by_test"][test] != packed["by_test"][test])
     if serial["cut"] or packed["cut"]:

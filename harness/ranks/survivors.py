@@ -5,8 +5,9 @@ full collection walks all of it: 255,000 objects after ten training cases, 0.13-
 machine, per call and per rank, and more inside the calls (Python's own full collections). After each reset the
 rank moves what survived to the collector's permanent generation (`gc.freeze`): later collections and the scan
 for live meshes walk only what later calls make. A frozen object is still freed when its last reference goes;
-only a reference cycle that includes one waits, until the rank's next `thaw` (after a failed call, or past the
-groups' bound).
+only a reference cycle that includes one waits, until the rank's next `thaw`: when, the caches cleared (after a
+failed call, or past the groups' bound), a mesh still names a group. harness.ranks.rank breaks the one such cycle
+known to hold meshes (DTensor's cached redistribution planners) before it clears them, so that costs no thaw.
 
 No scan of the heap sees a frozen object, so the meshes alive at a freeze are remembered by weak reference: a
 group one of them names is never destroyed while it lives (harness.ranks.rank destroys a call's groups only when

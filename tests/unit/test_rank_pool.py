@@ -118,6 +118,40 @@ def forget_the_kept_objects():
         delattr(torch.distributed.device_mesh.DeviceMesh, "_harness_kept_objects")
 
 
+class SelfReferring:
+    """A reference cycle: only a collection that reaches it frees it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def keep_a_cycle_in_a_library():
+    cycle = SelfReferring()
+    torch.distributed.device_mesh.DeviceMesh._harness_kept_cycle = cycle
+    torch.distributed.device_mesh.DeviceMesh._harness_cycle_ref = weakref.ref(cycle)
+
+
+def let_the_kept_cycle_go():
+    delattr(torch.distributed.device_mesh.DeviceMesh, "_harness_kept_cycle")
+
+
+def the_let_go_cycle_is_alive():
+    alive = torch.distributed.device_mesh.DeviceMesh._harness_cycle_ref() is not None
+    delattr(torch.distributed.device_mesh.DeviceMesh, "_harness_cycle_ref")
+    return alive
+
+
+def redistribute_on_a_mesh_of_its_own():
+    """A DTensor redistribution: torch caches its planner per mesh, and the planner refers to itself."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, _redistribute, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "tp"))
+    sharded = distribute_tensor(torch.arange(4.0).reshape(2, 2), mesh, [Shard(0), Replicate()])
+    whole = sharded.redistribute(mesh, [Replicate(), Replicate()]).to_local()
+    return whole.sum().item(), len(_redistribute._planner_cache)
+
+
 def objects_the_collector_walks():
     import gc
 
@@ -396,6 +430,26 @@ def test_what_a_call_leaves_alive_is_out_of_later_collections_way(launcher):
         assert max(walked) < left // 4, walked
     finally:
         launcher(2, forget_the_kept_objects, timeout=60, device="cpu")
+
+
+def test_a_failed_call_lets_go_of_a_cached_planners_mesh_without_walking_the_whole_heap(launcher):
+    """After a failed call every cache that holds a mesh is cleared and the call's groups go. A redistribution
+    planner torch caches per mesh refers to itself (its cost closure): frozen at an earlier reset, it would keep
+    its mesh and groups until a collection of the whole heap (0.4-1.7 s a rank on 2 loaded cores, once per failed
+    call). A cycle that died after a reset shows whether such a collection ran: only one frees it."""
+    with contextlib.suppress(RankFailedError):  # start from cold caches
+        launcher(2, raise_on_rank_one_alone, timeout=60, device="cpu")
+    before = groups(launcher)
+    for _ in range(2):  # a process's first DTensor op may not fill the caches
+        results = launcher(2, redistribute_on_a_mesh_of_its_own, timeout=60, device="cpu")
+    assert [result.value for result in results] == [(6.0, 1)] * 2  # one planner cached, for the call's mesh
+    launcher(2, keep_a_cycle_in_a_library, timeout=60, device="cpu")
+    launcher(2, let_the_kept_cycle_go, timeout=60, device="cpu")  # dead, frozen at the last reset
+    assert groups(launcher) != before  # the warm caches keep the mesh's groups
+    with contextlib.suppress(RankFailedError):
+        launcher(2, raise_on_rank_one_alone, timeout=60, device="cpu")
+    assert groups(launcher) == before  # the planner's mesh is gone, its groups too
+    assert [result.value for result in launcher(2, the_let_go_cycle_is_alive, timeout=60, device="cpu")] == [True] * 2
 
 
 def test_an_exception_a_peer_waits_on_fails_the_call_with_the_peers_stack_and_the_next_gets_a_fresh_pool(launcher):

@@ -132,10 +132,13 @@ def keep_a_cycle_in_a_library():
 
 
 def let_the_kept_cycle_go():
-    delattr(torch.distributed.device_mesh.DeviceMesh, "_harness_kept_cycle")
+    vars(torch.distributed.device_mesh.DeviceMesh).get("_harness_kept_cycle") is not None and \
+        delattr(torch.distributed.device_mesh.DeviceMesh, "_harness_kept_cycle")
 
 
 def the_let_go_cycle_is_alive():
+    """Whether the cycle is alive still; its attributes are gone after."""
+    let_the_kept_cycle_go()
     alive = torch.distributed.device_mesh.DeviceMesh._harness_cycle_ref() is not None
     delattr(torch.distributed.device_mesh.DeviceMesh, "_harness_cycle_ref")
     return alive
@@ -444,12 +447,15 @@ def test_a_failed_call_lets_go_of_a_cached_planners_mesh_without_walking_the_who
         results = launcher(2, redistribute_on_a_mesh_of_its_own, timeout=60, device="cpu")
     assert [result.value for result in results] == [(6.0, 1)] * 2  # one planner cached, for the call's mesh
     launcher(2, keep_a_cycle_in_a_library, timeout=60, device="cpu")
-    launcher(2, let_the_kept_cycle_go, timeout=60, device="cpu")  # dead, frozen at the last reset
-    assert groups(launcher) != before  # the warm caches keep the mesh's groups
-    with contextlib.suppress(RankFailedError):
-        launcher(2, raise_on_rank_one_alone, timeout=60, device="cpu")
-    assert groups(launcher) == before  # the planner's mesh is gone, its groups too
-    assert [result.value for result in launcher(2, the_let_go_cycle_is_alive, timeout=60, device="cpu")] == [True] * 2
+    try:
+        launcher(2, let_the_kept_cycle_go, timeout=60, device="cpu")  # dead, frozen at the last reset
+        assert groups(launcher) != before  # the warm caches keep the mesh's groups
+        with contextlib.suppress(RankFailedError):
+            launcher(2, raise_on_rank_one_alone, timeout=60, device="cpu")
+        assert groups(launcher) == before  # the planner's mesh is gone, its groups too
+    finally:  # a later test's ranks must not find the cycle's attributes, whatever failed above
+        alive = [result.value for result in launcher(2, the_let_go_cycle_is_alive, timeout=60, device="cpu")]
+    assert alive == [True] * 2
 
 
 def test_an_exception_a_peer_waits_on_fails_the_call_with_the_peers_stack_and_the_next_gets_a_fresh_pool(launcher):
